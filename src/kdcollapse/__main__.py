@@ -1,0 +1,3 @@
+from kdcollapse.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The ``kdcollapse`` command line: a thin shell over the library.
+
+Each command group lives beside the code it drives (``kdcollapse/<area>/cli.py``) and exposes
+``register(subparsers)``, which adds its parser(s) and sets ``func`` to a function of the parsed args
+returning an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kdcollapse import __version__
+from kdcollapse.errors import KdcollapseError
+
+# Order is the order in `kdcollapse --help`.
+_COMMAND_MODULES = [
+]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the examples in epilogs as written and shows defaults."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kdcollapse",
+        description="Knowledge distillation and the geometry of what classifiers learn.",
+        formatter_class=HelpFormatter,
+        epilog="Run `kdcollapse COMMAND --help` for a command's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"kdcollapse {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KdcollapseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

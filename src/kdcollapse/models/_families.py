@@ -1,0 +1,1 @@
+"""Imports every model family so that its ``@register_model`` entries run."""
