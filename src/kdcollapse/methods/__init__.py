@@ -1,0 +1,28 @@
+"""Training methods, one module each, found by name: ``get_method(name)``, ``list_methods()``."""
+
+from __future__ import annotations
+
+from kdcollapse._registry import Registry
+from kdcollapse.methods._base import FrozenTeacher, Method
+
+_METHODS: Registry[type[Method]] = Registry("method")
+register_method = _METHODS.register
+get_method = _METHODS.get
+
+
+def list_methods(pattern: str = "*") -> list[str]:
+    return _METHODS.names(pattern)
+
+
+def build_method(config, student, *, num_classes: int, teacher: FrozenTeacher | None = None,
+                 label_smoothing: float = 0.0) -> Method:
+    """Instantiate the method named by ``config.name`` around ``student``."""
+    return get_method(config.name)(
+        student, config, num_classes=num_classes, teacher=teacher, label_smoothing=label_smoothing
+    )
+
+
+# Importing the method modules registers them.
+from kdcollapse.methods import vanilla  # noqa: E402,F401
+
+__all__ = ["FrozenTeacher", "Method", "build_method", "get_method", "list_methods", "register_method"]

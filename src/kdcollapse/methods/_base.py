@@ -1,0 +1,97 @@
+"""The contract every training method follows (see docs/ARCHITECTURE.md, "Methods")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kdcollapse.models import Classifier
+
+
+class FrozenTeacher:
+    """A trained model used only for inference: eval mode, no gradients, never in an optimizer or DDP.
+
+    Deliberately not an ``nn.Module``, so assigning it to a method registers nothing: the teacher is
+    absent from ``parameters()``, ``state_dict()`` and DDP's buckets, and ``method.train()`` cannot
+    switch it out of eval mode.
+    """
+
+    def __init__(self, model: Classifier):
+        self.model = model.eval().requires_grad_(False)
+
+    @property
+    def num_classes(self) -> int:
+        return self.model.num_classes
+
+    def to(self, *args, **kwargs) -> FrozenTeacher:
+        self.model.to(*args, **kwargs)
+        return self
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features (B, d), logits (B, K)) in float32 whatever autocast is active."""
+        h = self.model.forward_features(x)
+        return h.float(), self.model.forward_head(h).float()
+
+
+class Method(nn.Module):
+    """A training method: owns the student (and any extra trainable parts) and its losses.
+
+    ``forward(x, y)`` returns a dict with ``loss`` (the scalar to minimise), ``logits`` (main-head logits,
+    used for the training accuracy) and any named parts to log (scalars).
+    """
+
+    @dataclass
+    class Config:
+        pass
+
+    needs_teacher: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        student: Classifier,
+        config,
+        *,
+        num_classes: int,
+        teacher: FrozenTeacher | None = None,
+        label_smoothing: float = 0.0,
+    ):
+        super().__init__()
+        self.student = student
+        self.config = config
+        self.num_classes = num_classes
+        self.teacher = teacher
+        self.label_smoothing = label_smoothing
+        self.epoch = 0
+
+    def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, target, label_smoothing=self.label_smoothing)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Main-head logits; every reported accuracy uses these."""
+        return self.student(x)
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch: int) -> None:
+        pass
+
+    def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Fill ``.grad`` of the trainable parameters. ``scale`` is the AMP loss scaler (or identity)."""
+        scale(out["loss"]).backward()
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """Tensors (not parameters or buffers) that a resumed run needs, e.g. accumulated class weights."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        pass

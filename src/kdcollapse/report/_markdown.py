@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A GitHub-flavoured markdown table; floats get a compact fixed format."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,144 @@
+"""Checkpoints as safetensors files with JSON metadata, written atomically, read without pickle.
+
+A file holds named tensors plus one JSON document (stored in the safetensors header's string
+metadata). Writing goes to a temporary file in the same directory, is flushed to disk, then renamed
+over the target, so a crash leaves either the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from kdcollapse.errors import CheckpointError
+
+_META_KEY = "kdcollapse"
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
+    path = Path(path)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={_META_KEY: json.dumps(meta)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    try:
+        tensors = load_file(path, device=str(device))
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+        meta = json.loads(header.get(_META_KEY, "{}"))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
+    return tensors, meta
+
+
+def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split ``optimizer.state_dict()`` into tensors and a JSON-able remainder (no pickle needed)."""
+    tensors, scalars = {}, {}
+    for index, param_state in state["state"].items():
+        for name, value in param_state.items():
+            if torch.is_tensor(value):
+                tensors[f"{index}.{name}"] = value
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in [*tensors.items(), *rest["scalars"].items()]:
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": rest["param_groups"]}
+
+
+def split_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """``load_state_dict(strict=True)`` with a readable error when the weights belong to another model."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+        if wrong:
+            k = wrong[0]
+            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)})")
+        raise CheckpointError(
+            f"the weights in {source} do not fit {type(module).__name__}: " + "; ".join(parts)
+            + ". Were they saved from another model or class count?"
+        )
+    module.load_state_dict(state)
+
+
+def model_meta(cfg, dataset, **extra) -> dict:
+    """What is needed to rebuild and use a trained model without its run config."""
+    return {
+        "format": "kdcollapse.model", "version": 1, "model": cfg.model.name,
+        "num_classes": dataset.num_classes, "in_channels": dataset.in_channels,
+        "input_shape": list(dataset.input_shape), "dataset": cfg.data.name,
+        "mean": list(dataset.mean), "std": list(dataset.std), "method": cfg.method.name, **extra,
+    }
+
+
+def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
+    save_tensors(path, model.state_dict(), meta)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,
+               num_classes: int | None = None, in_channels: int | None = None):
+    """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``.
+
+    ``path`` is a ``model.safetensors`` file (or a run directory holding one). A plain safetensors file
+    without kdcollapse metadata needs ``model_name`` and ``num_classes`` (and ``in_channels``).
+    """
+    from kdcollapse.models import create_model
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    state, meta = load_tensors(path, device=device)
+    name = model_name or meta.get("model")
+    classes = num_classes or meta.get("num_classes")
+    if name is None or classes is None:
+        raise CheckpointError(
+            f"{path} carries no kdcollapse metadata; give the model name and class count "
+            "(teacher.model=NAME, or --model NAME)"
+        )
+    channels = in_channels or meta.get("in_channels", 3)
+    if meta.get("model") and model_name and model_name != meta["model"]:
+        raise CheckpointError(f"{path} holds a '{meta['model']}', not a '{model_name}'")
+    if meta.get("num_classes") and num_classes and num_classes != meta["num_classes"]:
+        raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
+    model = create_model(name, classes, in_channels=channels).to(device)
+    load_state(model, state, str(path))
+    return model, meta

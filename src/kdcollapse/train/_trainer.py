@@ -1,0 +1,317 @@
+"""The training loop behind ``kdcollapse train`` and ``kdcollapse distill``.
+
+One loop serves every method: the method computes its losses (``forward``) and fills gradients
+(``backward``); the trainer owns data, schedule, precision, DDP, evaluation, logging and checkpoints.
+
+Exact resume: the data order, the augmentation and the global RNGs are reseeded at every epoch start
+from ``(seed, epoch, rank)``, so an epoch is a pure function of the weights, optimizer state and method
+state at its start — exactly what the checkpoint written at the end of the previous epoch holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from kdcollapse.config import RunConfig
+from kdcollapse.data import Augment, load_dataset, make_loader
+from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.methods import build_method, get_method
+from kdcollapse.models import create_model
+from kdcollapse.train import _checkpoint as ckpt
+from kdcollapse.train._distributed import DistEnv, all_reduce_sum, barrier, init_distributed
+from kdcollapse.train._run_dir import MetricsLog, prepare_run_dir
+from kdcollapse.train._teacher import load_teacher
+
+
+class TrainingDiverged(KdcollapseError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    best_acc: float  # best test accuracy (%) over evaluated epochs
+    best_epoch: int  # 1-based
+    last_acc: float  # test accuracy (%) after the last epoch
+    epochs: int
+
+
+def fit(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> RunResult:
+    """Train ``cfg.method`` on ``cfg.data`` into ``cfg.run_dir``; continue it when ``resume``."""
+    return Trainer(cfg, resume=resume, overwrite=overwrite).run()
+
+
+def resolve_device(name: str, dist_env: DistEnv) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device asks for CUDA but no GPU is available; use train.device=cpu")
+        if device.index is None:
+            device = torch.device("cuda", dist_env.local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def seed_everything(seed: int, epoch: int, rank: int) -> None:
+    """Seed python, numpy and torch (dropout, random heads) from (seed, epoch, rank)."""
+    value = int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+
+
+def learning_rate(cfg: RunConfig, epoch_progress: float) -> float:
+    """Learning rate at a (fractional) epoch: linear warm-up, then multi-step or cosine decay."""
+    lr, sched, epochs = cfg.optim.lr, cfg.schedule, cfg.train.epochs
+    if epoch_progress < sched.warmup_epochs:
+        return lr * epoch_progress / sched.warmup_epochs
+    if sched.name == "multistep":
+        return lr * sched.gamma ** sum(epoch_progress >= m for m in sched.milestones)
+    if sched.name == "cosine":
+        t = (epoch_progress - sched.warmup_epochs) / max(epochs - sched.warmup_epochs, 1e-12)
+        return sched.min_lr + (lr - sched.min_lr) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+    return lr
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False):
+        self.cfg = cfg
+        self.dist = init_distributed("cuda" if "cuda" in cfg.train.device or (
+            cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = resolve_device(cfg.train.device, self.dist)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=False)
+            torch.backends.cudnn.benchmark = False
+        self.run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
+        self._build_data()
+        self._build_method()
+        self.optimizer = torch.optim.SGD(
+            [p for p in self.method.parameters() if p.requires_grad],
+            lr=cfg.optim.lr,
+            momentum=cfg.optim.momentum,
+            nesterov=cfg.optim.nesterov,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.start_epoch, self.best_acc, self.best_epoch, self.last_acc = 0, 0.0, 0, float("nan")
+        if resume:
+            self._load_checkpoint()
+        self.log = MetricsLog(self.run_dir, start_epoch=self.start_epoch, enabled=self.dist.is_main,
+                              tensorboard=cfg.train.tensorboard)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
+        if self.device.type != "cuda":
+            self.amp_dtype = None  # autocast is a GPU feature here; CPU runs in float32
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
+        self.model = self._wrap_ddp()
+
+    # ----------------------------------------------------------------------------------- setup
+    def _build_data(self) -> None:
+        d = self.cfg.data
+        train_set = load_dataset(d.name, "train", root=d.root)
+        test_set = load_dataset(d.name, "test", root=d.root)
+        if d.train_per_class:
+            train_set = train_set.subset(d.train_per_class, seed=self.cfg.seed)
+        if d.test_per_class:
+            test_set = test_set.subset(d.test_per_class, seed=self.cfg.seed)
+        expected = self.cfg.model.num_classes
+        if expected is not None and expected != train_set.num_classes:
+            raise ConfigError(
+                f"model.num_classes={expected} does not match dataset '{d.name}', which has "
+                f"{train_set.num_classes} classes; remove model.num_classes or choose another dataset"
+            )
+        self.train_set, self.test_set = train_set, test_set
+        common = dict(device=self.device, rank=self.dist.rank, world_size=self.dist.world_size)
+        self.train_loader = make_loader(
+            train_set, d.batch_size, train=True, seed=self.cfg.seed,
+            augment=Augment(crop_padding=d.crop_padding, flip=d.flip), **common,
+        )
+        # Evaluation runs on the main process only, over the whole test set.
+        self.test_loader = make_loader(test_set, d.eval_batch_size, train=False, seed=0, device=self.device)
+
+    def _build_method(self) -> None:
+        cfg = self.cfg
+        method_cls = get_method(cfg.method.name)
+        teacher = None
+        if method_cls.needs_teacher:
+            teacher = load_teacher(cfg.teacher, self.train_set).to(self.device)
+        elif cfg.teacher.checkpoint or cfg.teacher.weights:
+            raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
+        student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels)
+        self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
+                                   label_smoothing=cfg.train.label_smoothing).to(self.device)
+        if cfg.train.channels_last:
+            self.method.to(memory_format=torch.channels_last)
+            if teacher is not None:
+                teacher.to(memory_format=torch.channels_last)
+        if cfg.train.compile:
+            self.method.student.compile()
+
+    def _wrap_ddp(self):
+        if not self.dist.enabled:
+            return self.method
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(self.method, device_ids=ids)
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def _checkpoint_meta(self, epoch: int) -> dict:
+        return {
+            "format": "kdcollapse.checkpoint", "version": 1, "epoch": epoch, "seed": self.cfg.seed,
+            "model": self.cfg.model.name, "method": self.cfg.method.name, "dataset": self.cfg.data.name,
+            "best_acc": self.best_acc, "best_epoch": self.best_epoch, "last_acc": self.last_acc,
+        }
+
+    def _save_checkpoint(self, epoch: int, improved: bool) -> None:
+        if not self.dist.is_main:
+            return
+        optim_tensors, optim_rest = ckpt.flatten_optimizer(self.optimizer.state_dict())
+        tensors = {f"method.{k}": v for k, v in self.method.state_dict().items()}
+        tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
+        tensors |= {f"extra.{k}": v for k, v in self.method.extra_state().items()}
+        meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest}
+        ckpt.save_tensors(self.run_dir / "checkpoint.safetensors", tensors, meta)
+        model_meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc)
+        ckpt.save_model(self.run_dir / "model.safetensors", self.method.student, model_meta)
+        if improved:
+            ckpt.save_model(self.run_dir / "best.safetensors", self.method.student, model_meta)
+
+    def _load_checkpoint(self) -> None:
+        tensors, meta = ckpt.load_tensors(self.run_dir / "checkpoint.safetensors", device=self.device)
+        for key in ("model", "method", "dataset"):
+            saved, wanted = meta.get(key), getattr(self.cfg, "data" if key == "dataset" else key).name
+            if saved != wanted:
+                raise KdcollapseError(
+                    f"cannot resume: the checkpoint in {self.run_dir} is for {key} '{saved}', the config asks "
+                    f"for '{wanted}'"
+                )
+        ckpt.load_state(self.method, ckpt.split_prefix(tensors, "method."), f"{self.run_dir}/checkpoint.safetensors")
+        self.method.load_extra_state(ckpt.split_prefix(tensors, "extra."))
+        self.optimizer.load_state_dict(
+            ckpt.unflatten_optimizer(ckpt.split_prefix(tensors, "optim."), meta["optimizer"])
+        )
+        self.start_epoch = meta["epoch"]
+        self.best_acc, self.best_epoch, self.last_acc = meta["best_acc"], meta["best_epoch"], meta["last_acc"]
+
+    # ---------------------------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        for epoch in range(self.start_epoch, cfg.train.epochs):
+            seed_everything(cfg.seed, epoch, self.dist.rank)
+            self.train_loader.set_epoch(epoch)
+            self.method.on_epoch_start(epoch)
+            record = {"epoch": epoch + 1} | self._train_epoch(epoch)
+            self.method.on_epoch_end(epoch)
+            last = epoch + 1 == cfg.train.epochs
+            improved = False
+            if self.dist.is_main and (last or (epoch + 1) % cfg.train.eval_every == 0):
+                record |= self._evaluate()
+                self.last_acc = record["test_acc"]
+                improved = self.last_acc > self.best_acc
+                if improved:
+                    self.best_acc, self.best_epoch = self.last_acc, epoch + 1
+            record |= self._extra_epoch_metrics(epoch)
+            self.log.write(record)
+            self._save_checkpoint(epoch + 1, improved)
+            barrier()
+        self.log.close()
+        return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs)
+
+    def _extra_epoch_metrics(self, epoch: int) -> dict:
+        """Hook for per-epoch analyses (collapse metrics); none by default."""
+        return {}
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _train_epoch(self, epoch: int) -> dict:
+        cfg, method, loader = self.cfg, self.method, self.train_loader
+        method.train()
+        steps = len(loader)
+        sums: dict[str, torch.Tensor] = {}
+        correct = torch.zeros((), device=self.device)
+        seen = 0
+        check_every = 1 if self.device.type == "cpu" else 25  # NaN checks cost a host sync on GPU
+        bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
+                   disable=not (cfg.train.progress and self.dist.is_main), dynamic_ncols=True)
+        start = time.perf_counter()
+        for i, (x, y) in enumerate(bar):
+            lr = learning_rate(cfg, epoch + i / steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if cfg.train.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            out = self._step(x, y)
+            for name, value in out.items():
+                if name != "logits" and value.dim() == 0:
+                    sums[name] = sums.get(name, 0) + value.detach().float()
+            correct += (out["logits"].argmax(1) == y).sum()
+            seen += y.numel()
+            if (i + 1) % check_every == 0 or i + 1 == steps:
+                self._check_finite(sums["loss"], epoch, i)
+            if cfg.train.progress and self.dist.is_main and (i % 10 == 0 or i + 1 == steps):
+                elapsed = time.perf_counter() - start
+                bar.set_postfix(loss=f"{sums['loss'].item() / (i + 1):.3f}",
+                                acc=f"{100 * correct.item() / seen:.1f}", img_s=f"{seen / elapsed:.0f}")
+        elapsed = time.perf_counter() - start
+        stats = torch.stack([*sums.values(), correct, torch.tensor(float(seen), device=self.device)])
+        stats = all_reduce_sum(stats.double()) / torch.tensor(
+            [self.dist.world_size] * len(sums) + [1, 1], device=self.device, dtype=torch.float64
+        )
+        totals = stats.tolist()
+        record = {f"train_{k}": v / steps for k, v in zip(sums, totals)}
+        record |= {"train_acc": 100 * totals[-2] / totals[-1], "lr": lr,
+                   "images_per_s": totals[-1] / elapsed, "epoch_time_s": elapsed}
+        return record
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        manual = getattr(self.method, "manual_gradient_sync", False) and self.dist.enabled
+        sync = self.model.no_sync() if manual else contextlib.nullcontext()
+        with sync:
+            with self._autocast():
+                out = self.model(x, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.method.backward(out, self.scaler.scale)
+        if self.cfg.optim.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.method.parameters(), self.cfg.optim.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return out
+
+    def _check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
+        if not torch.isfinite(loss_sum).item():
+            where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
+            kept = (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
+                    else "no checkpoint had been written yet")
+            raise TrainingDiverged(
+                f"the training loss became {loss_sum.item()} at or before {where}; {kept}. "
+                "Lower optim.lr, set optim.grad_clip, or check the data"
+            )
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict:
+        self.method.eval()
+        correct = torch.zeros((), device=self.device, dtype=torch.float64)
+        loss = torch.zeros((), device=self.device, dtype=torch.float64)
+        for x, y in self.test_loader:
+            if self.cfg.train.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with self._autocast():
+                logits = self.method.predict(x).float()
+            loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
+        self.method.train()
+        n = len(self.test_set)
+        return {"test_acc": 100 * correct.item() / n, "test_loss": loss.item() / n}

@@ -1,0 +1,114 @@
+"""``kdcollapse train`` and ``kdcollapse distill``: one trainer, any method."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from kdcollapse.config import RunConfig, load_config
+from kdcollapse.errors import ConfigError
+
+_TRAIN_EXAMPLES = """examples:
+  kdcollapse train --config configs/fashion_mnist/teacher.yaml
+  kdcollapse train --config configs/fashion_mnist/teacher.yaml train.epochs=5 optim.lr=0.1 run_dir=runs/t5
+  kdcollapse train --config configs/fashion_mnist/teacher.yaml --seeds 0,1,2
+  kdcollapse train --resume runs/fmnist_teacher            # continue exactly where it stopped
+  torchrun --nproc_per_node=2 -m kdcollapse train --config configs/fashion_mnist/teacher.yaml
+"""
+
+_DISTILL_EXAMPLES = """examples:
+  kdcollapse distill --config configs/fashion_mnist/dhkd.yaml
+  kdcollapse distill --config configs/fashion_mnist/kd.yaml teacher.checkpoint=runs/fmnist_teacher
+  kdcollapse distill --config configs/cifar100/dhkd/resnet32x4_resnet8x4.yaml --seeds 0,1,2
+  kdcollapse distill --resume runs/fmnist_dhkd
+"""
+
+
+def register(subparsers) -> None:
+    from kdcollapse.cli import HelpFormatter
+
+    for name, examples, text in (
+        ("train", _TRAIN_EXAMPLES, "Train a model (any method; teachers use method `vanilla`)."),
+        ("distill", _DISTILL_EXAMPLES, "Distil a frozen teacher into a student (KD, DKD, DHKD, IKL-KD, ...)."),
+    ):
+        p = subparsers.add_parser(name, help=text, description=text, epilog=examples,
+                                  formatter_class=HelpFormatter)
+        p.add_argument("--config", metavar="FILE", help="YAML run config (see configs/)")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+        p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+        p.add_argument("--overwrite", action="store_true", help="replace a run already in run_dir")
+        p.add_argument("--seeds", metavar="LIST", help="comma-separated seeds; runs go to run_dir/seed<N>")
+        p.set_defaults(func=_run, command_name=name)
+
+
+def _run(args) -> int:
+    from kdcollapse.methods import get_method
+
+    cfg = _resolve_config(args)
+    needs_teacher = get_method(cfg.method.name).needs_teacher
+    if args.command_name == "distill" and not needs_teacher:
+        raise ConfigError(f"method '{cfg.method.name}' trains without a teacher; use `kdcollapse train`, or "
+                          "set method.name to a distillation method (kd, dkd, dhkd, ikl_kd, ...)")
+    if args.resume and args.seeds:
+        raise ConfigError("--resume continues one run; resume each seed's directory (RUN_DIR/seed<N>) on its own")
+    seeds = _parse_seeds(args.seeds) if args.seeds else None
+    if seeds is None:
+        _report(_fit(cfg, args))
+        return 0
+    results = []
+    for seed in seeds:
+        run = dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"))
+        results.append(_fit(run, args))
+        _report(results[-1])
+    _summarise(Path(cfg.run_dir), seeds, results)
+    return 0
+
+
+def _resolve_config(args) -> RunConfig:
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume takes its config from the run directory; drop --config")
+        cfg = load_config(Path(args.resume) / "config.yaml", args.overrides)
+        cfg.run_dir = args.resume
+        return cfg
+    if not args.config:
+        raise ConfigError("give --config FILE (see configs/) or --resume RUN_DIR")
+    return load_config(args.config, args.overrides)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds is empty")
+    return seeds
+
+
+def _fit(cfg: RunConfig, args):
+    from kdcollapse.train import fit
+
+    return fit(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+
+
+def _report(result) -> None:
+    print(f"{result.run_dir}: best test accuracy {result.best_acc:.2f}% (epoch {result.best_epoch}), "
+          f"last {result.last_acc:.2f}% after {result.epochs} epochs")
+
+
+def _summarise(run_dir: Path, seeds: list[int], results) -> None:
+    best = [r.best_acc for r in results]
+    last = [r.last_acc for r in results]
+
+    def fmt(values):
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):.2f} ± {spread:.2f}"
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"seeds": seeds, "best_acc": best, "last_acc": last,
+               "best_mean_std": fmt(best), "last_mean_std": fmt(last)}
+    (run_dir / "seeds.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"{len(seeds)} seeds: best {fmt(best)}%, last {fmt(last)}% (mean ± std) -> {run_dir / 'seeds.json'}")
