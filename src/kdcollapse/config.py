@@ -38,6 +38,7 @@ class DataConfig:
 class ModelConfig:
     name: str = "convnet"  # a registered model (`kdcollapse models`)
     num_classes: int | None = None  # None: the dataset's; if given, it must match the dataset
+    kwargs: dict = field(default_factory=dict)  # extra arguments of the model factory, e.g. {input_size: 8}
 
 
 @dataclass
@@ -217,6 +218,10 @@ def _coerce(tp, value, key: str):
         choices = typing.get_args(tp)
         if value not in choices:
             raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)

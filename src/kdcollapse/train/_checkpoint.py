@@ -103,7 +103,7 @@ def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor], source: 
 def model_meta(cfg, dataset, **extra) -> dict:
     """What is needed to rebuild and use a trained model without its run config."""
     return {
-        "format": "kdcollapse.model", "version": 1, "model": cfg.model.name,
+        "format": "kdcollapse.model", "version": 1, "model": cfg.model.name, "model_kwargs": cfg.model.kwargs,
         "num_classes": dataset.num_classes, "in_channels": dataset.in_channels,
         "input_shape": list(dataset.input_shape), "dataset": cfg.data.name,
         "mean": list(dataset.mean), "std": list(dataset.std), "method": cfg.method.name, **extra,
@@ -139,6 +139,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
         raise CheckpointError(f"{path} holds a '{meta['model']}', not a '{model_name}'")
     if meta.get("num_classes") and num_classes and num_classes != meta["num_classes"]:
         raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
-    model = create_model(name, classes, in_channels=channels).to(device)
+    model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
     load_state(model, state, str(path))
     return model, meta

@@ -147,7 +147,8 @@ class Trainer:
             teacher = load_teacher(cfg.teacher, self.train_set).to(self.device)
         elif cfg.teacher.checkpoint or cfg.teacher.weights:
             raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
-        student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels)
+        student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels,
+                               **cfg.model.kwargs)
         self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
                                    label_smoothing=cfg.train.label_smoothing).to(self.device)
         if cfg.train.channels_last:
@@ -220,11 +221,23 @@ class Trainer:
                 if improved:
                     self.best_acc, self.best_epoch = self.last_acc, epoch + 1
             record |= self._extra_epoch_metrics(epoch)
+            if self.dist.enabled:
+                record["ranks_in_sync"] = self._ranks_in_sync()
             self.log.write(record)
             self._save_checkpoint(epoch + 1, improved)
             barrier()
         self.log.close()
         return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs)
+
+    @torch.no_grad()
+    def _ranks_in_sync(self) -> bool:
+        """Whether every process holds the same parameters (DDP keeps them equal; this checks it)."""
+        sums = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()])
+                            for p in self.method.parameters()]).flatten()
+        low, high = sums.clone(), sums.clone()
+        torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
+        torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
+        return bool(torch.equal(low, high))
 
     def _extra_epoch_metrics(self, epoch: int) -> dict:
         """Hook for per-epoch analyses (collapse metrics); none by default."""
