@@ -17,6 +17,7 @@ from kdcollapse.errors import KdcollapseError
 # Order is the order in `kdcollapse --help`.
 _COMMAND_MODULES = [
     "kdcollapse.train.cli",
+    "kdcollapse.data.cli",
 ]
 
 

@@ -1,0 +1,43 @@
+"""Datasets as uint8 tensors, a seeded on-device loader with batched augmentation, and downloads.
+
+``load_dataset(name, split, root=None)`` returns a :class:`TensorDataset` (a whole split in memory) or
+a :class:`FolderDataset` (image files decoded by worker processes); ``make_loader`` turns either into
+batches of normalised float tensors on a device. See ``docs/data.md``.
+"""
+
+from __future__ import annotations
+
+from kdcollapse.data._dataset import (
+    Augment,
+    TensorDataset,
+    dataset_options,
+    derive_seed,
+    list_datasets,
+    load_dataset,
+    register_dataset,
+    search_paths,
+)
+from kdcollapse.data._download import download_dataset, download_file, verify_file
+from kdcollapse.data._folder import FolderDataset
+from kdcollapse.data._loader import Loader, augment_batch, make_loader
+
+# Importing the dataset modules registers their datasets.
+from kdcollapse.data import _cifar, _idx, _synthetic  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "Augment",
+    "FolderDataset",
+    "Loader",
+    "TensorDataset",
+    "augment_batch",
+    "dataset_options",
+    "derive_seed",
+    "download_dataset",
+    "download_file",
+    "list_datasets",
+    "load_dataset",
+    "make_loader",
+    "register_dataset",
+    "search_paths",
+    "verify_file",
+]

@@ -1,0 +1,272 @@
+"""In-memory datasets, the dataset registry and the search for files on disk."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kdcollapse._registry import Registry
+from kdcollapse.errors import DataError, unknown_choice
+
+SPLITS = ("train", "test")
+
+
+def derive_seed(*keys: int) -> int:
+    """A 64-bit seed that is a pure function of non-negative ints, e.g. ``(seed, epoch)``.
+
+    Nearby keys give unrelated seeds (numpy's ``SeedSequence`` hashing), so epoch 1's stream shares
+    nothing with epoch 0's.
+    """
+    if not all(isinstance(k, int) and k >= 0 for k in keys):
+        raise DataError(f"seeds must be non-negative ints, got {keys}")
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0])
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Training augmentation applied in batches on the device (see ``kdcollapse.data.augment_batch``).
+
+    ``crop_padding``: pad each image with ``crop_padding`` zero pixels on every side, then take a random
+    crop of the original size (the usual CIFAR recipe uses 4). ``flip``: mirror left-right with
+    probability 1/2.
+    """
+
+    crop_padding: int = 0
+    flip: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
+            raise DataError(f"Augment.crop_padding must be an int >= 0, got {self.crop_padding!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.crop_padding > 0 or self.flip
+
+
+@dataclass
+class TensorDataset:
+    """A whole split held as tensors.
+
+    ``inputs``: uint8 ``(N, C, H, W)`` images or float32 ``(N, D)`` vectors; ``labels``: int64 ``(N,)``
+    in ``[0, num_classes)``; ``mean`` / ``std``: per-channel normalisation in [0, 1] units (one value
+    broadcasts over all channels; vector data uses ``(0.0,)`` / ``(1.0,)``, i.e. no normalisation);
+    ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``.
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    name: str
+    default_augment: Augment = field(default_factory=Augment)
+
+    def __post_init__(self) -> None:
+        x, y = self.inputs, self.labels
+        if not (x.dtype == torch.uint8 and x.ndim == 4) and not (x.dtype == torch.float32 and x.ndim == 2):
+            raise DataError(
+                f"{self.name}: inputs must be uint8 (N, C, H, W) or float32 (N, D), "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+        if y.dtype != torch.int64 or y.shape != (x.shape[0],):
+            raise DataError(
+                f"{self.name}: labels must be int64 of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}"
+            )
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= len(self.classes)):
+            raise DataError(
+                f"{self.name}: labels must lie in [0, {len(self.classes)}), "
+                f"got range [{int(y.min())}, {int(y.max())}]"
+            )
+        _check_mean_std(self.name, self.mean, self.std, self.in_channels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """``(C, H, W)`` for images, ``(D,)`` for vectors."""
+        return tuple(self.inputs.shape[1:])
+
+    @property
+    def in_channels(self) -> int:
+        """``C`` for images, ``D`` for vectors (the input width a model is built for)."""
+        return self.inputs.shape[1]
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def subset(
+        self,
+        n_per_class: int | None = None,
+        *,
+        indices: Sequence[int] | torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> TensorDataset:
+        """A new dataset of ``n_per_class`` samples of every class (drawn with ``seed``), or of ``indices``.
+
+        The chosen samples keep their original order. Raises ``DataError`` if a class has fewer than
+        ``n_per_class`` samples or an index is out of range.
+        """
+        index = select_subset(self.labels, self.num_classes, self.name, n_per_class, indices, seed)
+        return TensorDataset(
+            self.inputs[index], self.labels[index], list(self.classes), self.mean, self.std, self.name,
+            self.default_augment,
+        )
+
+
+def select_subset(
+    labels: torch.Tensor,
+    num_classes: int,
+    name: str,
+    n_per_class: int | None,
+    indices: Sequence[int] | torch.Tensor | None,
+    seed: int,
+) -> torch.Tensor:
+    """Sorted int64 indices of a balanced random subset, or the validated ``indices``."""
+    if (n_per_class is None) == (indices is None):
+        raise DataError("subset() needs exactly one of n_per_class or indices")
+    if indices is not None:
+        index = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= len(labels)):
+            raise DataError(f"{name}: subset indices must lie in [0, {len(labels)})")
+        return index
+    counts = torch.bincount(labels, minlength=num_classes)
+    if n_per_class < 1 or int(counts.min()) < n_per_class:
+        raise DataError(
+            f"{name}: cannot take {n_per_class} samples per class; the smallest class has {int(counts.min())}"
+        )
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(labels), generator=g)
+    # A stable sort by label keeps the random order inside each class; take the first n of each.
+    by_class = order[torch.sort(labels[order], stable=True).indices]
+    starts = torch.cumsum(counts, 0) - counts
+    picks = (starts[:, None] + torch.arange(n_per_class)).reshape(-1)
+    return torch.sort(by_class[picks]).values
+
+
+def _check_mean_std(name: str, mean: Sequence[float], std: Sequence[float], channels: int) -> None:
+    if len(mean) not in (1, channels) or len(std) != len(mean):
+        raise DataError(f"{name}: mean/std need 1 or {channels} values each, got {len(mean)} and {len(std)}")
+    if any(s <= 0 for s in std):
+        raise DataError(f"{name}: std must be positive, got {tuple(std)}")
+
+
+# --- registry and search paths ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """How to find and load one named dataset.
+
+    ``load(root, split, **options)`` builds a split from the directory ``root`` (``None`` for datasets
+    that need no files); ``markers`` are paths relative to a root, any of which shows the dataset is
+    there; ``system_paths`` are searched after the standard places; ``get`` says how to obtain it.
+    """
+
+    name: str
+    load: Callable[..., Any]
+    description: str
+    markers: tuple[str, ...] = ()
+    system_paths: tuple[str, ...] = ()
+    get: str = ""
+
+    @property
+    def needs_files(self) -> bool:
+        return bool(self.markers)
+
+
+_DATASETS: Registry[DatasetEntry] = Registry("dataset")
+
+
+def register_dataset(
+    name: str,
+    *,
+    description: str,
+    markers: Sequence[str] = (),
+    system_paths: Sequence[str] = (),
+    get: str = "",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``load(root, split, **options)`` under ``name`` (decorator)."""
+
+    def decorator(load: Callable[..., Any]) -> Callable[..., Any]:
+        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get)
+        _DATASETS.register(name)(entry)
+        return load
+
+    return decorator
+
+
+def dataset_entry(name: str) -> DatasetEntry:
+    """The registered entry; ``DataError`` listing the valid names for an unknown one."""
+    if name not in _DATASETS:
+        raise DataError(unknown_choice("dataset", name, _DATASETS.names()))
+    return _DATASETS.get(name)
+
+
+def list_datasets(pattern: str = "*") -> list[str]:
+    """Sorted registered dataset names matching a shell-style pattern."""
+    return _DATASETS.names(pattern)
+
+
+def search_paths(name: str) -> list[Path]:
+    """Where ``root=None`` looks for ``name``, in order."""
+    entry = dataset_entry(name)
+    paths = []
+    if os.environ.get("KDCOLLAPSE_DATA"):
+        paths.append(Path(os.environ["KDCOLLAPSE_DATA"]) / name)
+    paths += [Path("data") / name, Path.home() / ".cache" / "kdcollapse" / name]
+    return paths + [Path(p) for p in entry.system_paths]
+
+
+def default_download_root(name: str) -> Path:
+    """``$KDCOLLAPSE_DATA/<name>`` if set, else ``~/.cache/kdcollapse/<name>``."""
+    return search_paths(name)[0] if os.environ.get("KDCOLLAPSE_DATA") else search_paths(name)[2]
+
+
+def has_files(entry: DatasetEntry, root: Path) -> bool:
+    return any((root / marker).exists() for marker in entry.markers)
+
+
+def find_root(name: str, root: str | os.PathLike | None = None) -> Path | None:
+    """The folder holding ``name`` (``root`` itself if given); ``DataError`` naming every place tried."""
+    entry = dataset_entry(name)
+    if not entry.needs_files:
+        return None if root is None else Path(root).expanduser()
+    candidates = [Path(root).expanduser()] if root is not None else search_paths(name)
+    for candidate in candidates:
+        if has_files(entry, candidate):
+            return candidate
+    looked = "\n".join(f"  {p}" for p in candidates)
+    expected = " or ".join(entry.markers)
+    raise DataError(f"dataset {name!r} not found (expected {expected}). Looked in:\n{looked}\n{entry.get}")
+
+
+def load_dataset(name: str, split: str, root: str | os.PathLike | None = None, **options: Any) -> Any:
+    """Load split ``"train"`` or ``"test"`` of the registered dataset ``name``.
+
+    Returns a :class:`TensorDataset` (or a ``FolderDataset`` for image-folder datasets). ``root=None``
+    searches ``$KDCOLLAPSE_DATA/<name>``, ``./data/<name>``, ``~/.cache/kdcollapse/<name>`` and the
+    dataset's system paths; ``options`` go to the dataset (e.g. ``gaussian_mixture``'s ``dim``).
+    """
+    entry = dataset_entry(name)
+    if split not in SPLITS:
+        raise DataError(unknown_choice("split", split, SPLITS))
+    valid = dataset_options(name)
+    for key in options:
+        if key not in valid:
+            raise DataError(unknown_choice(f"option of dataset {name!r}", key, valid))
+    return entry.load(find_root(name, root), split, **options)
+
+
+def dataset_options(name: str) -> dict[str, Any]:
+    """The keyword options ``load_dataset(name, ...)`` accepts, with their defaults."""
+    params = list(inspect.signature(dataset_entry(name).load).parameters.values())[2:]
+    return {p.name: p.default for p in params}

@@ -1,0 +1,227 @@
+"""The loader: seeded shuffling on the device, DDP shards, batched augmentation, normalisation.
+
+Each epoch has a plan drawn from one generator seeded with ``derive_seed(seed, epoch)``: a permutation
+of the dataset and, for every position in it, a crop offset and a flip bit (and, for folder datasets, a
+seed for the worker's random-resized crop). Rank ``r`` of ``world_size`` takes positions ``r, r +
+world_size, ...`` of the plan, so the shards are disjoint, the same size in training (the last
+``n % world_size`` positions are left out, a different set each epoch) and cover everything in
+evaluation. A sample's augmentation depends only on its position in the epoch's plan, so batches are a
+pure function of ``(seed, epoch, rank, world_size)`` on a given device type.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from kdcollapse.data._dataset import Augment, TensorDataset, derive_seed
+from kdcollapse.data._folder import FolderDataset
+from kdcollapse.errors import DataError
+
+
+def augment_batch(
+    x: torch.Tensor, offsets: torch.Tensor | None, flips: torch.Tensor | None, padding: int
+) -> torch.Tensor:
+    """Random crop with zero padding and horizontal flip of a batch, as one gather.
+
+    ``x``: ``(B, C, H, W)`` (any dtype); ``offsets``: int64 ``(B, 2)`` in ``[0, 2 * padding]``, the
+    top-left corner of each crop in the padded image; ``flips``: bool ``(B,)``. Output pixel ``(i, j)``
+    of sample ``b`` is ``padded[b, :, oy + i, ox + j']`` with ``j' = W - 1 - j`` if flipped, else ``j``.
+    """
+    if offsets is None and flips is None:
+        return x
+    batch, channels, height, width = x.shape
+    if padding:
+        x = F.pad(x, (padding, padding, padding, padding))
+    padded_w = width + 2 * padding
+    cols = torch.arange(width, device=x.device).expand(batch, width)
+    if flips is not None:
+        cols = torch.where(flips[:, None], width - 1 - cols, cols)
+    rows = torch.arange(height, device=x.device).expand(batch, height)
+    if offsets is not None:
+        rows, cols = rows + offsets[:, :1], cols + offsets[:, 1:]
+    index = (rows[:, :, None] * padded_w + cols[:, None, :]).reshape(batch, 1, height * width)
+    out = x.reshape(batch, channels, -1).gather(2, index.expand(batch, channels, -1))
+    return out.reshape(batch, channels, height, width)
+
+
+class Loader:
+    """Yields ``(x, y)`` batches on ``device``: ``x`` float32 normalised, ``y`` int64 (see ``make_loader``).
+
+    ``len(loader)`` is the number of batches of this rank; ``num_samples`` the samples it sees per epoch.
+    """
+
+    def __init__(
+        self, dataset: TensorDataset | FolderDataset, batch_size: int, *, train: bool, device: torch.device,
+        seed: int, augment: Augment, drop_last: bool, rank: int, world_size: int,
+    ):  # fmt: skip
+        self.dataset, self.batch_size, self.train, self.device = dataset, batch_size, train, device
+        self.seed, self.augment, self.drop_last = seed, augment, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        n = len(dataset)
+        self.num_samples = n // world_size if train else len(range(rank, n, world_size))
+        channels = dataset.in_channels if len(dataset.mean) > 1 else 1
+        shape = (1, channels, 1, 1) if len(dataset.input_shape) == 3 else (1, channels)
+        std = torch.tensor(dataset.std, dtype=torch.float32, device=device).view(shape)
+        mean = torch.tensor(dataset.mean, dtype=torch.float32, device=device).view(shape)
+        # x = u * scale - shift == (u / 255 - mean) / std for uint8 images, (u - mean) / std for vectors
+        self._scale = 1 / (std * 255) if len(shape) == 4 else 1 / std
+        self._shift = mean / std
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration follows (training order and augmentation)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        whole, rest = divmod(self.num_samples, self.batch_size)
+        return whole + (rest > 0 and not self.drop_last)
+
+    def _plan(self, device: torch.device, extra_seeds: bool = False) -> dict[str, torch.Tensor]:
+        """This rank's share of the epoch plan: ``index`` and, if used, ``offsets``, ``flips``, ``seeds``."""
+        n = len(self.dataset)
+        if not self.train:
+            return {"index": torch.arange(self.rank, n, self.world_size, device=device)}
+        g = torch.Generator(device=device).manual_seed(derive_seed(self.seed, self.epoch))
+        plan = {"index": torch.randperm(n, generator=g, device=device)}
+        if self.augment.crop_padding:
+            high = 2 * self.augment.crop_padding + 1
+            plan["offsets"] = torch.randint(0, high, (n, 2), generator=g, device=device)
+        if self.augment.flip:
+            plan["flips"] = torch.randint(0, 2, (n,), generator=g, device=device).bool()
+        if extra_seeds:
+            plan["seeds"] = torch.randint(0, 2**62, (n,), generator=g, device=device)
+        mine = slice(self.rank, self.num_samples * self.world_size, self.world_size)
+        return {k: v[mine] for k, v in plan.items()}
+
+    def _batch_slices(self) -> Iterator[slice]:
+        for b in range(len(self)):
+            yield slice(b * self.batch_size, (b + 1) * self.batch_size)
+
+    def _finish(self, x: torch.Tensor, plan: dict[str, torch.Tensor], part: slice) -> torch.Tensor:
+        if x.ndim == 4:
+            offsets, flips = plan.get("offsets"), plan.get("flips")
+            x = augment_batch(
+                x, None if offsets is None else offsets[part].to(x.device),
+                None if flips is None else flips[part].to(x.device), self.augment.crop_padding,
+            )  # fmt: skip
+        return x.float().mul_(self._scale).sub_(self._shift)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+
+class TensorLoader(Loader):
+    """A :class:`Loader` over a :class:`TensorDataset` kept whole on the device; gathers need no workers."""
+
+    def __init__(self, dataset: TensorDataset, batch_size: int, **kwargs):
+        super().__init__(dataset, batch_size, **kwargs)
+        self._inputs = dataset.inputs.to(self.device)
+        self._labels = dataset.labels.to(self.device)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        plan = self._plan(self.device)
+        for part in self._batch_slices():
+            index = plan["index"][part]
+            yield self._finish(self._inputs.index_select(0, index), plan, part), self._labels[index]
+
+
+class FolderLoader(Loader):
+    """A :class:`Loader` whose images are decoded by ``num_workers`` worker processes."""
+
+    def __init__(self, dataset: FolderDataset, batch_size: int, *, num_workers: int, **kwargs):
+        super().__init__(dataset, batch_size, **kwargs)
+        self._current: dict[str, torch.Tensor] = {}
+        self._loader = torch.utils.data.DataLoader(
+            _Decoded(dataset, self.train),
+            batch_sampler=_PlanBatches(self),
+            num_workers=num_workers,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=num_workers > 0,
+        )
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._current = plan = self._plan(torch.device("cpu"), extra_seeds=True)
+        for part, (x, y) in zip(self._batch_slices(), self._loader):
+            x = x.to(self.device, non_blocking=True)
+            yield self._finish(x, plan, part), y.to(self.device, non_blocking=True)
+
+
+class _Decoded(torch.utils.data.Dataset):
+    """Decodes ``(index, seed)`` items in a worker process."""
+
+    def __init__(self, dataset: FolderDataset, train: bool):
+        self.dataset, self.train = dataset, train
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, seed = item
+        return self.dataset.decode(index, self.train, seed), self.dataset.samples[index][1]
+
+
+class _PlanBatches:
+    """The batch sampler of a :class:`FolderLoader`: lists of ``(index, seed)`` from the current plan."""
+
+    def __init__(self, loader: FolderLoader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        plan = self.loader._current
+        index = plan["index"].tolist()
+        seeds = plan["seeds"].tolist() if "seeds" in plan else [0] * len(index)
+        for part in self.loader._batch_slices():
+            yield list(zip(index[part], seeds[part]))
+
+
+def make_loader(
+    dataset: TensorDataset | FolderDataset,
+    batch_size: int,
+    *,
+    train: bool,
+    device: str | torch.device,
+    seed: int,
+    augment: Augment | None = None,
+    drop_last: bool | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int | None = None,
+) -> Loader:
+    """Batches of ``dataset`` on ``device`` for one rank; call ``set_epoch(epoch)`` before each epoch.
+
+    ``train=True``: shuffled and augmented from ``derive_seed(seed, epoch)`` (``augment=None`` uses
+    ``dataset.default_augment``; pass ``Augment()`` for none); ``train=False``: in order, unaugmented,
+    every sample kept. ``drop_last`` (default ``False``) drops an incomplete last training batch. With
+    ``world_size > 1`` each rank gets a disjoint shard of the same permutation. Folder datasets decode in
+    ``num_workers`` processes (default ``min(8, cpu count)``); tensor datasets use none.
+    """
+    device = torch.device(device)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not (isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
+        raise DataError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}")
+    if drop_last and not train:
+        raise DataError("evaluation loaders keep every sample; drop_last=True needs train=True")
+    augment = dataset.default_augment if augment is None else augment
+    if not isinstance(augment, Augment):
+        raise DataError(f"augment must be an Augment or None, got {augment!r}")
+    if augment.active and len(dataset.input_shape) != 3:
+        raise DataError(f"{dataset.name}: crop/flip augmentation needs images, the inputs are vectors")
+    if train and len(dataset) < world_size:
+        raise DataError(f"{dataset.name}: {len(dataset)} samples cannot be split over {world_size} ranks")
+    kwargs = dict(
+        train=train, device=device, seed=seed, augment=augment if train else Augment(),
+        drop_last=bool(drop_last), rank=rank, world_size=world_size,
+    )  # fmt: skip
+    derive_seed(seed)  # validates the seed now rather than at the first iteration
+    if isinstance(dataset, FolderDataset):
+        workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
+        return FolderLoader(dataset, batch_size, num_workers=workers, **kwargs)
+    return TensorLoader(dataset, batch_size, **kwargs)
