@@ -5,11 +5,13 @@ Each model family lives in one module and registers its entry points with ``@reg
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from torch import nn
 
 from kdcollapse._registry import Registry
+from kdcollapse.errors import KdcollapseError
 from kdcollapse.models._base import Classifier
 
 _MODELS: Registry[Callable[..., Classifier]] = Registry("model")
@@ -17,8 +19,20 @@ register_model = _MODELS.register
 
 
 def create_model(name: str, num_classes: int, in_channels: int = 3, **kwargs) -> Classifier:
-    """Build a registered model. Raises a ``KdcollapseError`` listing valid names for an unknown one."""
-    return _MODELS.get(name)(num_classes=num_classes, in_channels=in_channels, **kwargs)
+    """Build a registered model. Raises a ``KdcollapseError`` listing the valid names for an unknown name
+    and the valid options for an unknown keyword argument."""
+    factory = _MODELS.get(name)
+    params = inspect.signature(factory).parameters
+    options = [p for p in params if p not in ("num_classes", "in_channels")]
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        valid = ", ".join(options) if options else "none"
+        raise KdcollapseError(f"model {name!r} has no option(s) {', '.join(unknown)}. Valid options: {valid}")
+    if num_classes < 1 or in_channels < 1:
+        raise KdcollapseError(
+            f"num_classes and in_channels must be >= 1, got {num_classes} and {in_channels}"
+        )
+    return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -27,6 +41,7 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (trainable or not) of ``model``; buffers such as BN statistics excluded."""
     return sum(p.numel() for p in model.parameters())
 
 
