@@ -123,8 +123,15 @@ def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path):
     assert all(torch.isfinite(t).all() for t in load_tensors(Path(cfg.run_dir) / "model.safetensors")[0].values())
 
 
-def test_cli_seeds_summary(tmp_path, capsys):
-    code = main(["train", "--config", os.devnull, *TINY, f"run_dir={tmp_path / 's'}", "model.name=mlp",
+@pytest.fixture
+def empty_yaml(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("{}\n")
+    return str(path)
+
+
+def test_cli_seeds_summary(tmp_path, capsys, empty_yaml):
+    code = main(["train", "--config", empty_yaml, *TINY, f"run_dir={tmp_path / 's'}", "model.name=mlp",
                  "model.kwargs={input_size: 8}", "train.epochs=1", "--seeds", "0,1"])
     assert code == 0
     summary = json.loads((tmp_path / "s" / "seeds.json").read_text())
@@ -133,10 +140,10 @@ def test_cli_seeds_summary(tmp_path, capsys):
     assert "2 seeds: best" in capsys.readouterr().out
 
 
-def test_cli_reports_errors_without_traceback(tmp_path, capsys):
-    assert main(["train", "--config", os.devnull, "optim.lrr=1"]) == 2
+def test_cli_reports_errors_without_traceback(tmp_path, capsys, empty_yaml):
+    assert main(["train", "--config", empty_yaml, "optim.lrr=1"]) == 2
     assert "error: unknown key 'optim.lrr'" in capsys.readouterr().err
-    assert main(["distill", "--config", os.devnull, f"run_dir={tmp_path}/d"]) == 2
+    assert main(["distill", "--config", empty_yaml, f"run_dir={tmp_path}/d"]) == 2
     assert "trains without a teacher" in capsys.readouterr().err
 
 
@@ -152,12 +159,12 @@ def test_every_command_has_help_with_examples():
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path):
+def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml):
     """DDP over 2 gloo processes (batch 32 each) equals one process with batch 64 for a BN-free model."""
     common = [*TINY, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=2", "optim.momentum=0.9"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", os.devnull, *common, "data.batch_size=32",
+           "-m", "kdcollapse", "train", "--config", empty_yaml, *common, "data.batch_size=32",
            f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

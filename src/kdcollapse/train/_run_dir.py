@@ -38,21 +38,30 @@ def git_revision() -> str | None:
 
 
 def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: bool = True) -> Path:
+    """Check that ``cfg.run_dir`` may be used, then (main process) clear it if asked and record the run.
+
+    Every process checks before any writes: under ``torchrun`` they call this in lock-step, with a
+    barrier between the check and the writing.
+    """
+    from kdcollapse.train._distributed import barrier
+
     run_dir = Path(cfg.run_dir)
     holds_run = (run_dir / "config.yaml").exists()
-    if resume:
-        if not (run_dir / "checkpoint.safetensors").exists():
-            raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
-        if is_main:
-            save_config(cfg, run_dir / "config.yaml")  # overrides given on resume (e.g. more epochs)
-        return run_dir
-    if holds_run and not overwrite:
+    if resume and not (run_dir / "checkpoint.safetensors").exists():
+        raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
+    if holds_run and not (resume or overwrite):
         raise CheckpointError(
             f"{run_dir} already holds a run (config.yaml); pass --resume to continue it, --overwrite to "
             "replace it, or choose another run_dir"
         )
-    if not is_main:
-        return run_dir
+    barrier()
+    if is_main:
+        _write_run_dir(cfg, run_dir, clear=holds_run and not resume, record=not resume)
+    barrier()
+    return run_dir
+
+
+def _write_run_dir(cfg: RunConfig, run_dir: Path, *, clear: bool, record: bool) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"
@@ -60,14 +69,14 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: b
         probe.unlink()
     except OSError as err:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
-    if holds_run:
+    if clear:
         for name in RUN_FILES:
             (run_dir / name).unlink(missing_ok=True)
         for name in RUN_DIRS:
             shutil.rmtree(run_dir / name, ignore_errors=True)
-    save_config(cfg, run_dir / "config.yaml")
-    (run_dir / "run.json").write_text(json.dumps(provenance(), indent=2) + "\n")
-    return run_dir
+    save_config(cfg, run_dir / "config.yaml")  # on resume: records overrides such as more epochs
+    if record:
+        (run_dir / "run.json").write_text(json.dumps(provenance(), indent=2) + "\n")
 
 
 def provenance() -> dict:

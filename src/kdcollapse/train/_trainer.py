@@ -64,9 +64,10 @@ def resolve_device(name: str, dist_env: DistEnv) -> torch.device:
     return device
 
 
-def seed_everything(seed: int, epoch: int, rank: int) -> None:
-    """Seed python, numpy and torch (dropout, random heads) from (seed, epoch, rank)."""
-    value = int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
+    """Seed python, numpy and torch from (seed, epoch, rank); ``epoch=None`` seeds the initial weights."""
+    key = [seed, 0] if epoch is None else [seed, 1, epoch, rank]
+    value = int(np.random.SeedSequence(key).generate_state(1)[0])
     random.seed(value)
     np.random.seed(value)
     torch.manual_seed(value)
@@ -96,6 +97,7 @@ class Trainer:
             torch.backends.cudnn.benchmark = False
         self.run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
         self._build_data()
+        seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
         self._build_method()
         self.optimizer = torch.optim.SGD(
             [p for p in self.method.parameters() if p.requires_grad],
@@ -131,13 +133,14 @@ class Trainer:
                 f"{train_set.num_classes} classes; remove model.num_classes or choose another dataset"
             )
         self.train_set, self.test_set = train_set, test_set
-        common = dict(device=self.device, rank=self.dist.rank, world_size=self.dist.world_size)
+        common = dict(device=self.device, num_workers=d.num_workers)
         self.train_loader = make_loader(
             train_set, d.batch_size, train=True, seed=self.cfg.seed,
-            augment=Augment(crop_padding=d.crop_padding, flip=d.flip), **common,
+            augment=Augment(crop_padding=d.crop_padding, flip=d.flip), rank=self.dist.rank,
+            world_size=self.dist.world_size, **common,
         )
         # Evaluation runs on the main process only, over the whole test set.
-        self.test_loader = make_loader(test_set, d.eval_batch_size, train=False, seed=0, device=self.device)
+        self.test_loader = make_loader(test_set, d.eval_batch_size, train=False, seed=0, **common)
 
     def _build_method(self) -> None:
         cfg = self.cfg
