@@ -222,7 +222,7 @@ def search_paths(name: str) -> list[Path]:
     paths = []
     if os.environ.get("KDCOLLAPSE_DATA"):
         paths.append(Path(os.environ["KDCOLLAPSE_DATA"]) / name)
-    paths += [Path("data") / name, Path.home() / ".cache" / "kdcollapse" / name]
+    paths += [Path.cwd() / "data" / name, Path.home() / ".cache" / "kdcollapse" / name]
     return paths + [Path(p) for p in entry.system_paths]
 
 
