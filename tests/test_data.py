@@ -442,8 +442,12 @@ def test_tiny_imagenet_layout_and_exact_pixels(tmp_path):
     assert len(load_dataset("tiny_imagenet", "train", root=tmp_path / "tiny-imagenet-200")) == 6
 
 
-def test_tiny_imagenet_bad_annotation(tmp_path):
+def test_tiny_imagenet_bad_layout(tmp_path):
     write_tiny_imagenet(tmp_path)
+    images = tmp_path / "tiny-imagenet-200" / "train" / "n05" / "images"
+    images.rename(images.with_name("pictures"))
+    with pytest.raises(DataError, match="train/n05/images: cannot list images"):
+        load_dataset("tiny_imagenet", "train", root=tmp_path)
     path = tmp_path / "tiny-imagenet-200" / "val" / "val_annotations.txt"
     path.write_text("val_0.JPEG\tn77\t0\t0\t1\t1\n")
     with pytest.raises(DataError, match=r"val_annotations.txt:1: .*known wnid"):

@@ -7,13 +7,16 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import DataError, unknown_choice
+
+if TYPE_CHECKING:
+    from kdcollapse.data._folder import FolderDataset
 
 SPLITS = ("train", "test")
 
@@ -222,13 +225,14 @@ def search_paths(name: str) -> list[Path]:
     paths = []
     if os.environ.get("KDCOLLAPSE_DATA"):
         paths.append(Path(os.environ["KDCOLLAPSE_DATA"]) / name)
-    paths += [Path("data") / name, Path.home() / ".cache" / "kdcollapse" / name]
+    paths += [Path.cwd() / "data" / name, Path.home() / ".cache" / "kdcollapse" / name]
     return paths + [Path(p) for p in entry.system_paths]
 
 
 def default_download_root(name: str) -> Path:
     """``$KDCOLLAPSE_DATA/<name>`` if set, else ``~/.cache/kdcollapse/<name>``."""
-    return search_paths(name)[0] if os.environ.get("KDCOLLAPSE_DATA") else search_paths(name)[2]
+    base = os.environ.get("KDCOLLAPSE_DATA")
+    return Path(base) / name if base else Path.home() / ".cache" / "kdcollapse" / name
 
 
 def has_files(entry: DatasetEntry, root: Path) -> bool:
@@ -249,7 +253,9 @@ def find_root(name: str, root: str | os.PathLike | None = None) -> Path | None:
     raise DataError(f"dataset {name!r} not found (expected {expected}). Looked in:\n{looked}\n{entry.get}")
 
 
-def load_dataset(name: str, split: str, root: str | os.PathLike | None = None, **options: Any) -> Any:
+def load_dataset(
+    name: str, split: str, root: str | os.PathLike | None = None, **options: Any
+) -> TensorDataset | FolderDataset:
     """Load split ``"train"`` or ``"test"`` of the registered dataset ``name``.
 
     Returns a :class:`TensorDataset` (or a ``FolderDataset`` for image-folder datasets). ``root=None``

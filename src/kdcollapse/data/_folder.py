@@ -11,6 +11,7 @@ they are).
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -130,8 +131,13 @@ def resize_center_crop(img: Image.Image, resize: int, size: int) -> Image.Image:
 # --- layouts ----------------------------------------------------------------------------------------
 
 
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+def _images_in(folder: Path) -> list[str]:
+    """Sorted image paths in ``folder`` (``scandir`` avoids a stat per file on 1.28M ImageNet images)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.path for e in entries if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file())
+    except OSError as err:
+        raise DataError(f"{folder}: cannot list images ({err.strerror})") from None
 
 
 def scan_class_folders(split_dir: Path, inner: str = "") -> tuple[list[tuple[str, int]], list[str]]:
@@ -141,7 +147,7 @@ def scan_class_folders(split_dir: Path, inner: str = "") -> tuple[list[tuple[str
     classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     if not classes:
         raise DataError(f"{split_dir}: no class folders (expected {split_dir}/<class>/<image>)")
-    samples = [(str(p), label) for label, c in enumerate(classes) for p in _images_in(split_dir / c / inner)]
+    samples = [(p, label) for label, c in enumerate(classes) for p in _images_in(split_dir / c / inner)]
     return samples, classes
 
 

@@ -212,7 +212,7 @@ def make_loader(
     augment = dataset.default_augment if augment is None else augment
     if not isinstance(augment, Augment):
         raise DataError(f"augment must be an Augment or None, got {augment!r}")
-    if augment.active and len(dataset.input_shape) != 3:
+    if train and augment.active and len(dataset.input_shape) != 3:
         raise DataError(f"{dataset.name}: crop/flip augmentation needs images, the inputs are vectors")
     if train and len(dataset) < world_size:
         raise DataError(f"{dataset.name}: {len(dataset)} samples cannot be split over {world_size} ranks")
