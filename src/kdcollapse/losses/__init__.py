@@ -1,0 +1,33 @@
+"""Distillation losses: pure functions of tensors, each with a thin ``nn.Module`` wrapper.
+
+Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool ``mask``; every unmasked
+position is one sample. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
+:class:`kdcollapse.errors.KdcollapseError`. Formulas and references: ``docs/losses.md``.
+"""
+
+from kdcollapse.losses._module import LossModule, loss_module
+from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
+from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
+from kdcollapse.losses.contrastive import intra_class_contrastive_loss
+from kdcollapse.losses.dkd import dkd_loss
+from kdcollapse.losses.dkl import dkl_loss, ikl_loss
+from kdcollapse.losses.kd import kd_loss
+from kdcollapse.losses.rkd import rkd_loss
+
+KDLoss = loss_module("KDLoss", kd_loss)
+DKDLoss = loss_module("DKDLoss", dkd_loss)
+BinaryKLLoss = loss_module("BinaryKLLoss", binary_kl_loss)
+BinaryKLNormLoss = loss_module("BinaryKLNormLoss", binary_kl_norm_loss)
+DKLLoss = loss_module("DKLLoss", dkl_loss)
+IKLLoss = loss_module("IKLLoss", ikl_loss)
+IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class_contrastive_loss)
+RKDLoss = loss_module("RKDLoss", rkd_loss)
+TRADESLoss = loss_module("TRADESLoss", trades_loss)
+IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+
+__all__ = [
+    "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
+    "intra_class_contrastive_loss", "rkd_loss", "trades_loss", "ikl_at_loss",
+    "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
+    "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
+]

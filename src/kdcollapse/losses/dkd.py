@@ -1,0 +1,48 @@
+"""Decoupled knowledge distillation (Zhao et al., CVPR 2022)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._shapes import check_positive, flatten_logits
+
+
+def _binary_log_probs(z: Tensor, is_target: Tensor) -> tuple[Tensor, Tensor]:
+    """log b = [log p_t, log(1 − p_t)] of softmax(z) and the log-softmax among non-targets.
+
+    Computed from log-sum-exps, so neither probability is ever rounded to 0 or 1 before its log.
+    """
+    lse = torch.logsumexp(z, dim=-1)
+    non_target = z[~is_target].view(z.shape[0], -1)  # (N, K-1), class order kept
+    lse_non_target = torch.logsumexp(non_target, dim=-1)
+    log_b = torch.stack([z[is_target] - lse, lse_non_target - lse], dim=-1)
+    return log_b, F.log_softmax(non_target, dim=-1)
+
+
+def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
+             temperature: float = 4.0, *, mask: Tensor | None = None) -> Tensor:
+    """τ² · mean_b [α·TCKD + β·NCKD] (Zhao et al. 2022, Sec. 3; official reduction: sum / B).
+
+    TCKD = KL(b_T ‖ b_S) with b = [p_t, 1 − p_t] the binary target / non-target split of
+    softmax(z/τ); NCKD = KL(p̂_T ‖ p̂_S) with p̂ the softmax among the K − 1 non-target classes.
+    KD = TCKD + (1 − p_t^T)·NCKD (the paper's reformulation of KD), so α = β = 1 is *not* KD
+    in general.
+
+    ``student``, ``teacher``: (B, K) or (B, T, K); ``target``: (B,) or (B, T) labels; ``mask``
+    (B, T) bool. The non-target softmax is exact (the official code approximates it by subtracting
+    1000 from the target logit). Needs K ≥ 3.
+    """
+    check_positive("temperature", temperature)
+    (s, t), y = flatten_logits({"student": student, "teacher": teacher}, target=target, mask=mask)
+    if s.shape[-1] < 3:
+        raise KdcollapseError(f"dkd_loss needs K >= 3 classes (NCKD compares distributions over the "
+                              f"K - 1 non-target classes), got K = {s.shape[-1]}")
+    is_target = F.one_hot(y, s.shape[-1]).bool()
+    log_b_s, log_nt_s = _binary_log_probs(s / temperature, is_target)
+    log_b_t, log_nt_t = _binary_log_probs(t / temperature, is_target)
+    tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
+    nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
+    return temperature**2 * (alpha * tckd + beta * nckd).mean()

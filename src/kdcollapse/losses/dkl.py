@@ -1,0 +1,88 @@
+"""Decoupled and Improved KL divergence (DKL / IKL; Cui et al., DKL paper eq. 5 and 10).
+
+Both losses are a weighted MSE over all logit differences plus a soft-label cross-entropy. The weight
+of pair (j, k) is the outer product w_j·w_k, so the K×K sum collapses to O(K) per sample:
+Σ_jk w_j w_k (a_j − a_k)² = 2·(Σw)·Σ_j w_j (a_j − ā)², ā = Σ_j w_j a_j / Σw. This centred form
+avoids the cancellation of the equal 2[(Σw)(Σ w a²) − (Σ w a)²] when a has a large common offset.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._shapes import check_positive, check_values, describe, flatten_logits
+
+
+def weighted_pairwise_sq(a: Tensor, w: Tensor) -> Tensor:
+    """Σ_jk w_j w_k (a_j − a_k)² for each row of (N, K) ``a`` and weights ``w``, in O(N·K)."""
+    total = w.sum(-1, keepdim=True)
+    centre = (w * a).sum(-1, keepdim=True) / total.clamp_min(torch.finfo(total.dtype).tiny)
+    return 2 * total.squeeze(-1) * (w * (a - centre).square()).sum(-1)
+
+
+def _decoupled(diff: Tensor, weights: Tensor, soft_labels: Tensor, log_probs: Tensor,
+               mse_weight: float, ce_weight: float) -> Tensor:
+    """mean_b [mse_weight·¼·Σ_jk w_j w_k (diff_j − diff_k)² − ce_weight·Σ_j soft_j log p_j]."""
+    wmse = 0.25 * weighted_pairwise_sq(diff, weights)
+    ce = -(soft_labels * log_probs).sum(-1)
+    return (mse_weight * wmse + ce_weight * ce).mean()
+
+
+def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float = 1.0, *,
+             mask: Tensor | None = None) -> Tensor:
+    """Decoupled KL (DKL paper eq. 5), mean over samples.
+
+    (α/4)·Σ_jk (Δm_jk − S(Δn_jk))²·S(s_m^j s_m^k) − β·Σ_j S(s_m^j) log s_n^j, with Δm_jk = m_j − m_k,
+    s = softmax, S = stop-gradient. ``logits_m`` is the reference side (o_m: the teacher in KD, the
+    natural image in adversarial training), ``logits_n`` the side being fitted (o_n: student,
+    adversarial image). With α = β = 1 the gradients w.r.t. both inputs equal those of
+    KL(softmax(m) ‖ softmax(n)) (Lemma 1); the loss *value* differs from the KL.
+    Shapes: (B, K) or (B, T, K), optional (B, T) bool ``mask``.
+    """
+    (m, n), _ = flatten_logits({"logits_m": logits_m, "logits_n": logits_n}, mask=mask)
+    s_m = F.softmax(m, dim=-1).detach()
+    return _decoupled(m - n.detach(), s_m, s_m, F.log_softmax(n, dim=-1), alpha, beta)
+
+
+def ikl_loss(student: Tensor, teacher: Tensor, *, class_weights: Tensor | None = None,
+             target: Tensor | None = None, mse_weight: float = 1.0, ce_weight: float = 1.0,
+             temperature: float = 1.0, mask: Tensor | None = None) -> Tensor:
+    """Improved KL (DKL paper eq. 10), mean over samples.
+
+    mse_weight·¼·Σ_jk ((t_j − t_k) − (s_j − s_k))²·w_j w_k − ce_weight·Σ_j S(softmax(t/τ))_j
+    log softmax(s/τ)_j. The teacher is o_m, the student o_n. The wMSE uses raw logits and stops no
+    gradient on either side ("breaking asymmetry"): with a frozen teacher only the student learns,
+    in adversarial training the natural logits get the gradient too. The cross-entropy has no τ²
+    factor (official code).
+
+    Weights w (never differentiated): ``class_weights[target]`` when ``class_weights`` (a K×K table,
+    row y = the class-wise mean probability vector s̄_y, "global information") is given, otherwise
+    the sample-wise S(softmax(teacher)). Paper α/β = ``mse_weight``/``ce_weight``; the official code
+    swaps the letters. Shapes: (B, K) or (B, T, K), ``target`` (B,) or (B, T), ``mask`` (B, T) bool.
+    """
+    check_positive("temperature", temperature)
+    (s, t), y = flatten_logits({"student": student, "teacher": teacher}, target=target, mask=mask)
+    return ikl_on_samples(s, t, y, class_weights, mse_weight, ce_weight, temperature)
+
+
+def ikl_on_samples(student: Tensor, teacher: Tensor, target: Tensor | None,
+                   class_weights: Tensor | None, mse_weight: float, ce_weight: float,
+                   temperature: float) -> Tensor:
+    """:func:`ikl_loss` on already validated (N, K) samples (shared with ``ikl_at_loss``)."""
+    if class_weights is None:
+        weights = F.softmax(teacher, dim=-1).detach()
+    else:
+        k = student.shape[-1]
+        if target is None:
+            raise KdcollapseError("class_weights needs target: the weight rows are picked by label")
+        if not isinstance(class_weights, Tensor) or tuple(class_weights.shape) != (k, k):
+            raise KdcollapseError(f"class_weights must be a ({k}, {k}) tensor (row y = mean "
+                                  f"probabilities of class y), got {describe(class_weights)}")
+        check_values({"class_weights": class_weights})
+        weights = class_weights.detach()[target]
+    soft_labels = F.softmax(teacher / temperature, dim=-1).detach()
+    log_probs = F.log_softmax(student / temperature, dim=-1)
+    return _decoupled(teacher - student, weights, soft_labels, log_probs, mse_weight, ce_weight)

@@ -1,0 +1,154 @@
+"""Sequence logits with masks, bad input and the nn.Module wrappers, across every loss."""
+
+import inspect
+
+import pytest
+import torch
+
+import kdcollapse.losses as L
+from kdcollapse.errors import KdcollapseError
+
+K = 5
+TABLE = torch.softmax(torch.randn(K, K), -1)
+
+# Every logit loss as f(first, second, target, mask); "first"/"second" are the two logit arguments.
+LOGIT_LOSSES = {
+    "kd": lambda a, b, y, mask: L.kd_loss(a, b, 2.0, mask=mask),
+    "dkd": lambda a, b, y, mask: L.dkd_loss(a, b, y, mask=mask),
+    "binary_kl": lambda a, b, y, mask: L.binary_kl_loss(a, b, mask=mask),
+    "binary_kl_norm": lambda a, b, y, mask: L.binary_kl_norm_loss(a, b, mask=mask),
+    "dkl": lambda a, b, y, mask: L.dkl_loss(a, b, mask=mask),
+    "ikl": lambda a, b, y, mask: L.ikl_loss(a, b, class_weights=TABLE, target=y, mask=mask),
+    "ikl_sample_weights": lambda a, b, y, mask: L.ikl_loss(a, b, temperature=4.0, mask=mask),
+    "trades": lambda a, b, y, mask: L.trades_loss(a, b, y, mask=mask),
+    "ikl_at": lambda a, b, y, mask: L.ikl_at_loss(a, b, y, TABLE, mask=mask),
+}
+
+
+@pytest.mark.parametrize("name", LOGIT_LOSSES)
+def test_sequence_logits_with_mask_are_samples(name):
+    loss_fn = LOGIT_LOSSES[name]
+    b, steps = 3, 4
+    a, c = (3 * torch.randn(b, steps, K)).requires_grad_(), (3 * torch.randn(b, steps, K)).requires_grad_()
+    y, mask = torch.randint(0, K, (b, steps)), torch.rand(b, steps) < 0.5
+    mask[1, 2] = True
+    loss = loss_fn(a, c, y, mask)
+    flat = loss_fn(a[mask], c[mask], y[mask], None)
+    torch.testing.assert_close(loss, flat)
+    g_a, g_c = torch.autograd.grad(loss, (a, c), allow_unused=True, materialize_grads=True)
+    assert g_a[~mask].eq(0).all() and g_c[~mask].eq(0).all()
+    assert g_a[mask].abs().sum() > 0
+    unmasked = loss_fn(a, c, y, None)
+    torch.testing.assert_close(unmasked, loss_fn(a.reshape(-1, K), c.reshape(-1, K), y.reshape(-1), None))
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def _two(shape=(4, K)):
+    return torch.randn(*shape), torch.randn(*shape)
+
+
+@pytest.mark.parametrize("name", LOGIT_LOSSES)
+def test_every_logit_loss_rejects_bad_input(name):
+    loss_fn = LOGIT_LOSSES[name]
+    a, c = _two()
+    y = torch.randint(0, K, (4,))
+    with pytest.raises(KdcollapseError, match=r"K = 5 classes, .* K = 7"):
+        loss_fn(a, torch.randn(4, 7), y, None)
+    with pytest.raises(KdcollapseError, match="floating-point"):
+        loss_fn(a.long(), c, y, None)
+    bad = c.clone()
+    bad[1, 2] = float("nan")
+    with pytest.raises(KdcollapseError, match="contains NaN or inf"):
+        loss_fn(a, bad, y, None)
+    bad[1, 2] = float("inf")
+    with pytest.raises(KdcollapseError, match="contains NaN or inf"):
+        loss_fn(bad, a, y, None)
+    with pytest.raises(KdcollapseError, match="2 or 3 dimensions"):
+        loss_fn(a[0], c[0], y, None)
+    with pytest.raises(KdcollapseError, match="mask must be a bool tensor of shape"):
+        loss_fn(a, c, y, torch.ones(4))
+    with pytest.raises(KdcollapseError, match="mask selects no positions"):
+        loss_fn(a, c, y, torch.zeros(4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["dkd", "ikl", "trades", "ikl_at"])
+def test_target_is_validated(name):
+    loss_fn = LOGIT_LOSSES[name]
+    a, c = _two()
+    with pytest.raises(KdcollapseError, match=r"labels outside \[0, 5\)"):
+        loss_fn(a, c, torch.tensor([0, 1, 5, 2]), None)
+    with pytest.raises(KdcollapseError, match=r"labels outside \[0, 5\)"):
+        loss_fn(a, c, torch.tensor([0, -1, 3, 2]), None)
+    with pytest.raises(KdcollapseError, match="integer tensor of class indices"):
+        loss_fn(a, c, torch.zeros(4), None)
+    with pytest.raises(KdcollapseError, match=r"target must have shape \(4,\)"):
+        loss_fn(a, c, torch.zeros(3, dtype=torch.long), None)
+
+
+def test_specific_errors():
+    a, c = _two((4, 2))
+    with pytest.raises(KdcollapseError, match="needs K >= 3 classes .* got K = 2"):
+        L.dkd_loss(a, c, torch.zeros(4, dtype=torch.long))
+    a, c = _two()
+    with pytest.raises(KdcollapseError, match="temperature must be > 0"):
+        L.kd_loss(a, c, 0.0)
+    with pytest.raises(KdcollapseError, match="class_weights needs target"):
+        L.ikl_loss(a, c, class_weights=TABLE)
+    with pytest.raises(KdcollapseError, match=r"class_weights must be a \(5, 5\) tensor"):
+        L.ikl_loss(a, c, class_weights=TABLE[:3], target=torch.zeros(4, dtype=torch.long))
+    with pytest.raises(KdcollapseError, match=r"shapes differ: student \(4, 5\) vs teacher \(3, 5\)"):
+        L.kd_loss(a, c[:3])
+    with pytest.raises(KdcollapseError, match="batch sizes differ"):
+        L.rkd_loss(torch.randn(4, 3), torch.randn(5, 3))
+    x = torch.randn(3, 4)
+    with pytest.raises(KdcollapseError, match=r"negatives must have shape \(B, m, d\) = \(3, m, 4\)"):
+        L.intra_class_contrastive_loss(x, x, torch.randn(3, 2, 5))
+    with pytest.raises(KdcollapseError, match="positives must have the anchors' shape"):
+        L.intra_class_contrastive_loss(x, x[:2], torch.randn(3, 2, 4))
+    with pytest.raises(KdcollapseError, match=r"negative_mask must be a bool tensor of shape \(3, 2\)"):
+        L.intra_class_contrastive_loss(x, x, torch.randn(3, 2, 4), torch.ones(3, 2))
+    with pytest.raises(KdcollapseError, match="anchors contains NaN"):
+        L.intra_class_contrastive_loss(x / 0 * 0, x, torch.randn(3, 2, 4))
+    # no negatives at all is allowed: only the positive in the denominator, loss 0
+    assert L.intra_class_contrastive_loss(x, x, torch.randn(3, 0, 4)).item() == 0.0
+
+
+# --- wrappers ---------------------------------------------------------------------------------
+
+WRAPPERS = {
+    "KDLoss": (L.kd_loss, ["temperature"]),
+    "DKDLoss": (L.dkd_loss, ["alpha", "beta", "temperature"]),
+    "BinaryKLLoss": (L.binary_kl_loss, ["temperature"]),
+    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature"]),
+    "DKLLoss": (L.dkl_loss, ["alpha", "beta"]),
+    "IKLLoss": (L.ikl_loss, ["mse_weight", "ce_weight", "temperature"]),
+    "IntraClassContrastiveLoss": (L.intra_class_contrastive_loss, ["temperature"]),
+    "RKDLoss": (L.rkd_loss, ["distance_weight", "angle_weight"]),
+    "TRADESLoss": (L.trades_loss, ["beta"]),
+    "IKLATLoss": (L.ikl_at_loss, ["mse_weight", "ce_weight"]),
+}
+
+
+@pytest.mark.parametrize("name", WRAPPERS)
+def test_wrapper_stores_hyperparameters(name):
+    cls, (fn, hyper) = getattr(L, name), WRAPPERS[name]
+    assert list(cls.hyperparameters.parameters) == hyper
+    defaults = {p: inspect.signature(fn).parameters[p].default for p in hyper}
+    assert cls().config == defaults
+    values = [1.5 + i for i in range(len(hyper))]
+    assert cls(*values).config == dict(zip(hyper, values))
+    assert f"{hyper[0]}=1.5" in repr(cls(*values))
+    with pytest.raises(TypeError):
+        cls(*values, 9.0)
+
+
+def test_wrappers_call_their_functions():
+    a, c, y = *_two(), torch.randint(0, K, (4,))
+    torch.testing.assert_close(L.KDLoss(3.0)(a, c), L.kd_loss(a, c, 3.0))
+    torch.testing.assert_close(L.DKDLoss(beta=2.0)(a, c, y), L.dkd_loss(a, c, y, beta=2.0))
+    torch.testing.assert_close(L.IKLLoss(mse_weight=4.0)(a, c, class_weights=TABLE, target=y),
+                               L.ikl_loss(a, c, class_weights=TABLE, target=y, mse_weight=4.0))
+    torch.testing.assert_close(L.IKLATLoss(3.0, 1.0)(a, c, y, TABLE), L.ikl_at_loss(a, c, y, TABLE, 3.0, 1.0))
+    e, f = torch.randn(6, 3), torch.randn(6, 4)
+    torch.testing.assert_close(L.RKDLoss(1.0, 2.0)(e, f), L.rkd_loss(e, f, 1.0, 2.0))
