@@ -17,6 +17,8 @@ def test_defaults_yaml_and_overrides(tmp_path):
     assert config_to_dict(cfg)["method"] == {"name": "vanilla"}
     # int given for a float field is accepted and converted
     assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0
+    # YAML reads `off` as False; choice fields that offer "off" take it back
+    assert load_config(None, ["train.amp=off"]).train.amp == "off"
 
 
 @pytest.mark.parametrize(

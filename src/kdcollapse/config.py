@@ -216,6 +216,8 @@ def _coerce(tp, value, key: str):
         raise errors[0]
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and ("off" if value is False else "on") in choices:
+            value = "off" if value is False else "on"  # YAML 1.1 reads `off`/`on` as booleans
         if value not in choices:
             raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")
         return value
