@@ -325,6 +325,24 @@ def test_apgd_reaches_the_maximiser_of_a_monotone_objective(norm, eps):
     assert lp_norm(x_adv - x_star, norm).max() < 0.02 * eps + 1e-6
 
 
+@pytest.mark.parametrize("norm", ["Linf", "L2"])
+def test_apgd_step_size_halving_converges_to_an_interior_maximiser(norm):
+    """The cross-entropy of logits (50·(x_0 − c)², 0, 0, 0) is maximal at x_0 = c inside the ball:
+    the sign steps oscillate around c, condition 1 fires at every checkpoint, and the halved steps
+    (2ε/2^8 after the last one) pin x_0 to c. Without halving the iterates keep jumping by ~ε."""
+
+    class Bowl(nn.Module):
+        def forward(self, z):
+            s = 50 * (z.flatten(1)[:, 0] - c) ** 2
+            return torch.stack([s, torch.zeros_like(s), torch.zeros_like(s), torch.zeros_like(s)], 1)
+
+    eps = 0.1 if norm == "Linf" else 0.3
+    x = torch.full((4, 1, 2, 2), 0.5)
+    c = 0.5 + 0.3 * eps * torch.tensor([1.0, -1.0, 0.5, -0.2])
+    x_adv = apgd_attack(Bowl(), x, torch.zeros(4, dtype=torch.long), norm=norm, eps=eps, n_iter=100, generator=_gen())
+    assert (x_adv.flatten(1)[:, 0] - c).abs().max() < 0.02 * eps
+
+
 # -------------------------------------------------------------------------------------------- FAB
 def _linf_reference(p, w, c):
     """min t s.t. |δ_i| ≤ t, ⟨w, δ⟩ = c, 0 ≤ p + δ ≤ 1 (a linear program)."""
@@ -454,7 +472,7 @@ def test_bad_inputs_raise_clear_errors(task):
         apgd_attack(model, x, y, norm="L1", eps=0.1)
     with pytest.raises(KdcollapseError, match="eps must be a positive"):
         square_attack(model, x, y, eps=-1.0)
-    with pytest.raises(KdcollapseError, match="y must be an integer tensor of shape"):
+    with pytest.raises(KdcollapseError, match="y must be an int64 tensor of shape"):
         fab_attack(model, x, y[:3], eps=0.1)
     with pytest.raises(KdcollapseError, match="NaN"):
         pgd_attack(model, torch.full_like(x, float("nan")), y, eps=0.1, step_size=0.01, steps=1)
@@ -545,6 +563,7 @@ def test_autoattack_standard_end_to_end(task):
     assert result.clean_accuracy > 0.9 and result.robust_accuracy == 0.0
     assert all(isinstance(s, AttackStage) and s.images_per_second > 0 for s in result.stages[:1])
     assert in_threat_model(result.x_adv, x[:32], "Linf", 0.1).all()
+    assert "| square | 0 | | 0.00% | | |" in result.table()  # stages left with nothing to attack
 
 
 def test_pgd_evaluate(task):

@@ -48,7 +48,7 @@ def halve_step_size(
     n_increased: Tensor, steps_since_last: int, rho: float, halved_at_last: Tensor, f_max: Tensor,
     f_max_at_last: Tensor,
 ) -> Tensor:
-    """APGD's test at a checkpoint w_j (Croce & Hein 2020, Sec. 3.1), per sample (B,) bool: halve η when
+    """APGD's test at a checkpoint w_j (Croce & Hein 2020), per sample (B,) bool: halve η when
 
     1. Σ_{i=w_{j−1}}^{w_j−1} 1[f(x^(i+1)) > f(x^(i))] < ρ·(w_j − w_{j−1})   (too few steps improved), or
     2. η^(w_{j−1}) = η^(w_j) and f_max^(w_{j−1}) = f_max^(w_j)          (not halved, no progress).
@@ -60,7 +60,7 @@ def _apgd_run(
     model: Model, x: Tensor, y: Tensor, objective: Objective, *, norm: str, eps: float, n_iter: int,
     rho: float, generator: torch.Generator | None,
 ) -> Tensor:
-    """One APGD run from a random start (Croce & Hein 2020, Algorithm 1), per-sample step sizes.
+    """One APGD run from a random start (Croce & Hein 2020), per-sample step sizes.
 
     At each checkpoint w_j (:func:`apgd_checkpoints`) a sample whose :func:`halve_step_size` test
     holds gets η halved and its iterate reset to its best point x_max (condition 2 is not tested at the

@@ -9,6 +9,7 @@ parameters never receive a ``.grad``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -63,7 +64,7 @@ def eval_mode(model: Model) -> Iterator[None]:
 def check_norm_eps(norm: str, eps: float) -> None:
     if norm not in NORMS:
         raise KdcollapseError(unknown_choice("norm", norm, NORMS))
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
         raise KdcollapseError(f"eps must be a positive finite number, got {eps!r}")
 
 
@@ -73,7 +74,7 @@ def check_count(name: str, value: int, minimum: int = 1) -> None:
 
 
 def check_inputs(x: Tensor, y: Tensor | None = None) -> None:
-    """Inputs: a float (B, ...) tensor in [0, 1] without NaNs; labels: integer (B,)."""
+    """Inputs: a float (B, ...) tensor in [0, 1] without NaNs; labels: int64 (B,)."""
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 2:
         raise KdcollapseError(
             f"x must be a float tensor of shape (B, ...), got {type(x).__name__} "
@@ -87,9 +88,9 @@ def check_inputs(x: Tensor, y: Tensor | None = None) -> None:
             "unnormalised inputs: wrap the model in Normalized(model, mean, std) instead"
         )
     if y is not None:
-        if not isinstance(y, Tensor) or y.dtype not in (torch.int64, torch.int32) or y.shape != x.shape[:1]:
+        if not isinstance(y, Tensor) or y.dtype != torch.int64 or y.shape != x.shape[:1]:
             raise KdcollapseError(
-                f"y must be an integer tensor of shape ({x.shape[0]},), got "
+                f"y must be an int64 tensor of shape ({x.shape[0]},), got "
                 f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}"
             )
 

@@ -80,7 +80,8 @@ class RobustEvaluation:
         lines = ["| stage | attacked | broken | accuracy | time (s) | images/s |", "|---|---:|---:|---:|---:|---:|",
                  f"| clean | {len(self.robust)} | | {self.clean_accuracy:.2%} | | |"]
         lines += [f"| {s.name} | {s.attacked} | {s.broken} | {s.robust_accuracy:.2%} | {s.seconds:.1f} | "
-                  f"{s.images_per_second:.1f} |" for s in self.stages]
+                  f"{s.images_per_second:.1f} |" if s.attacked else f"| {s.name} | 0 | | {s.robust_accuracy:.2%} | | |"
+                  for s in self.stages]
         return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from kdcollapse.errors import KdcollapseError
 def project_onto_hyperplane_in_box(p: Tensor, w: Tensor, c: Tensor, norm: str) -> Tensor:
     """The smallest step δ (in ℓ∞ or ℓ2) with ⟨w, δ⟩ = c and p + δ ∈ [0, 1]^d, per row.
 
-    p, w: (B, D); c: (B,). This is proj_p(p, π, C) − p of the FAB paper (Sec. 3.1), π the hyperplane.
+    p, w: (B, D); c: (B,). This is proj_p(p, π, C) − p of the FAB paper, π the hyperplane.
     Writing s = sign(c) and w' = s·w, the optimum moves coordinate i towards the side of sign(w'_i)
     by min(τ·a_i/|w'_i|, r_i), r_i the room left in the box on that side and a_i = |w'_i| (ℓ∞) or
     w'_i² (ℓ2), with τ ≥ 0 the smallest root of the increasing piecewise-linear
@@ -62,7 +62,7 @@ def _fab_targeted_run(
     model: Model, x: Tensor, y: Tensor, target: Tensor, *, norm: str, n_iter: int, alpha_max: float,
     eta: float, beta: float,
 ) -> tuple[Tensor, Tensor]:
-    """FAB iterations (Croce & Hein 2020, Sec. 3) towards the boundary between ``y`` and ``target``.
+    """FAB iterations (Croce & Hein 2020) towards the boundary between ``y`` and ``target``.
 
     Each step linearises g = f_target − f_y at the iterate x^(i), projects both x^(i) and the original
     x onto {g_lin = 0} ∩ box (δ^(i), δ_orig), and moves to

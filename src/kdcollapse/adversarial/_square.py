@@ -58,7 +58,7 @@ def _eta_rectangle(rows: int, cols: int, like: Tensor) -> Tensor:
 
 def _eta(s: int, like: Tensor, generator: torch.Generator | None) -> Tensor:
     """The ℓ2 Square attack's s × s update: +η on the top half, −η on the bottom half, randomly
-    transposed, unit ℓ2 norm (Andriushchenko et al. 2020, Sec. 4.2)."""
+    transposed, unit ℓ2 norm (Andriushchenko et al. 2020, the ℓ2 attack)."""
     eta = torch.cat([_eta_rectangle(s // 2, s, like), -_eta_rectangle(s - s // 2, s, like)])
     eta = eta / eta.norm().clamp_min(1e-12)
     return eta.T if uniform((1,), like, generator).item() < 0.5 else eta
