@@ -275,16 +275,19 @@ def test_margin_sign_is_misclassification():
 
 
 def test_dlr_needs_enough_classes():
-    with pytest.raises(KdcollapseError, match="at least 3 classes"):
+    with pytest.raises(KdcollapseError, match="the DLR loss needs at least 3 classes .*got 2"):
         dlr_loss(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))
-    with pytest.raises(KdcollapseError, match="at least 4 classes"):
+    with pytest.raises(KdcollapseError, match="the targeted DLR loss needs at least 4 classes .*got 3"):
         dlr_targeted_loss(torch.randn(4, 3), torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long))
-    three = nn.Sequential(nn.Flatten(), nn.Linear(C * 4 * 4, 3))
-    x, y = torch.rand(4, C, 4, 4), torch.zeros(4, dtype=torch.long)
-    with pytest.raises(KdcollapseError, match="needs at least 4 classes; the model has 3"):
-        apgd_targeted_attack(three, x, y, eps=0.1)
-    with pytest.raises(KdcollapseError, match="at least 4 classes"):
-        autoattack_standard(three, x, y, progress=False)
+    x = torch.rand(4, C, 4, 4)
+    two, three = (nn.Sequential(nn.Flatten(), nn.Linear(C * 4 * 4, k)) for k in (2, 3))
+    wrong = torch.full((4,), 2, dtype=torch.long)  # no point classified correctly: still refused
+    with pytest.raises(KdcollapseError, match="APGD-DLR needs at least 3 classes"):
+        apgd_attack(two, x, wrong, eps=0.1, loss="dlr")
+    with pytest.raises(KdcollapseError, match="APGD-T needs at least 4 classes .*got 3"):
+        apgd_targeted_attack(three, x, wrong, eps=0.1)
+    with pytest.raises(KdcollapseError, match="AutoAttack standard .* needs at least 4 classes"):
+        autoattack_standard(three, x, wrong, progress=False)
 
 
 # ------------------------------------------------------------------------------------------- APGD
@@ -357,7 +360,8 @@ def _linf_reference(p, w, c):
 
 def _l2_reference(p, w, c):
     res = minimize(lambda z: z @ z, np.zeros(len(p)), jac=lambda z: 2 * z, method="SLSQP",
-                   bounds=[(-pi, 1 - pi) for pi in p], constraints=[{"type": "eq", "fun": lambda z: w @ z - c, "jac": lambda z: w}],
+                   bounds=[(-pi, 1 - pi) for pi in p],
+                   constraints=[{"type": "eq", "fun": lambda z: w @ z - c, "jac": lambda z: w}],
                    options={"ftol": 1e-14, "maxiter": 500})
     return res.x if res.success else None
 
@@ -606,8 +610,9 @@ def test_unconfirmed_adversarial_examples_count_as_robust(task):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = evaluate_attacks(switch, x, y, attacks, norm="Linf", eps=0.03, progress=False)
-    assert 0 < result.stages[0].broken < result.stages[0].attacked == result.stages[1].attacked + result.stages[0].broken
-    assert result.unconfirmed == result.stages[0].broken
+    pgd, flipped = result.stages
+    assert 0 < pgd.broken < pgd.attacked == flipped.attacked + pgd.broken
+    assert result.unconfirmed == pgd.broken
     assert result.robust_accuracy == pytest.approx(result.clean_accuracy)  # clean-wrong points stay non-robust
     assert any("classified correctly on the final check" in str(w.message) for w in caught)
 

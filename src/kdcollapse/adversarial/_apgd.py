@@ -17,12 +17,13 @@ from kdcollapse.adversarial._common import (
     eval_mode,
     logits_of,
     loss_and_grad,
+    num_classes,
     per_sample,
     project,
     random_init,
     steepest_ascent,
 )
-from kdcollapse.adversarial._losses import cross_entropy, dlr_loss, dlr_targeted_loss
+from kdcollapse.adversarial._losses import cross_entropy, dlr_loss, dlr_targeted_loss, require_classes
 from kdcollapse.errors import KdcollapseError, unknown_choice
 
 APGD_LOSSES = ("ce", "dlr")
@@ -144,6 +145,8 @@ def apgd_attack(
     check_count("n_restarts", n_restarts)
     if loss not in APGD_LOSSES:
         raise KdcollapseError(unknown_choice("APGD loss", loss, APGD_LOSSES))
+    if loss == "dlr":
+        require_classes(num_classes(model, x), 3, "APGD-DLR")
     loss_fn = cross_entropy if loss == "ce" else dlr_loss
 
     def run(_: int, idx: Tensor) -> Tensor:
@@ -179,11 +182,7 @@ def apgd_targeted_attack(
     with eval_mode(model):
         with torch.no_grad():
             clean_logits = logits_of(model, x)
-        if clean_logits.shape[1] < 4:
-            raise KdcollapseError(
-                f"APGD-T uses the targeted DLR loss, which needs at least 4 classes; the model has "
-                f"{clean_logits.shape[1]}. Use apgd_attack(loss='ce') for fewer classes"
-            )
+        require_classes(clean_logits.shape[1], 4, "APGD-T")
         ranked = clean_logits.argsort(1, descending=True)
         n_targets = min(n_targets, clean_logits.shape[1] - 1)
 

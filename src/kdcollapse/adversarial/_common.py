@@ -106,6 +106,12 @@ def logits_of(model: Model, x: Tensor) -> Tensor:
     return logits
 
 
+def num_classes(model: Model, x: Tensor) -> int:
+    """K, from the logits of the first input."""
+    with eval_mode(model), torch.no_grad():
+        return logits_of(model, x[:1]).shape[1]
+
+
 @torch.no_grad()
 def predict(model: Model, x: Tensor) -> Tensor:
     return logits_of(model, x).argmax(1)

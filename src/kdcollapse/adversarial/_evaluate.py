@@ -20,10 +20,11 @@ from kdcollapse.adversarial._common import (
     check_norm_eps,
     eval_mode,
     in_threat_model,
-    logits_of,
+    num_classes,
     predict,
 )
 from kdcollapse.adversarial._fab import fab_attack
+from kdcollapse.adversarial._losses import require_classes
 from kdcollapse.adversarial._pgd import pgd_attack
 from kdcollapse.adversarial._square import square_attack
 from kdcollapse.errors import KdcollapseError, unknown_choice
@@ -204,11 +205,7 @@ def autoattack_standard(
         raise KdcollapseError(unknown_choice("AutoAttack version", version, VERSIONS))
     check_inputs(x, y)
     check_norm_eps(norm, eps)
-    with eval_mode(model), torch.no_grad():
-        n_classes = logits_of(model, x[:1]).shape[1]
-    if n_classes < 4:
-        raise KdcollapseError(f"AutoAttack standard runs APGD-T, whose targeted DLR loss needs at least 4 classes; "
-                              f"the model has {n_classes}")
+    require_classes(num_classes(model, x), 4, "AutoAttack standard (its APGD-T)")
     chain = autoattack_chain(norm, eps, generator=_generator(x, seed))
     return evaluate_attacks(model, x, y, chain, norm=norm, eps=eps, batch_size=batch_size, progress=progress)
 

@@ -66,7 +66,8 @@ def _fab_targeted_run(
 
     Each step linearises g = f_target − f_y at the iterate x^(i), projects both x^(i) and the original
     x onto {g_lin = 0} ∩ box (δ^(i), δ_orig), and moves to
-    P_box((1 − α)(x^(i) + η δ^(i)) + α(x + η δ_orig)), α = min(‖δ^(i)‖/(‖δ^(i)‖ + ‖δ_orig‖), α_max).
+    P_box((1 − α)(x^(i) + η δ^(i)) + α(x + η δ_orig)),
+    α = min(‖δ^(i)‖/(‖δ^(i)‖ + ‖δ_orig‖), α_max).
     On reaching an adversarial point it is recorded if closer than the best so far, and the iterate
     steps back towards x: x^(i+1) ← x + β(x^(i+1) − x). Returns (closest adversarial or x, its distance
     or inf).

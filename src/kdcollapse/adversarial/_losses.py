@@ -21,12 +21,14 @@ def margin(logits: Tensor, y: Tensor) -> Tensor:
     return z_y - others.amax(1)
 
 
-def _check_classes(logits: Tensor, needed: int, name: str) -> None:
-    if logits.ndim != 2 or logits.shape[1] < needed:
-        raise KdcollapseError(
-            f"the {name} loss needs logits of at least {needed} classes (it divides by z_π1 − "
-            f"{'z_π3' if needed == 3 else '(z_π3 + z_π4)/2'}), got shape {tuple(logits.shape)}"
-        )
+_DLR_DENOMINATOR = {3: "z_π1 − z_π3", 4: "z_π1 − (z_π3 + z_π4)/2"}
+
+
+def require_classes(n_classes: int, needed: int, what: str) -> None:
+    """The DLR losses need 3 (untargeted) or 4 (targeted) classes: raise a clear error otherwise."""
+    if n_classes < needed:
+        raise KdcollapseError(f"{what} needs at least {needed} classes (the DLR loss divides by "
+                              f"{_DLR_DENOMINATOR[needed]}); got {n_classes}")
 
 
 def dlr_loss(logits: Tensor, y: Tensor) -> Tensor:
@@ -37,7 +39,7 @@ def dlr_loss(logits: Tensor, y: Tensor) -> Tensor:
     with π the classes sorted by decreasing logit. Invariant to shifting and (positively) scaling the
     logits. Needs at least 3 classes.
     """
-    _check_classes(logits, 3, "DLR")
+    require_classes(logits.shape[-1], 3, "the DLR loss")
     top = logits.topk(3, dim=1).values
     return -margin(logits, y) / (top[:, 0] - top[:, 2] + _DLR_EPS)
 
@@ -49,7 +51,7 @@ def dlr_targeted_loss(logits: Tensor, y: Tensor, target: Tensor) -> Tensor:
 
     Needs at least 4 classes.
     """
-    _check_classes(logits, 4, "targeted DLR")
+    require_classes(logits.shape[-1], 4, "the targeted DLR loss")
     top = logits.topk(4, dim=1).values
     z_y = logits.gather(1, y[:, None]).squeeze(1)
     z_t = logits.gather(1, target[:, None]).squeeze(1)
