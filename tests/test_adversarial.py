@@ -478,6 +478,8 @@ def test_bad_inputs_raise_clear_errors(task):
         square_attack(model, x, y, eps=-1.0)
     with pytest.raises(KdcollapseError, match="y must be an int64 tensor of shape"):
         fab_attack(model, x, y[:3], eps=0.1)
+    with pytest.raises(KdcollapseError, match="empty batch"):
+        autoattack_standard(model, x[:0], y[:0], progress=False)
     with pytest.raises(KdcollapseError, match="NaN"):
         pgd_attack(model, torch.full_like(x, float("nan")), y, eps=0.1, step_size=0.01, steps=1)
     with pytest.raises(KdcollapseError, match="needs images"):

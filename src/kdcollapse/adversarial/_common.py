@@ -80,9 +80,11 @@ def check_inputs(x: Tensor, y: Tensor | None = None) -> None:
             f"x must be a float tensor of shape (B, ...), got {type(x).__name__} "
             f"{getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}"
         )
+    if x.shape[0] == 0:
+        raise KdcollapseError("x is an empty batch")
     if torch.isnan(x).any():
         raise KdcollapseError("x contains NaN")
-    if x.numel() and (x.min() < 0 or x.max() > 1):
+    if x.min() < 0 or x.max() > 1:
         raise KdcollapseError(
             f"x must lie in [0, 1] (found [{x.min().item():.3g}, {x.max().item():.3g}]); attacks work on "
             "unnormalised inputs: wrap the model in Normalized(model, mean, std) instead"

@@ -120,7 +120,7 @@ def evaluate_attacks(
             idx = robust.nonzero().squeeze(1)
             start, broken = time.perf_counter(), 0
             with tqdm(total=idx.numel(), desc=name, unit="img", disable=not progress) as bar:
-                for chunk in idx.split(batch_size):
+                for chunk in idx.split(batch_size) if idx.numel() else ():  # split() of nothing is [nothing]
                     candidates = attack(model, x[chunk], y[chunk])
                     outside = ~in_threat_model(candidates, x[chunk], norm, eps)
                     if outside.any():
