@@ -148,7 +148,7 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
         "# ikl_loss: O(B·K) variance form vs the B×K×K form",
         "",
         f"Machine: {model} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at "
-        f"the start, {load[1]:.1f} at the end), {torch.get_num_threads()} torch threads, "
+        f"the start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, "
         f"torch {torch.__version__}, float32.",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
         f"benchmarks/bench_ikl.py --runs {runs} --markdown results/bench_ikl.md`",
