@@ -29,7 +29,8 @@ LOGIT_LOSSES = {
 def test_sequence_logits_with_mask_are_samples(name):
     loss_fn = LOGIT_LOSSES[name]
     b, steps = 3, 4
-    a, c = (3 * torch.randn(b, steps, K)).requires_grad_(), (3 * torch.randn(b, steps, K)).requires_grad_()
+    a, c = (3 * torch.randn(2, b, steps, K)).unbind()
+    a, c = a.requires_grad_(), c.requires_grad_()
     y, mask = torch.randint(0, K, (b, steps)), torch.rand(b, steps) < 0.5
     mask[1, 2] = True
     loss = loss_fn(a, c, y, mask)
@@ -39,7 +40,8 @@ def test_sequence_logits_with_mask_are_samples(name):
     assert g_a[~mask].eq(0).all() and g_c[~mask].eq(0).all()
     assert g_a[mask].abs().sum() > 0
     unmasked = loss_fn(a, c, y, None)
-    torch.testing.assert_close(unmasked, loss_fn(a.reshape(-1, K), c.reshape(-1, K), y.reshape(-1), None))
+    flat_all = loss_fn(a.reshape(-1, K), c.reshape(-1, K), y.reshape(-1), None)
+    torch.testing.assert_close(unmasked, flat_all)
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -84,6 +86,19 @@ def test_target_is_validated(name):
         loss_fn(a, c, torch.zeros(4), None)
     with pytest.raises(KdcollapseError, match=r"target must have shape \(4,\)"):
         loss_fn(a, c, torch.zeros(3, dtype=torch.long), None)
+
+
+def test_mixed_dtypes():
+    a, c, y = *_two(), torch.randint(0, K, (4,))
+    table = TABLE.double()  # a class-weight table accumulated in float64, float32 logits
+    torch.testing.assert_close(L.ikl_loss(a, c, class_weights=table, target=y),
+                               L.ikl_loss(a, c, class_weights=TABLE, target=y))
+    assert L.ikl_loss(a.half().float(), c.half(), mse_weight=2.0).dtype == torch.float32
+
+
+def test_finite_values_whose_sum_overflows_are_accepted():
+    huge = torch.full((4, K), 3e38)  # finite, but the float32 sum is inf
+    assert torch.isfinite(L.binary_kl_norm_loss(huge, huge))
 
 
 def test_specific_errors():
@@ -149,6 +164,7 @@ def test_wrappers_call_their_functions():
     torch.testing.assert_close(L.DKDLoss(beta=2.0)(a, c, y), L.dkd_loss(a, c, y, beta=2.0))
     torch.testing.assert_close(L.IKLLoss(mse_weight=4.0)(a, c, class_weights=TABLE, target=y),
                                L.ikl_loss(a, c, class_weights=TABLE, target=y, mse_weight=4.0))
-    torch.testing.assert_close(L.IKLATLoss(3.0, 1.0)(a, c, y, TABLE), L.ikl_at_loss(a, c, y, TABLE, 3.0, 1.0))
+    torch.testing.assert_close(L.IKLATLoss(3.0, 1.0)(a, c, y, TABLE),
+                               L.ikl_at_loss(a, c, y, TABLE, 3.0, 1.0))
     e, f = torch.randn(6, 3), torch.randn(6, 4)
     torch.testing.assert_close(L.RKDLoss(1.0, 2.0)(e, f), L.rkd_loss(e, f, 1.0, 2.0))

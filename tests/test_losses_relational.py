@@ -37,7 +37,8 @@ def test_contrastive_matches_reference_and_masks():
     mask[0] = False  # an anchor with no valid negatives contributes exactly 0
     mask[1] = True
     loss = intra_class_contrastive_loss(a, p, n, negative_mask=mask, temperature=tau)
-    per_anchor = [ref.tuplet(a[i].tolist(), p[i].tolist(), n[i][mask[i]].tolist(), tau) for i in range(b)]
+    per_anchor = [ref.tuplet(a[i].tolist(), p[i].tolist(), n[i][mask[i]].tolist(), tau)
+                  for i in range(b)]
     assert per_anchor[0] == 0.0
     assert loss.item() == pytest.approx(sum(per_anchor) / b, rel=1e-12)
     # Masked negatives change nothing: replace them by anything and the loss and gradients stay.
@@ -50,7 +51,8 @@ def test_contrastive_matches_reference_and_masks():
     assert g2[2][~mask].eq(0).all()
     # With every negative valid, no mask and an all-True mask agree.
     full = torch.ones(b, m, dtype=torch.bool)
-    assert_close(intra_class_contrastive_loss(a, p, n, full, tau), intra_class_contrastive_loss(a, p, n, None, tau))
+    assert_close(intra_class_contrastive_loss(a, p, n, full, tau),
+                 intra_class_contrastive_loss(a, p, n, None, tau))
 
 
 # --- RKD --------------------------------------------------------------------------------------
@@ -92,7 +94,7 @@ def test_trades_matches_reference():
 
 @pytest.mark.parametrize("use_class_weights", [True, False])
 def test_ikl_at_matches_reference(use_class_weights):
-    """CE(nat, y) + IKL with natural = teacher side (not detached in the wMSE), adversarial = student."""
+    """CE(nat, y) + IKL: natural = teacher side (not detached in the wMSE), adversarial = student."""
     b, k = 6, 5
     nat, adv = (3 * torch.randn(b, k, dtype=torch.float64)).requires_grad_(), \
         (3 * torch.randn(b, k, dtype=torch.float64)).requires_grad_()

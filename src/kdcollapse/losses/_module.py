@@ -36,7 +36,7 @@ class LossModule(nn.Module):
 
 
 def loss_module(name: str, loss_fn: Callable[..., Tensor]) -> type[LossModule]:
-    """A ``LossModule`` subclass called ``name`` whose constructor takes ``loss_fn``'s hyperparameters."""
+    """A ``LossModule`` subclass ``name`` whose constructor takes ``loss_fn``'s hyperparameters."""
     hyper = [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
              for p in inspect.signature(loss_fn).parameters.values()
              if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)]

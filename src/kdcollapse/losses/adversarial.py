@@ -35,8 +35,8 @@ def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
     adversarial output to the natural one *without* stopping the natural side's gradient
     ("breaking asymmetry", eq. 7), with class-wise weights ``class_weights[target]`` (K×K, row y =
     the model's mean clean probabilities of class y; None = sample-wise softmax(natural)); the soft
-    cross-entropy uses S(softmax(natural)) at temperature 1 (official code). Defaults are the
-    official CIFAR-100 values (paper text: α = 20, β = 3). The official code divides the wMSE by
+    cross-entropy uses S(softmax(natural)) at temperature 1 (official code). The defaults are those
+    of the official CIFAR-100 training script (paper text: α = 20, β = 3). The official code divides the wMSE by
     Σ_b(Σ_j w_bj)², which equals B for row-normalised ``class_weights``; we average over samples.
     """
     names = {"logits_natural": logits_natural, "logits_adversarial": logits_adversarial}

@@ -10,15 +10,17 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._shapes import check_positive, flatten_logits
 
 
-def _binary_log_probs(z: Tensor, is_target: Tensor) -> tuple[Tensor, Tensor]:
+def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """log b = [log p_t, log(1 − p_t)] of softmax(z) and the log-softmax among non-targets.
 
     Computed from log-sum-exps, so neither probability is ever rounded to 0 or 1 before its log.
     """
+    others = torch.arange(z.shape[-1] - 1, device=z.device)
+    others = others + (others >= target.unsqueeze(-1))  # (N, K-1): every class but the target
+    non_target = z.gather(-1, others)
     lse = torch.logsumexp(z, dim=-1)
-    non_target = z[~is_target].view(z.shape[0], -1)  # (N, K-1), class order kept
-    lse_non_target = torch.logsumexp(non_target, dim=-1)
-    log_b = torch.stack([z[is_target] - lse, lse_non_target - lse], dim=-1)
+    log_b = torch.stack([z.gather(-1, target.unsqueeze(-1)).squeeze(-1) - lse,
+                         torch.logsumexp(non_target, dim=-1) - lse], dim=-1)
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
@@ -40,9 +42,8 @@ def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.
     if s.shape[-1] < 3:
         raise KdcollapseError(f"dkd_loss needs K >= 3 classes (NCKD compares distributions over the "
                               f"K - 1 non-target classes), got K = {s.shape[-1]}")
-    is_target = F.one_hot(y, s.shape[-1]).bool()
-    log_b_s, log_nt_s = _binary_log_probs(s / temperature, is_target)
-    log_b_t, log_nt_t = _binary_log_probs(t / temperature, is_target)
+    log_b_s, log_nt_s = _binary_log_probs(s / temperature, y)
+    log_b_t, log_nt_t = _binary_log_probs(t / temperature, y)
     tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
     nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
     return temperature**2 * (alpha * tckd + beta * nckd).mean()

@@ -38,8 +38,9 @@ def rkd_loss(student_embeddings: Tensor, teacher_embeddings: Tensor, distance_we
     check_tensor("student_embeddings", student_embeddings, (2,))
     check_tensor("teacher_embeddings", teacher_embeddings, (2,))
     if student_embeddings.shape[0] != teacher_embeddings.shape[0]:
-        raise KdcollapseError(f"batch sizes differ: student_embeddings has {student_embeddings.shape[0]} "
-                              f"rows, teacher_embeddings {teacher_embeddings.shape[0]}")
+        raise KdcollapseError(f"batch sizes differ: student_embeddings has "
+                              f"{student_embeddings.shape[0]} rows, teacher_embeddings "
+                              f"{teacher_embeddings.shape[0]}")
     check_values({"student_embeddings": student_embeddings, "teacher_embeddings": teacher_embeddings})
     dist_s, angle_s = _relations(student_embeddings)
     with torch.no_grad():
