@@ -85,6 +85,10 @@ class Method(nn.Module):
     def on_epoch_end(self, epoch: int) -> None:
         pass
 
+    def epoch_metrics(self) -> dict[str, float]:
+        """Method-specific numbers for this epoch's record in ``metrics.jsonl`` (called after on_epoch_end)."""
+        return {}
+
     def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Fill ``.grad`` of the trainable parameters. ``scale`` is the AMP loss scaler (or identity)."""
         scale(out["loss"]).backward()

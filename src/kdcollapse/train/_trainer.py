@@ -215,6 +215,7 @@ class Trainer:
             self.method.on_epoch_start(epoch)
             record = {"epoch": epoch + 1} | self._train_epoch(epoch)
             self.method.on_epoch_end(epoch)
+            record |= self.method.epoch_metrics()
             last = epoch + 1 == cfg.train.epochs
             improved = False
             if self.dist.is_main and (last or (epoch + 1) % cfg.train.eval_every == 0):
