@@ -364,6 +364,18 @@ def test_psd_pinv_rank_and_threshold():
         psd_pinv(torch.zeros(2, 3))
 
 
+def test_both_gram_paths_keep_the_same_upper_triangle():
+    from kdcollapse.metrics._linalg import symmetric_from_upper
+    from kdcollapse.metrics._statistics import _add_gram
+
+    z = torch.randn(9, 5, dtype=torch.float64)
+    blas_path = torch.full((5, 5), 2.0, dtype=torch.float64)  # contiguous CPU: dsyrk
+    matmul_path = torch.full((5, 5), 2.0, dtype=torch.float64).T  # not contiguous: addmm_ (as on GPU)
+    for moment in (blas_path, matmul_path):
+        _add_gram(moment, z)
+        torch.testing.assert_close(symmetric_from_upper(moment), 2.0 + z.T @ z)
+
+
 def test_ncc_accuracy_matches_brute_force_nearest_mean():
     num_classes = 4
     h, y, _ = make_features([20] * num_classes, 3, seed=9, spread=1.0, offset=1e4, dtype=torch.float32)

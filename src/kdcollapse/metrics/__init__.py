@@ -5,12 +5,12 @@
 ``collapse_metrics(stats, classifier_weight)`` turns them into numbers. See docs/metrics.md.
 """
 
+from kdcollapse.metrics import functional
 from kdcollapse.metrics._collapse import collapse_metrics, softmax_code_optimum
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy
 from kdcollapse.metrics._statistics import FeatureStatistics
 from kdcollapse.metrics._transfer import mean_log_odds_gain
-from kdcollapse.metrics import functional  # noqa: E402  (after the names it re-exports)
 
 __all__ = [
     "FeatureStatistics",
