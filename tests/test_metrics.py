@@ -120,7 +120,7 @@ def reference_metrics(features, labels, num_classes, weight=None) -> dict[str, f
     between = sum(prior[k] * np.outer(means[k] - mu_g, means[k] - mu_g) for k in k_all)
     total = sum(np.outer(h[i] - mu_g, h[i] - mu_g) for i in range(n)) / n
     onehot = np.eye(num_classes)[y]
-    design = np.hstack([h, np.ones((n, 1))])
+    design = np.hstack([h - mu_g, np.ones((n, 1))])  # same minimum as [h, 1] (the intercept absorbs mu_g)
     coef = np.linalg.lstsq(design, onehot, rcond=None)[0]
     out = {
         "nc1": np.trace(within @ pinv(between)) / num_classes,
@@ -319,16 +319,17 @@ def test_streaming_one_shot_merged_halves_and_forward_agree():
     assert_same_metrics(forwarded.compute(), whole, 1e-10, FEATURE_METRICS)
 
 
-def test_float32_offset_with_rank_deficient_sigma_b_beats_numpy_pinv():
+@pytest.mark.parametrize(("dtype", "offset"), [(torch.float32, 1e4), (torch.float64, 1e8)])
+def test_large_offset_with_rank_deficient_sigma_b_gives_true_values(dtype, offset):
     num_classes, dim = 10, 64  # d > K - 1: Sigma_B has rank 9 of 64
-    h64, y, _ = make_features([40] * num_classes, dim, seed=7, offset=1e4)
-    h = h64.float()
+    h, y, _ = make_features([40] * num_classes, dim, seed=7, offset=offset, dtype=dtype)
     truth = reference_metrics(h.double(), y, num_classes)  # float64, two-pass, exact-rank pseudo-inverses
     ours = collapse_metrics(stream(h, y, num_classes, batch=64))
     raw = ("nc1", "fuzziness", "vci", "linear_probe_mse", "squared_distance", "nc2_equinorm", "nc2_equiangle")
-    assert_same_metrics(ours, truth, rel=1e-6, names=raw)
+    assert_same_metrics(ours, truth, rel=1e-6, names=raw)  # at 1e8, unshifted float64 moments are garbage
     assert int(ours["rank_between"]) == num_classes - 1
-
+    if dtype != torch.float32:
+        return
     # What an all-in-memory float32 implementation with numpy's default pinv reports:
     x, labels = h.numpy(), y.numpy()
     means = np.stack([x[labels == k].mean(0) for k in range(num_classes)])
