@@ -77,7 +77,7 @@ class NearestClassMeanAccuracy(Metric):
         if int(self.total) == 0:
             raise KdcollapseError("NearestClassMeanAccuracy holds no samples: call update first")
         agreement = self.agree / self.compared if int(self.compared) else torch.tensor(float("nan"))
-        return {"ncc_accuracy": self.correct / self.total, "ncc_agreement": agreement.to(torch.float64)}
+        return {"ncc_accuracy": (self.correct / self.total).double(), "ncc_agreement": agreement.double()}
 
 
 def ncc_accuracy(

@@ -88,8 +88,9 @@ class FeatureStatistics(Metric):
     :math:`\sum_i (h_i - c)(h_i - c)^\top`; and the same sums and moment for the L2-normalised features
     :math:`\hat h_i = h_i/\lVert h_i\rVert` about their own shift (zero vectors stay zero, as in
     ``torch.nn.functional.normalize``). The shift ``c`` is the first batch's mean (SPEC Sec. 4): moments
-    about a point inside the data do not cancel catastrophically, so float32 features at an offset of 1e4
-    still give NC1 to 1e-6 relative.
+    about a point inside the data do not cancel catastrophically. Features at 1e8 from the origin with unit
+    spread still give every metric to 1e-6 relative; moments about the origin would give VCI = -0.25 for
+    a true 0.002 (``tests/test_metrics.py``).
 
     Merging with different shifts is exact: two processes (or two halves) generally see different first
     batches. ``merge_state`` re-centres the incoming sums and moment on this object's shift before adding
