@@ -40,9 +40,9 @@ def check_batch(features: Tensor, labels: Tensor, num_classes: int, feature_dim:
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         bad = labels[(labels < 0) | (labels >= num_classes)].unique()[:5].tolist()
         raise KdcollapseError(f"labels {bad} are out of range; valid class indices are 0..{num_classes - 1}")
-    finite = torch.isfinite(features).all(dim=1)
-    if not bool(finite.all()):
-        rows = (~finite).nonzero().flatten()
+    # min and max propagate NaN and reach +-inf: one cheap pass, the row-wise check only on failure.
+    if features.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(features))).all()):
+        rows = (~torch.isfinite(features).all(dim=1)).nonzero().flatten()
         raise KdcollapseError(
             f"features contain NaN or inf in {rows.numel()} of {features.shape[0]} rows (first: row {int(rows[0])})"
         )
@@ -158,14 +158,14 @@ class FeatureStatistics(Metric):
         check_batch(features, labels, self.num_classes, self.feature_dim)
         if features.shape[0] == 0:
             return
-        x = features.detach().to(device=self.moment.device, dtype=torch.float64)
+        x = features.detach().to(device=self.moment.device, dtype=torch.float64, copy=True)
         labels = labels.to(self.moment.device)
         unit = F.normalize(x, dim=1)
         if int(self.class_counts.sum()) == 0:
             self.shift, self.unit_shift = x.mean(0), unit.mean(0)
         self.class_counts += torch.bincount(labels, minlength=self.num_classes)
-        for values, (shift, class_sums, moment) in zip((x, unit), _GROUPS):
-            z = values - getattr(self, shift)
+        for z, (shift, class_sums, moment) in zip((x, unit), _GROUPS):
+            z -= getattr(self, shift)  # in place: both are this call's own copies
             getattr(self, class_sums).index_add_(0, labels, z)
             _add_gram(getattr(self, moment), z)
         self.feature_eps = self.feature_eps.clamp(min=torch.finfo(features.dtype).eps)
