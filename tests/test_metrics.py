@@ -21,7 +21,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from scipy.optimize import minimize
 
-import kdcollapse.metrics as km
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import (
     FeatureStatistics,
@@ -64,7 +63,7 @@ def one_vs_rest(weight: np.ndarray) -> np.ndarray:
 
         result = minimize(
             objective, np.full(m, 1 / m), jac=gradient, method="SLSQP", bounds=[(0, None)] * m,
-            constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - 1, "jac": lambda lam: np.ones_like(lam)}],
+            constraints=[{"type": "eq", "fun": lambda lam: lam.sum() - 1, "jac": np.ones_like}],
             options={"ftol": 1e-16, "maxiter": 1000},
         )
         out.append(np.linalg.norm(weight[k] - a @ result.x))
@@ -78,8 +77,8 @@ def scipy_one_vs_rest_distances(weight: torch.Tensor, *, return_certificate: boo
 
 
 def geometry_stand_in() -> types.ModuleType | None:
-    """None when ``kdcollapse.geometry.one_vs_rest_distances`` exists (it is written on another branch);
-    until then a module holding the scipy reference. The gnc2 tests compare with ``one_vs_rest`` either way."""
+    """None when ``kdcollapse.geometry.one_vs_rest_distances`` exists (written on another branch); until
+    then a module holding the scipy reference. The gnc2 tests compare with ``one_vs_rest`` either way."""
     try:
         from kdcollapse.geometry import one_vs_rest_distances  # noqa: F401
     except ImportError:
@@ -154,7 +153,8 @@ def reference_metrics(features, labels, num_classes, weight=None) -> dict[str, f
 def equinorm_equiangle(vectors: np.ndarray) -> tuple[float, float]:
     norms = np.linalg.norm(vectors, axis=1)
     num = len(vectors)
-    cosines = [vectors[a] @ vectors[b] / (norms[a] * norms[b]) for a in range(num) for b in range(num) if a != b]
+    pairs = [(a, b) for a in range(num) for b in range(num) if a != b]
+    cosines = [vectors[a] @ vectors[b] / (norms[a] * norms[b]) for a, b in pairs]
     return norms.std(ddof=1) / norms.mean(), np.mean(np.abs(np.array(cosines) + 1 / (num - 1)))
 
 
@@ -431,9 +431,10 @@ def test_mean_log_odds_gain_reproduces_vci_paper_tables(downstream, mean_log_odd
 @pytest.mark.parametrize(
     ("features", "labels", "message"),
     [
-        (torch.zeros(4, 3), torch.tensor([0, 1, 2, 3]), r"labels \[3\] are out of range; valid class indices are 0..2"),
+        (torch.zeros(4, 3), torch.tensor([0, 1, 2, 3]), r"labels \[3\] are out of range; valid .* 0..2"),
         (torch.zeros(4, 3), torch.tensor([0, -1, 2, 1]), r"labels \[-1\] are out of range"),
-        (torch.tensor([[0.0, 1, 2], [float("nan"), 0, 0]]), torch.tensor([0, 1]), r"NaN or inf in 1 of 2 rows \(first: row 1\)"),
+        (torch.tensor([[0.0, 1, 2], [math.nan, 0, 0]]), torch.tensor([0, 1]),
+         r"NaN or inf in 1 of 2 rows \(first: row 1\)"),
         (torch.tensor([[0.0, 1, 2], [0, float("inf"), 0]]), torch.tensor([0, 1]), "NaN or inf"),
         (torch.zeros(4), torch.tensor([0, 1, 2, 0]), r"features must have shape \(B, 3\), got \(4,\)"),
         (torch.zeros(4, 5), torch.tensor([0, 1, 2, 0]), r"shape \(B, 3\), got \(4, 5\)"),
@@ -472,10 +473,12 @@ def test_bad_configurations_are_rejected(geometry):
         half = FeatureStatistics(2, 600)
         half.update(torch.randn(4, 600, dtype=torch.bfloat16), torch.tensor([0, 1, 0, 1]))
         half.compute()
-    with pytest.raises(KdcollapseError, match="FeatureStatistics or its metric_state"):
+    with pytest.raises(KdcollapseError, match="takes a FeatureStatistics or its metric_state, not list"):
         stats.merge_state([1, 2])
-    with pytest.raises(KdcollapseError, match="cannot merge"):
+    with pytest.raises(KdcollapseError, match=r"of \(K, d\) = \(5, 3\) into \(4, 3\)"):
         stats.merge_state(FeatureStatistics(5, 3))
+    with pytest.raises(KdcollapseError, match=r"lacks \['moment'\]"):
+        stats.merge_state({k: v for k, v in stats.metric_state.items() if k != "moment"})
     with pytest.raises(KdcollapseError, match="divide percentages by 100"):
         mean_log_odds_gain([75.0, 80.0], 70.0)
     with pytest.raises(KdcollapseError, match="at least one"):
@@ -496,7 +499,8 @@ def test_docstring_and_docs_examples_run(geometry):
 
     for module in (_collapse, _linalg, _ncc, _statistics, _transfer, functional):
         assert doctest.testmod(module).failed == 0, module.__name__
-    result = doctest.testfile(str(REPO / "docs" / "metrics.md"), module_relative=False, globs={"torch": torch})
+    docs = str(REPO / "docs" / "metrics.md")
+    result = doctest.testfile(docs, module_relative=False, globs={"torch": torch})
     assert result.failed == 0 and result.attempted > 5
 
 

@@ -71,8 +71,9 @@ def _checked_counts(stats: FeatureStatistics) -> Tensor:
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
         raise KdcollapseError(
-            f"{len(empty)} of {stats.num_classes} classes have no samples (classes {shown}); every class needs at "
-            "least one sample. Relabel the classes present as 0..K'-1 and use num_classes=K' to measure those."
+            f"{len(empty)} of {stats.num_classes} classes have no samples (classes {shown}); every class "
+            "needs at least one sample. Relabel the classes present as 0..K'-1 and use num_classes=K' to "
+            "measure those."
         )
     return counts
 
@@ -82,7 +83,9 @@ def _variability(raw: Scatter, rtol: float) -> dict[str, Tensor]:
     squared distance (Hui et al. 2022, VCI paper eq. 4)."""
     num_classes, dim = raw.prior.numel(), raw.total.shape[0]
     between_pinv, rank_between = psd_pinv(raw.between, rtol=rtol)
-    fuzziness = (raw.within * between_pinv).sum() if rank_between else torch.tensor(math.nan, dtype=torch.float64)  # Tr(S_W S_B^+)
+    fuzziness = (raw.within * between_pinv).sum()  # Tr(Sigma_W Sigma_B^+), both symmetric
+    if rank_between == 0:  # every class mean at mu_G: undefined
+        fuzziness = torch.tensor(math.nan, dtype=torch.float64)
     total_pinv, rank_total = psd_pinv(raw.total, rtol=rtol)
     centred = raw.class_means - raw.global_mean
     explained = ((centred @ total_pinv) * centred).sum(1)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
@@ -176,8 +179,8 @@ def metrics_from_statistics(
         rtol = stats.feature_dim * float(stats.feature_eps)
         if rtol >= 1:
             raise KdcollapseError(
-                f"the default rtol = d * eps of the features' dtype = {rtol:.3g} would discard every eigenvalue "
-                "(half-precision features?); pass rtol= explicitly or update with float32 features"
+                f"the default rtol = d * eps of the features' dtype = {rtol:.3g} would discard every "
+                "eigenvalue (half-precision features?); pass rtol= explicitly or update with float32 features"
             )
     raw, unit = scatter(stats, unit=False), scatter(stats, unit=True)
     equinorm, equiangle = _equinorm_equiangle(raw.class_means - raw.global_mean)
@@ -186,7 +189,8 @@ def metrics_from_statistics(
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
         if not isinstance(classifier_weight, Tensor) or tuple(classifier_weight.shape) != expected:
-            shape = tuple(classifier_weight.shape) if isinstance(classifier_weight, Tensor) else classifier_weight
+            is_tensor = isinstance(classifier_weight, Tensor)
+            shape = tuple(classifier_weight.shape) if is_tensor else "not a tensor"
             raise KdcollapseError(f"classifier_weight must be a (K, d) = {expected} tensor, got {shape}")
         weight = classifier_weight.detach().to(device=raw.total.device, dtype=torch.float64)
         if not bool(torch.isfinite(weight).all()):
@@ -204,10 +208,12 @@ def collapse_metrics(
 
     Features h (class prior: see the module docstring):
 
-    - ``nc1`` :math:`= \frac1K \mathrm{Tr}(\Sigma_W\Sigma_B^\dagger)`, ``fuzziness`` = K nc1 (Papyan et al. 2020).
+    - ``nc1`` :math:`= \frac1K \mathrm{Tr}(\Sigma_W\Sigma_B^\dagger)`, ``fuzziness`` = K nc1
+      (Papyan et al. 2020).
     - ``vci`` :math:`= 1 - \mathrm{Tr}(\Sigma_T^\dagger\Sigma_B)/\min(d, K-1)` (VCI paper Def. 5.3).
     - ``linear_probe_mse``: min over W, b of the least-squares probe loss (VCI paper Thm 5.1).
-    - ``squared_distance`` :math:`= \mathrm{Tr}\,\Sigma_W / \mathrm{Tr}\,\Sigma_B` (Hui et al. 2022; VCI eq. 4).
+    - ``squared_distance`` :math:`= \mathrm{Tr}\,\Sigma_W / \mathrm{Tr}\,\Sigma_B`
+      (Hui et al. 2022; VCI eq. 4).
     - ``cosine_within`` and ``class_separation`` (Kornblith et al. 2021).
     - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_G (Papyan et al. 2020).
     - ``gnc1`` on L2-normalised features (GNC paper Sec. 2.2).

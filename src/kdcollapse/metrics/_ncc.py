@@ -51,7 +51,7 @@ class NearestClassMeanAccuracy(Metric):
     def __init__(self, class_means: Tensor, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(class_means, Tensor) or class_means.ndim != 2 or class_means.shape[0] < 2:
-            shape = tuple(class_means.shape) if isinstance(class_means, Tensor) else type(class_means).__name__
+            shape = tuple(class_means.shape) if isinstance(class_means, Tensor) else "not a tensor"
             raise KdcollapseError(f"class_means must be a (K, d) tensor with K >= 2, got {shape}")
         if not bool(torch.isfinite(class_means).all()):
             raise KdcollapseError("class_means contain NaN or inf (a class without samples?)")
@@ -60,7 +60,7 @@ class NearestClassMeanAccuracy(Metric):
             self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
     def update(self, features: Tensor, labels: Tensor, logits: Tensor | None = None) -> None:
-        """Add a batch: ``features`` ``(B, d)``, ``labels`` ``(B,)``, optional network ``logits`` ``(B, K)``."""
+        """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K)."""
         num_classes, dim = self.class_means.shape
         check_batch(features, labels, num_classes, dim)
         predicted = nearest_class_mean(features.to(self.class_means.device), self.class_means)
@@ -69,7 +69,8 @@ class NearestClassMeanAccuracy(Metric):
         if logits is not None:
             if not isinstance(logits, Tensor) or tuple(logits.shape) != (features.shape[0], num_classes):
                 shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-                raise KdcollapseError(f"logits must have shape ({features.shape[0]}, {num_classes}), got {shape}")
+                expected = (features.shape[0], num_classes)
+                raise KdcollapseError(f"logits must have shape {expected}, got {shape}")
             self.agree += (predicted == logits.argmax(dim=1).to(predicted.device)).sum()
             self.compared += labels.numel()
 

@@ -22,9 +22,8 @@ def check_batch(features: Tensor, labels: Tensor, num_classes: int, feature_dim:
     """Raise a ``KdcollapseError`` unless ``features`` is a finite ``(B, feature_dim)`` float tensor and
     ``labels`` a ``(B,)`` integer tensor of class indices in ``[0, num_classes)``."""
     if not isinstance(features, Tensor) or not isinstance(labels, Tensor):
-        raise KdcollapseError(
-            f"features and labels must be torch tensors, got {type(features).__name__} and {type(labels).__name__}"
-        )
+        kinds = f"{type(features).__name__} and {type(labels).__name__}"
+        raise KdcollapseError(f"features and labels must be torch tensors, got {kinds}")
     expected = f"(B, {feature_dim})" if feature_dim is not None else "(B, d)"
     if features.ndim != 2 or (feature_dim is not None and features.shape[1] != feature_dim):
         raise KdcollapseError(f"features must have shape {expected}, got {tuple(features.shape)}")
@@ -44,7 +43,8 @@ def check_batch(features: Tensor, labels: Tensor, num_classes: int, feature_dim:
     if features.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(features))).all()):
         rows = (~torch.isfinite(features).all(dim=1)).nonzero().flatten()
         raise KdcollapseError(
-            f"features contain NaN or inf in {rows.numel()} of {features.shape[0]} rows (first: row {int(rows[0])})"
+            f"features contain NaN or inf in {rows.numel()} of {features.shape[0]} rows "
+            f"(first: row {int(rows[0])})"
         )
 
 
@@ -113,7 +113,8 @@ class FeatureStatistics(Metric):
         kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
 
     >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
-    >>> stats.update(torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]]), torch.tensor([0, 0, 1, 2]))
+    >>> features = torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]])
+    >>> stats.update(features, torch.tensor([0, 0, 1, 2]))
     >>> stats.class_counts.tolist()
     [2, 1, 1]
     >>> round(float(stats.compute()["nc1"]), 6)
@@ -134,7 +135,9 @@ class FeatureStatistics(Metric):
     unit_moment: Tensor
     feature_eps: Tensor
 
-    def __init__(self, num_classes: int, feature_dim: int, *, rtol: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, num_classes: int, feature_dim: int, *, rtol: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(num_classes, int) or num_classes < 2:
             raise KdcollapseError(f"collapse metrics need num_classes >= 2, got {num_classes!r}")
@@ -187,14 +190,15 @@ class FeatureStatistics(Metric):
         elif isinstance(incoming_state, dict):
             other = incoming_state
         else:
-            raise KdcollapseError(
-                f"merge_state expects a FeatureStatistics or its metric_state dict, got {type(incoming_state).__name__}"
-            )
+            kind = type(incoming_state).__name__
+            raise KdcollapseError(f"merge_state takes a FeatureStatistics or its metric_state, not {kind}")
         missing = sorted(set(self._defaults) - set(other))
-        if missing or other["class_sums"].shape != self.class_sums.shape:
+        if missing:
+            raise KdcollapseError(f"cannot merge: the incoming state lacks {missing}")
+        if other["class_sums"].shape != self.class_sums.shape:
             raise KdcollapseError(
-                f"cannot merge: incoming state lacks {missing} or has shape "
-                f"{tuple(other['class_sums'].shape)} instead of {tuple(self.class_sums.shape)}"
+                f"cannot merge statistics of (K, d) = {tuple(other['class_sums'].shape)} into "
+                f"{tuple(self.class_sums.shape)}"
             )
         if int(other["class_counts"].sum()) == 0:
             return
@@ -226,9 +230,8 @@ class FeatureStatistics(Metric):
             totals = gather(self.class_counts.sum(), group=group)
             reference = next((s for s, n in zip(shifts, totals) if int(n) > 0), shifts[0])
             for new_shift, (shift, class_sums, moment) in zip(reference, _GROUPS):
-                sums, second = _recentred(
-                    self.class_counts, getattr(self, shift), getattr(self, class_sums), getattr(self, moment), new_shift
-                )
+                old = getattr(self, shift), getattr(self, class_sums), getattr(self, moment)
+                sums, second = _recentred(self.class_counts, *old, new_shift)
                 setattr(self, shift, new_shift.clone())
                 setattr(self, class_sums, sums)
                 setattr(self, moment, second)
