@@ -63,6 +63,19 @@ def scatter(stats: FeatureStatistics, *, unit: bool) -> Scatter:
     return Scatter(prior, means + shift, mean + shift, total - between, between, total)
 
 
+def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
+    """Eigenvalues, largest first, of Sigma_W, Sigma_B and Sigma_T of the raw features (float64, ``(d,)``
+    each; keys ``within``, ``between``, ``total``), gathered across processes like ``compute()``.
+
+    The VCI paper (Sec. 4.3, Fig. 2) plots the Sigma_B and Sigma_T spectra to show why Tr(Sigma_T^+ Sigma_B)
+    is stable where Tr(Sigma_W Sigma_B^+) is not: Sigma_B has at most K - 1 non-zero eigenvalues and
+    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter.
+    """
+    with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
+        raw = scatter(stats, unit=False)
+    return {name: torch.linalg.eigvalsh(getattr(raw, name)).flip(0) for name in ("within", "between", "total")}
+
+
 def _checked_counts(stats: FeatureStatistics) -> Tensor:
     counts = stats.class_counts
     if int(counts.sum()) == 0:
