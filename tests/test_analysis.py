@@ -304,3 +304,26 @@ def test_plot_command_draws_several_runs(run, dual_head_run, tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "2 run(s), 4 panel(s)" in capsys.readouterr().out
     assert main(["plot", str(run), "--out", str(tmp_path / "default.png")]) == 0
     assert "6 panel(s)" in capsys.readouterr().out  # test_acc, train_loss and the nc1/vci keys it logs
+
+
+@pytest.mark.slow
+def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path):
+    """Two gloo processes: rank 0 measures alone while rank 1 waits; the run finishes, both epochs carry the
+    keys, and the last equals an offline analysis of the saved model."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
+           "train", "--config", str(tmp_path / "empty.yaml"), *TINY, "data.batch_size=32", "train.epochs=2",
+           "analysis.every=1", f"analysis.train_per_class={PER_CLASS}", f"run_dir={tmp_path / 'ddp'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(tmp_path / "ddp")
+    assert [r["epoch"] for r in records] == [1, 2] and all(r["ranks_in_sync"] for r in records)
+    analyze_cli(tmp_path / "ddp", "--out", tmp_path / "a", "--tsne-per-class", 0)
+    metrics = json.loads((tmp_path / "a" / "analysis.json").read_text())["metrics"]
+    for key in EPOCH_KEYS:
+        assert records[-1][f"test_{key}"] == pytest.approx(metrics[key], rel=1e-9, abs=1e-12), key

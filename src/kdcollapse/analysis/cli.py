@@ -16,9 +16,11 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
 
-output (analysis.md lists every metric with its meaning):
-  analysis_test/analysis.json  analysis.md  spectra.png  margins.png  tsne.png  [logit_matrices.png]
-  runs/fmnist_teacher (test): accuracy 93.04 %, nc1 0.2113, vci 0.1288, ncc_accuracy 0.9297 -> .../analysis.md
+output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
+  $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
+  runs/fmnist_teacher (test): accuracy 93.16 %, nc1 0.3983, vci 0.1745, ncc_accuracy 0.922 -> /tmp/t/analysis.md
+  $ ls /tmp/t
+  analysis.json  analysis.md  margins.png  spectra.png  tsne.png
 """
 
 _PLOT_EXAMPLES = """examples:
@@ -26,6 +28,8 @@ _PLOT_EXAMPLES = """examples:
   kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy
   kdcollapse plot runs/fmnist_teacher                          # test_acc, train_loss and any collapse keys
 """
+
+_NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(default: None)" out
 
 _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci", "test_vci")
 
@@ -37,26 +41,26 @@ def register(subparsers) -> None:
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
     p = subparsers.add_parser("analyze", help=text, description=text + " One streaming pass over the data.",
                               epilog=_ANALYZE_EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory" + _NO_DEFAULT)
     p.add_argument("--split", default="test", help="train or test")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
-    p.add_argument("--per-class", type=int, metavar="N",
-                   help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)" + _NO_DEFAULT)
+    p.add_argument("--per-class", type=int, metavar="N", help="analyse N samples per class (drawn with the run's "
+                   "seed, as analysis.train_per_class)" + _NO_DEFAULT)
     p.add_argument("--teacher", metavar="RUN_DIR_OR_FILE",
-                   help="teacher for the logit matrices (default: the run's own teacher, if any)")
+                   help="teacher for the logit matrices (default: the run's own teacher, if any)" + _NO_DEFAULT)
     group = p.add_argument_group("a model file instead of a run directory")
-    group.add_argument("--model", metavar="NAME", help="registered model name (`kdcollapse models`)")
-    group.add_argument("--weights", metavar="FILE", help="safetensors weights of that model")
-    group.add_argument("--model-kwargs", metavar="YAML", help="model options of a bare weights file")
-    group.add_argument("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)")
-    group.add_argument("--root", metavar="DIR", help="dataset folder (default: search the standard places)")
+    group.add_argument("--model", metavar="NAME", help="registered model name (`kdcollapse models`)" + _NO_DEFAULT)
+    group.add_argument("--weights", metavar="FILE", help="safetensors weights of that model" + _NO_DEFAULT)
+    group.add_argument("--model-kwargs", metavar="YAML", help="model options of a bare weights file" + _NO_DEFAULT)
+    group.add_argument("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)" + _NO_DEFAULT)
+    group.add_argument("--root", metavar="DIR", help="dataset folder (default: search the standard places)" + _NO_DEFAULT)
     defaults = AnalyzeOptions()
-    p.add_argument("--batch-size", type=int, metavar="B", help="default: the run's data.eval_batch_size, else 512")
+    p.add_argument("--batch-size", type=int, metavar="B", help="default: the run's data.eval_batch_size, else 512" + _NO_DEFAULT)
     p.add_argument("--sample-size", type=int, default=defaults.sample_size,
                    help="feature rows kept for t-SNE and nearest-class-mean, about evenly per class")
-    p.add_argument("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: first 10)")
+    p.add_argument("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: first 10)" + _NO_DEFAULT)
     p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class, help="t-SNE points per class; 0: off")
-    p.add_argument("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
+    p.add_argument("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)" + _NO_DEFAULT)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_analyze)
@@ -66,10 +70,10 @@ def register(subparsers) -> None:
                               formatter_class=HelpFormatter)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--keys", metavar="LIST", help=f"comma-separated metrics.jsonl keys (default: those of "
-                   f"{','.join(_DEFAULT_KEYS)} that the runs log)")
-    p.add_argument("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
+                   f"{','.join(_DEFAULT_KEYS)} that the runs log)" + _NO_DEFAULT)
+    p.add_argument("--labels", metavar="LIST", help="comma-separated legend labels, one per run" + _NO_DEFAULT)
     p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
-    p.add_argument("--title", help="figure title")
+    p.add_argument("--title", help="figure title" + _NO_DEFAULT)
     p.set_defaults(func=_plot)
 
 
