@@ -114,8 +114,14 @@ def test_analyze_writes_report_equal_to_a_plain_feature_loop(run, tmp_path):
     margins = torch.tensor([z[i, y[i]] - torch.cat([z[i, :y[i]], z[i, y[i] + 1:]]).max() for i in range(len(y))])
     assert report["margins"]["all"]["mean"] == pytest.approx(float(margins.double().mean()), rel=1e-6)
     assert report["margins"]["all"]["negative"] == pytest.approx(float((margins < 0).double().mean()))
-    sigma_t = torch.cov(h.double().T, correction=0)
-    assert report["spectra"]["total"] == pytest.approx(torch.linalg.eigvalsh(sigma_t).flip(0).tolist(), abs=1e-8)
+    h64 = h.double()
+    means = torch.stack([h64[y == k].mean(0) for k in range(10)])
+    centred = means - h64.mean(0)
+    prior = torch.bincount(y, minlength=10).double() / len(y)
+    covariances = {"total": torch.cov(h64.T, correction=0), "between": (centred.T * prior) @ centred,
+                   "within": torch.cov((h64 - means[y]).T, correction=0)}
+    for name, sigma in covariances.items():  # VCI paper Sec. 4.3 spectra, largest first
+        assert report["spectra"][name] == pytest.approx(torch.linalg.eigvalsh(sigma).flip(0).tolist(), abs=1e-8)
     text = (out / "analysis.md").read_text()
     assert "| vci |" in text and "linear probe" in text and "![tsne](tsne.png)" in text
 
