@@ -1,7 +1,10 @@
 """Distillation methods: gradient alignment, dual heads, IKL class weights, DDP, bad input."""
 
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -370,3 +373,24 @@ def test_nan_logits_are_named(name):
 def test_bad_method_config(section, message):
     with pytest.raises(ConfigError, match=message):
         method_config(section)
+
+
+@pytest.mark.slow
+def test_torchrun_dhkd_alignment_matches_one_process(tmp_path, digits_teacher):
+    """The trainer under torchrun (2 gloo ranks, batch 25 each) with DHKD's global alignment ends where one
+    process with batch 50 does: the trainer honours ``manual_gradient_sync`` and the method averages."""
+    common = [*TINY, "method.name=dhkd", "method.alignment=global", "method.alpha=4.0", "train.epochs=2",
+              f"teacher.checkpoint={digits_teacher}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    (empty := tmp_path / "empty.yaml").write_text("{}\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
+           "distill", "--config", str(empty), *common, "data.batch_size=25", f"run_dir={tmp_path / 'ddp'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = fit(load_config(None, [*common, f"run_dir={tmp_path / 'one'}"]))
+    a = load_tensors(tmp_path / "ddp" / "checkpoint.safetensors")[0]
+    b = load_tensors(Path(single.run_dir) / "checkpoint.safetensors")[0]
+    for key in a:
+        if key.startswith("method."):
+            torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert json.loads((tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()[-1])["ranks_in_sync"] is True
