@@ -2,13 +2,11 @@
 App. H logit matrices against numpy, the bounded sample against brute force, `plot`, and bad input."""
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kdcollapse.analysis import (
     ClassLogitMatrix,
@@ -22,7 +20,6 @@ from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.data import make_loader
 from kdcollapse.errors import CheckpointError, ConfigError, DataError, KdcollapseError
-from kdcollapse.methods import Method, register_method
 from kdcollapse.metrics import ncc_accuracy
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.train import fit, load_model, load_tensors, read_metrics
@@ -46,30 +43,10 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dual_head_run(tmp_path_factory, run):
-    """A dual-head student distilled from `run` (as teacher): main head by CE, auxiliary head by MSE to the
-    teacher's logits, the layout of DHKD's students."""
+    """A DHKD student (linear auxiliary head) distilled from `run` as its teacher."""
     path = tmp_path_factory.mktemp("analysis") / "dual"
-    fit(tiny(path, "train.epochs=1", "method.name=_dual_head_test", f"teacher.checkpoint={run}"))
+    fit(tiny(path, "train.epochs=1", "method.name=dhkd", f"teacher.checkpoint={run}"))
     return path
-
-
-@register_method("_dual_head_test")
-class DualHeadTest(Method):
-    @dataclass
-    class Config:
-        pass
-
-    needs_teacher = True
-
-    def __init__(self, student, config, **kwargs):
-        super().__init__(student, config, **kwargs)
-        self.aux_head = torch.nn.Linear(student.feature_dim, self.num_classes)
-
-    def forward(self, x, y):
-        h = self.student.forward_features(x)
-        logits = self.student.forward_head(h)
-        loss = self.cross_entropy(logits, y) + F.mse_loss(self.aux_head(h), self.teacher(x)[1])
-        return {"loss": loss, "logits": logits}
 
 
 def plain_features(model, dataset, batch_size=37):
