@@ -10,6 +10,7 @@ App. G) and, with a teacher, the teacher-minus-student class logit matrices of e
 from kdcollapse.analysis._analyze import MEANINGS, AnalyzeOptions, analyze, markdown_report, meaning, tsne
 from kdcollapse.analysis._epoch import EPOCH_KEYS, analysis_due, epoch_collapse_metrics
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins, logit_matrix_difference, off_diagonal_mean_abs
+from kdcollapse.analysis._plots import plot_logit_matrices, plot_margins, plot_spectra, plot_tsne
 from kdcollapse.analysis._pass import SplitPass, classifier_weight, feature_pass, split_metrics
 from kdcollapse.analysis._sample import ClassReservoir
 from kdcollapse.analysis._source import Subject, load_run, load_weights, run_split
@@ -34,6 +35,10 @@ __all__ = [
     "markdown_report",
     "meaning",
     "off_diagonal_mean_abs",
+    "plot_logit_matrices",
+    "plot_margins",
+    "plot_spectra",
+    "plot_tsne",
     "run_split",
     "split_metrics",
     "tsne",

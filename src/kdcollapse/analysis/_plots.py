@@ -23,7 +23,8 @@ def plot_spectra(spectra: Mapping[str, Sequence[float]], rank: int, path: Path, 
     """Eigenvalues of Sigma_T, Sigma_B and Sigma_W, largest first, on a log scale (VCI paper Fig. 2).
 
     Eigenvalues below 1e-18 of the largest (zeros and the eigensolver's rounding noise) are left out;
-    what remains of Sigma_B beyond K - 1 is the rounding noise of the features themselves. The dashed line marks min(d, K - 1), the most non-zero eigenvalues Sigma_B can have.
+    what remains of Sigma_B beyond K - 1 is the rounding noise of the features themselves. The dashed
+    line marks min(d, K - 1), the most non-zero eigenvalues Sigma_B can have.
     """
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     top = max(max(values) for values in spectra.values())

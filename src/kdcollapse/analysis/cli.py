@@ -41,26 +41,27 @@ def register(subparsers) -> None:
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
     p = subparsers.add_parser("analyze", help=text, description=text + " One streaming pass over the data.",
                               epilog=_ANALYZE_EXAMPLES, formatter_class=HelpFormatter)
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory" + _NO_DEFAULT)
+    add = _adder(p)
+    add("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory")
     p.add_argument("--split", default="test", help="train or test")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)" + _NO_DEFAULT)
-    p.add_argument("--per-class", type=int, metavar="N", help="analyse N samples per class (drawn with the run's "
-                   "seed, as analysis.train_per_class)" + _NO_DEFAULT)
-    p.add_argument("--teacher", metavar="RUN_DIR_OR_FILE",
-                   help="teacher for the logit matrices (default: the run's own teacher, if any)" + _NO_DEFAULT)
-    group = p.add_argument_group("a model file instead of a run directory")
-    group.add_argument("--model", metavar="NAME", help="registered model name (`kdcollapse models`)" + _NO_DEFAULT)
-    group.add_argument("--weights", metavar="FILE", help="safetensors weights of that model" + _NO_DEFAULT)
-    group.add_argument("--model-kwargs", metavar="YAML", help="model options of a bare weights file" + _NO_DEFAULT)
-    group.add_argument("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)" + _NO_DEFAULT)
-    group.add_argument("--root", metavar="DIR", help="dataset folder (default: search the standard places)" + _NO_DEFAULT)
+    add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
+    add("--per-class", type=int, metavar="N",
+        help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
+    add("--teacher", metavar="RUN_DIR_OR_FILE",
+        help="teacher for the logit matrices (default: the run's own teacher, if any)")
+    group = _adder(p.add_argument_group("a model file instead of a run directory"))
+    group("--model", metavar="NAME", help="registered model name (`kdcollapse models`)")
+    group("--weights", metavar="FILE", help="safetensors weights of that model")
+    group("--model-kwargs", metavar="YAML", help="model options of a bare weights file")
+    group("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)")
+    group("--root", metavar="DIR", help="dataset folder (default: search the standard places)")
     defaults = AnalyzeOptions()
-    p.add_argument("--batch-size", type=int, metavar="B", help="default: the run's data.eval_batch_size, else 512" + _NO_DEFAULT)
+    add("--batch-size", type=int, metavar="B", help="batch size (default: the run's data.eval_batch_size, else 512)")
     p.add_argument("--sample-size", type=int, default=defaults.sample_size,
                    help="feature rows kept for t-SNE and nearest-class-mean, about evenly per class")
-    p.add_argument("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: first 10)" + _NO_DEFAULT)
+    add("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: the first 10)")
     p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class, help="t-SNE points per class; 0: off")
-    p.add_argument("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)" + _NO_DEFAULT)
+    add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_analyze)
@@ -69,12 +70,22 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plot", help=text, description=text, epilog=_PLOT_EXAMPLES,
                               formatter_class=HelpFormatter)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--keys", metavar="LIST", help=f"comma-separated metrics.jsonl keys (default: those of "
-                   f"{','.join(_DEFAULT_KEYS)} that the runs log)" + _NO_DEFAULT)
-    p.add_argument("--labels", metavar="LIST", help="comma-separated legend labels, one per run" + _NO_DEFAULT)
+    add = _adder(p)
+    add("--keys", metavar="LIST",
+        help=f"comma-separated metrics.jsonl keys (default: those of {','.join(_DEFAULT_KEYS)} that the runs log)")
+    add("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
     p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
-    p.add_argument("--title", help="figure title" + _NO_DEFAULT)
+    add("--title", help="figure title")
     p.set_defaults(func=_plot)
+
+
+def _adder(parser):
+    """``add_argument`` for options whose help states the default in words (no "(default: None)")."""
+
+    def add(*names, help: str, **kwargs):
+        return parser.add_argument(*names, help=help + _NO_DEFAULT, **kwargs)
+
+    return add
 
 
 def _device(name: str):
