@@ -16,6 +16,7 @@ from kdcollapse.errors import KdcollapseError
 
 # Order is the order in `kdcollapse --help`.
 _COMMAND_MODULES = [
+    "kdcollapse.geometry.cli",
 ]
 
 
