@@ -16,9 +16,15 @@ from kdcollapse.errors import KdcollapseError  # noqa: E402
 
 
 def plot_code(W: Tensor, path: str | Path, title: str = "", features: Tensor | None = None) -> Path:
-    """Draw unit vectors W (K, d) for d = 2 (circle, arrows) or d = 3 (sphere); features as dots."""
+    """Draw the rows of W (K, d) as arrows (d = 2, with the unit circle) or points on the sphere (d = 3).
+
+    Rows are drawn as given (codes have unit rows; scale other matrices to norm <= 1); pairs at the
+    minimal distance are joined; ``features`` (d = 2 only) are drawn as dots.
+    """
     W = W.detach().cpu().double().numpy()
     d = W.shape[1]
+    gaps = np.linalg.norm(W[:, None] - W[None], axis=2) + np.eye(len(W)) * 9
+    contacts = np.argwhere(np.triu(gaps <= gaps.min() * (1 + 1e-4)))  # pairs at the minimal distance
     if d not in (2, 3):
         raise KdcollapseError(f"can only draw codes in 2 or 3 dimensions, got d={d}")
     fig = plt.figure(figsize=(5, 5))
@@ -28,6 +34,8 @@ def plot_code(W: Tensor, path: str | Path, title: str = "", features: Tensor | N
         ax.plot(np.cos(t), np.sin(t), color="0.8", lw=1)
         for k, w in enumerate(W):
             ax.annotate("", xy=w, xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": f"C{k % 10}"})
+        for i, j in contacts:
+            ax.plot(*W[[i, j]].T, color="0.5", lw=0.8, ls=":")
         if features is not None:
             H = features.detach().cpu().double().numpy()
             ax.scatter(H[:, 0], H[:, 1], s=8, c="k", alpha=0.5, label="features")
@@ -40,6 +48,8 @@ def plot_code(W: Tensor, path: str | Path, title: str = "", features: Tensor | N
         u, v = np.mgrid[0 : 2 * np.pi : 30j, 0 : np.pi : 15j]
         ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.5)
         ax.scatter(W[:, 0], W[:, 1], W[:, 2], s=40, c=[f"C{k % 10}" for k in range(len(W))], depthshade=False)
+        for i, j in contacts:
+            ax.plot(*W[[i, j]].T, color="0.3", lw=1)
         ax.set_box_aspect((1, 1, 1))
     ax.set_title(title)
     return _save(fig, path)

@@ -70,7 +70,7 @@ def _gnc_metrics(W: Tensor, H: Tensor, labels: Tensor, num_classes: int) -> dict
     sigma_b_pinv = (evecs[:, keep] / evals[keep]) @ evecs[:, keep].T
     return {
         "gnc1": (torch.trace(sigma_w @ sigma_b_pinv) / num_classes).item(),
-        "gnc2": one_vs_rest_distances(W, tol=1e-12).min().item(),
+        "gnc2": one_vs_rest_distances(W).min().item(),
         "gnc3": (1 - (W * means).sum(1)).mean().item(),
     }
 
@@ -137,9 +137,10 @@ def train_ufm(
         return math.exp(value / temperature) if regularization == "sphere" and optimizer == "lbfgs" else value
 
     history = []
+    step = _lbfgs([V, U], loss_fn) if optimizer == "lbfgs" else _gradient_descent([V, U], loss_fn, steps, lr)
     for done in range(0, steps, log_every):
         chunk = min(log_every, steps - done)
-        loss = (_lbfgs if optimizer == "lbfgs" else _gradient_descent)([V, U], loss_fn, chunk, done, steps, lr)
+        loss = step(done, chunk)
         W, H = V.detach(), U.detach()
         history.append({"step": done + chunk, "loss": paper_loss(loss), **_gnc_metrics(W, H, labels, K)})
     if regularization == "sphere":
@@ -156,10 +157,10 @@ def _log_mean_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return torch.logsumexp(log_ce, 0) - math.log(len(labels))
 
 
-def _lbfgs(params: list[Tensor], loss_fn, iterations: int, *_) -> float:
+def _lbfgs(params: list[Tensor], loss_fn):
+    """A stepper running L-BFGS for a number of iterations; its curvature history persists across calls."""
     optimizer = torch.optim.LBFGS(
-        params, max_iter=iterations, history_size=50, tolerance_grad=1e-12, tolerance_change=1e-15,
-        line_search_fn="strong_wolfe",
+        params, history_size=50, tolerance_grad=1e-12, tolerance_change=1e-15, line_search_fn="strong_wolfe"
     )
 
     def closure() -> Tensor:
@@ -168,20 +169,29 @@ def _lbfgs(params: list[Tensor], loss_fn, iterations: int, *_) -> float:
         loss.backward()
         return loss
 
-    optimizer.step(closure)
-    with torch.no_grad():
-        return loss_fn().item()
-
-
-def _gradient_descent(params: list[Tensor], loss_fn, iterations: int, start: int, total: int, lr: float) -> float:
-    for step in range(start, start + iterations):
-        loss = loss_fn()
-        grads = torch.autograd.grad(loss, params)
+    def step(start: int, iterations: int) -> float:
+        optimizer.param_groups[0]["max_iter"] = iterations
+        optimizer.param_groups[0]["max_eval"] = iterations * 5 // 4
+        optimizer.step(closure)
         with torch.no_grad():
-            rate = lr * 0.1 ** (5 * step // total)  # B.1: divided by 10 at every fifth of the run
-            for p, g in zip(params, grads):
-                p -= rate * g
-    return loss.item()
+            return loss_fn().item()
+
+    return step
+
+
+def _gradient_descent(params: list[Tensor], loss_fn, total: int, lr: float):
+    """A stepper running plain gradient descent, lr divided by 10 at every fifth of the run (GNC B.1)."""
+
+    def step(start: int, iterations: int) -> float:
+        for i in range(start, start + iterations):
+            loss = loss_fn()
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= lr * 0.1 ** (5 * i // total) * g
+        return loss.item()
+
+    return step
 
 
 def temperature_continuation(

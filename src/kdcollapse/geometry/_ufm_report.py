@@ -21,14 +21,14 @@ from kdcollapse.geometry._ufm import temperature_continuation, train_ufm
 
 # Sizes of the full run and of --quick (a smoke test of the whole pipeline).
 _FULL = {
-    "compare": {"K": 30, "d": 2, "n": 2, "steps": 3000, "tau": 0.02, "wd_tau": 1.0, "wd": 5e-4},
+    "compare": {"K": 30, "d": 2, "n": 2, "gd_steps": 5000, "lbfgs_steps": 3000, "tau": 0.02, "wd_tau": 1.0, "wd": 5e-4},
     "sweep": {"K": 100, "d": 10, "n": 2, "steps": 1000, "temperatures": [1, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005]},
     "regimes": {"cases": [(8, 2), (4, 3), (7, 4)], "n": 2, "steps": 500,
                 "temperatures": [1, 0.3, 0.1, 0.03, 0.01, 0.003]},
     "code_restarts": 2,
 }
 _QUICK = {
-    "compare": {"K": 8, "d": 2, "n": 2, "steps": 200, "tau": 0.05, "wd_tau": 1.0, "wd": 5e-4},
+    "compare": {"K": 8, "d": 2, "n": 2, "gd_steps": 200, "lbfgs_steps": 100, "tau": 0.05, "wd_tau": 1.0, "wd": 5e-4},
     "sweep": {"K": 12, "d": 3, "n": 2, "steps": 100, "temperatures": [1, 0.1, 0.01]},
     "regimes": {"cases": [(5, 2), (3, 2)], "n": 2, "steps": 100, "temperatures": [1, 0.1, 0.01]},
     "code_restarts": 1,
@@ -71,41 +71,40 @@ def _fmt(x: float) -> str:
 
 def _compare(c: dict, out: Path, seed: int) -> list[str]:
     K, d, n = c["K"], c["d"], c["n"]
-    sphere = train_ufm(K, d, n, temperature=c["tau"], steps=c["steps"], log_every=max(1, c["steps"] // 40), seed=seed)
-    decay = train_ufm(K, d, n, regularization="weight_decay", temperature=c["wd_tau"], weight_decay=c["wd"],
-                      steps=c["steps"], log_every=max(1, c["steps"] // 40), seed=seed)
+    runs = {}
+    for optimizer, steps in (("gd", c["gd_steps"]), ("lbfgs", c["lbfgs_steps"])):
+        for regularization, tau in (("sphere", c["tau"]), ("weight_decay", c["wd_tau"])):
+            runs[optimizer, regularization] = train_ufm(
+                K, d, n, regularization=regularization, temperature=tau, weight_decay=c["wd"], optimizer=optimizer,
+                steps=steps, lr=0.1, log_every=max(1, steps // 50), seed=seed,
+            )
     optimum = softmax_code_optimum(K, d)
-    plot_curves({f"sphere, tau={c['tau']}": sphere.history, f"weight decay {c['wd']}": decay.history},
-                out / "ufm_sphere_vs_wd.png", optimum)
-    figures = []
-    if d == 2:
-        for name, res in (("sphere", sphere), ("wd", decay)):
-            means = res.H.view(K, n, d).mean(1)
-            path = plot_code(torch.nn.functional.normalize(res.W, dim=1), out / f"ufm_{name}_K{K}_d2.png",
-                             f"UFM {name}: classifiers (arrows), features (dots)", features=means / means.norm(dim=1).max())
-            figures.append(f"![{name}]({path.name})")
-    norms = decay.W.norm(dim=1)
+    plot_curves({f"{r}, {o}": res.history for (o, r), res in runs.items()}, out / "ufm_sphere_vs_wd.png", optimum)
     lines = [
-        f"## A. Spherical constraint vs weight decay (K={K}, d={d}, n={n}, {c['steps']} iterations)",
+        f"## A. Spherical constraint (eq. 2, tau={c['tau']}) vs weight decay (eq. B.1, lambda={c['wd']}, "
+        f"tau={c['wd_tau']}); K={K}, d={d}, n={n}",
         "",
-        _row("UFM", "loss", "GNC1", "GNC2", "GNC3", "softmax-code optimum"),
-        _row(*["---"] * 6),
+        f"`gd`: the paper's UFM schedule (B.1: plain gradient descent, lr 0.1 divided by 10 every "
+        f"{c['gd_steps'] // 5} iterations, {c['gd_steps']} iterations); `lbfgs`: {c['lbfgs_steps']} L-BFGS "
+        "iterations (converged). Classifier lengths: max/min of the norms of the w_k (1 under the spherical constraint).",
+        "",
+        _row("UFM", "optimizer", "loss", "GNC1", "GNC2", "GNC3", "max/min norm of w_k", "softmax-code optimum"),
+        _row(*["---"] * 8),
     ]
-    for name, res in ((f"sphere (eq. 2), tau={c['tau']}", sphere), (f"weight decay (eq. B.1), lambda={c['wd']}", decay)):
+    figures = []
+    for (optimizer, regularization), res in runs.items():
         f = res.final
-        lines.append(_row(name, _fmt(f["loss"]), _fmt(f["gnc1"]), _fmt(f["gnc2"]), _fmt(f["gnc3"]),
-                          "-" if optimum is None else _fmt(optimum)))
-    lines += [
-        "",
-        f"Weight decay: classifier norms range {norms.min().item():.3f} to {norms.max().item():.3f} "
-        "(not equal length, Fig. B.2); the spherical UFM reaches the softmax code.",
-        "",
-        "![curves](ufm_sphere_vs_wd.png)",
-        "",
-        *figures,
-        "",
-    ]
-    return lines
+        norms = res.W.norm(dim=1)
+        lines.append(_row(regularization, optimizer, _fmt(f["loss"]), _fmt(f["gnc1"]), _fmt(f["gnc2"]), _fmt(f["gnc3"]),
+                          f"{(norms.max() / norms.min()).item():.3f}", "-" if optimum is None else _fmt(optimum)))
+        if d == 2:
+            means = res.H.view(K, n, d).mean(1)
+            scale = max(res.W.norm(dim=1).max().item(), means.norm(dim=1).max().item())
+            path = plot_code(res.W / res.W.norm(dim=1).max(), out / f"ufm_{regularization}_{optimizer}_K{K}_d2.png",
+                             f"{regularization}, {optimizer}: classifiers (arrows), class means (dots)",
+                             features=means / scale)
+            figures.append(f"![{regularization} {optimizer}]({path.name})")
+    return lines + ["", "![curves](ufm_sphere_vs_wd.png)", "", *figures, ""]
 
 
 def _sweep(c: dict, restarts: int, out: Path, seed: int) -> list[str]:
@@ -120,7 +119,7 @@ def _sweep(c: dict, restarts: int, out: Path, seed: int) -> list[str]:
         "Each temperature warm-starts from the previous one (continuation). Softmax code found by",
         f"`softmax_code({K}, {d}, restarts={restarts})`: rho = {code.one_vs_rest:.5f}.",
         "",
-        _row("tau", "CE loss (log-mean form)", "GNC1", "GNC2", "GNC3", "GNC2 / softmax code"),
+        _row("tau", "CE loss (eq. 2)", "GNC1", "GNC2", "GNC3", "GNC2 / softmax code"),
         _row(*["---"] * 6),
     ]
     for tau, r in zip(c["temperatures"], results):

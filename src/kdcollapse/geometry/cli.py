@@ -8,12 +8,10 @@ from pathlib import Path
 import torch
 
 from kdcollapse.cli import HelpFormatter
-from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry._bounds import softmax_code_bounds, softmax_code_optimum, tammes_optimum
 from kdcollapse.geometry._codes import SphericalCode, softmax_code, tammes_code
 from kdcollapse.geometry._distances import nearest_points
 from kdcollapse.geometry._io import load_matrix, save_code
-from kdcollapse.geometry._plots import plot_code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,13 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="Run `kdcollapse geometry COMMAND --help` for each command's options and examples.",
     )
     commands = parser.add_subparsers(dest="geometry_command", metavar="COMMAND", required=True)
-    for kind, solver, example in (
-        ("softmax-code", softmax_code, "--classes 100 --dim 10"),
-        ("tammes", tammes_code, "--classes 24 --dim 3"),
+    for kind, solver, what, example in (
+        ("softmax-code", softmax_code, "a softmax code (max min one-vs-rest distance, GNC Def. 2.1)", "-K 100 -d 10"),
+        ("tammes", tammes_code, "a Tammes code (max min pairwise distance, GNC eq. 11)", "--classes 24 --dim 3"),
     ):
-        what = "a softmax code (max min one-vs-rest distance, GNC Def. 2.1)" if solver is softmax_code else (
-            "a Tammes code (max min pairwise distance, GNC eq. 11)"
-        )
         sub = _add(commands, kind, f"find {what}", f"""examples:
   kdcollapse geometry {kind} {example}
   kdcollapse geometry {kind} --classes 8 --dim 3 --restarts 16 --out code.npy --plot code.png""")
@@ -40,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--restarts", type=int, default=8, help="random starting points")
         sub.add_argument("--steps", type=int, default=300, help="L-BFGS iterations per temperature stage")
         sub.add_argument("--seed", type=int, default=0)
-        sub.add_argument("--out", type=Path, help="save W (.safetensors or .npy; default: <kind>_K<K>_d<d>.safetensors)")
-        sub.add_argument("--plot", type=Path, help="figure for d = 2 or 3 (default: next to --out, .png)")
+        sub.add_argument("--out", type=Path, help="save W to .safetensors or .npy; if omitted, <kind>_K<K>_d<d>.safetensors")
+        sub.add_argument("--plot", type=Path, help="figure for d = 2 or 3; if omitted, --out with suffix .png")
         sub.add_argument("--no-save", action="store_true", help="only print the table")
         sub.set_defaults(func=_run_code, solver=solver)
 
@@ -101,7 +96,10 @@ def _run_code(args: argparse.Namespace) -> int:
         out = save_code(code, args.out or Path(f"{kind}_K{args.classes}_d{args.dim}.safetensors"))
         print(f"saved {out}")
         if args.dim in (2, 3):
-            title = f"{code.kind} code K={args.classes} d={args.dim}: rho={code.value:.6g}"
+            from kdcollapse.geometry._plots import plot_code  # matplotlib only when drawing
+
+            value = f"rho={code.one_vs_rest:.6g}" if code.kind == "softmax" else f"min angle={code.min_angle:.6g} deg"
+            title = f"{code.kind} code K={args.classes} d={args.dim}: {value}"
             print(f"plotted {plot_code(code.W, args.plot or out.with_suffix('.png'), title)}")
     return 0
 
@@ -129,7 +127,7 @@ def _run_distance(args: argparse.Namespace) -> int:
         ("mean / max distance", f"{sol.distances.mean().item():.6g} / {sol.distances.max().item():.6g}"),
         ("largest certified gap", f"{sol.gaps.max().item():.3g}"),
     ]
-    optimum = softmax_code_optimum(K, d) if d >= 1 else None
+    optimum = softmax_code_optimum(K, d)
     if optimum is not None:
         rows.append(("softmax-code optimum (Thm 3.3)", f"{optimum:.10f}"))
     elif d >= 2:
@@ -158,9 +156,8 @@ def _run_ufm(args: argparse.Namespace) -> int:
 
 
 def _table(rows: list[tuple], header: bool = False) -> str:
+    """Left-aligned columns; with ``header`` the first row is underlined."""
     rows = [tuple(str(c) for c in r) for r in rows]
-    if not rows:
-        raise KdcollapseError("nothing to show")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if header:
