@@ -15,7 +15,9 @@ from torch import Tensor  # noqa: E402
 from kdcollapse.errors import KdcollapseError  # noqa: E402
 
 
-def plot_code(W: Tensor, path: str | Path, title: str = "", features: Tensor | None = None) -> Path:
+def plot_code(
+    W: Tensor, path: str | Path, title: str = "", features: Tensor | None = None, feature_label: str = "features"
+) -> Path:
     """Draw the rows of W (K, d) as arrows (d = 2, with the unit circle) or points on the sphere (d = 3).
 
     Rows are drawn as given (codes have unit rows; scale other matrices to norm <= 1); pairs at the
@@ -38,7 +40,7 @@ def plot_code(W: Tensor, path: str | Path, title: str = "", features: Tensor | N
             ax.plot(*W[[i, j]].T, color="0.5", lw=0.8, ls=":")
         if features is not None:
             H = features.detach().cpu().double().numpy()
-            ax.scatter(H[:, 0], H[:, 1], s=8, c="k", alpha=0.5, label="features")
+            ax.scatter(H[:, 0], H[:, 1], s=8, c="k", alpha=0.5, label=feature_label)
             ax.legend(loc="lower right")
         ax.set_aspect("equal")
         ax.set_xlim(-1.15, 1.15)

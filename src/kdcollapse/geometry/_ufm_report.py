@@ -101,8 +101,7 @@ def _compare(c: dict, out: Path, seed: int) -> list[str]:
             means = res.H.view(K, n, d).mean(1)
             scale = max(res.W.norm(dim=1).max().item(), means.norm(dim=1).max().item())
             path = plot_code(res.W / res.W.norm(dim=1).max(), out / f"ufm_{regularization}_{optimizer}_K{K}_d2.png",
-                             f"{regularization}, {optimizer}: classifiers (arrows), class means (dots)",
-                             features=means / scale)
+                             f"UFM {regularization}, {optimizer}", features=means / scale, feature_label="class means")
             figures.append(f"![{regularization} {optimizer}]({path.name})")
     return lines + ["", "![curves](ufm_sphere_vs_wd.png)", "", *figures, ""]
 
