@@ -90,7 +90,7 @@ def projected_gradient(W: torch.Tensor, classes: torch.Tensor, steps: int, seed:
 
 def bench_distances(sizes, pgd_classes: dict[int, int]) -> list[str]:
     rows = [
-        "| instance | rho (min distance) | largest gap | wall s | CPU s | peak RSS MB | PGD classes run | PGD CPU s/class "
+        "| instance | rho (min distance) | largest gap | wall s | CPU s | peak RSS increase MB | PGD classes run | PGD CPU s/class "
         "| PGD extrapolated CPU s | speed-up (CPU) | PGD max error | PGD median error |",
         "|" + " --- |" * 12,
     ]
