@@ -70,12 +70,15 @@ def softmax_code_optimum(num_classes: int, dim: int) -> float | None:
     """max_W rho_one-vs-rest(W) where GNC Theorem 3.3 gives it in closed form, else None.
 
     d = 2: 1 - cos(2 pi / K) (uniform circle); K <= d + 1: K / (K - 1) (simplex ETF);
-    d + 1 < K <= 2d: 1 (vertices of a cross-polytope). All are distances, not squared distances.
+    d + 1 < K <= 2d: 1 (vertices of a cross-polytope); d = 1, K >= 3: 0 (two of the points coincide).
+    All are distances, not squared distances.
     """
     _check_sizes(num_classes, dim)
     K, d = num_classes, dim
     if K <= d + 1:
         return K / (K - 1)
+    if d == 1:
+        return 0.0
     if d == 2:
         return 1 - math.cos(2 * math.pi / K)
     if K <= 2 * d:

@@ -6,7 +6,7 @@
 """
 
 from kdcollapse.metrics import functional
-from kdcollapse.metrics._collapse import collapse_metrics, softmax_code_optimum
+from kdcollapse.metrics._collapse import collapse_metrics
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy
 from kdcollapse.metrics._statistics import FeatureStatistics
@@ -20,5 +20,4 @@ __all__ = [
     "mean_log_odds_gain",
     "ncc_accuracy",
     "psd_pinv",
-    "softmax_code_optimum",
 ]
