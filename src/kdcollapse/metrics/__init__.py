@@ -6,7 +6,7 @@
 """
 
 from kdcollapse.metrics import functional
-from kdcollapse.metrics._collapse import collapse_metrics, covariance_spectra, softmax_code_optimum
+from kdcollapse.metrics._collapse import collapse_metrics, covariance_spectra
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
 from kdcollapse.metrics._statistics import FeatureStatistics
@@ -22,5 +22,4 @@ __all__ = [
     "nearest_class_mean",
     "ncc_accuracy",
     "psd_pinv",
-    "softmax_code_optimum",
 ]
