@@ -75,7 +75,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(args.seed)
     x_train, y_train = load("train")
     x_test, y_test = load("test")
-    model = create_model(args.model, num_classes=10, in_channels=1)
+    # channels_last: ~1.5x faster convolutions on CPU (oneDNN); the MLP flattens either layout the same.
+    model = create_model(args.model, num_classes=10, in_channels=1).to(memory_format=torch.channels_last)
     steps = HP["epochs"] * (len(y_train) // HP["batch_size"])
     opt = torch.optim.SGD(model.parameters(), lr=HP["lr"], momentum=HP["momentum"], nesterov=True,
                           weight_decay=HP["weight_decay"])  # fmt: skip
@@ -85,7 +86,8 @@ def main() -> None:
     for epoch in range(HP["epochs"]):
         perm = torch.randperm(len(y_train), generator=g)
         for idx in perm[: steps // HP["epochs"] * HP["batch_size"]].split(HP["batch_size"]):
-            loss = F.cross_entropy(model(augment(x_train[idx], g)), y_train[idx])
+            x = augment(x_train[idx], g).contiguous(memory_format=torch.channels_last)
+            loss = F.cross_entropy(model(x), y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

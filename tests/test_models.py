@@ -22,24 +22,23 @@ SMALL = {"mlp", "convnet_small", "convnet"}
 
 # Published parameter counts in millions, CIFAR models at 100 classes, ImageNet models at 1000.
 PUBLISHED = {
-    # CRD CIFAR-100 zoo (Tian et al., ICLR 2020; the models of DKD, DHKD and DKL), counts as quoted for
-    # the zoo in the KD literature (the figures of SPEC §6 / the project brief).
+    # CRD CIFAR-100 zoo (Tian et al., ICLR 2020; the models of DKD, DHKD and DKL): the figures quoted for
+    # the zoo in the KD literature, as restated in SPEC §6 and the project brief.
     "resnet8": 0.08, "resnet20": 0.28, "resnet32": 0.47, "resnet44": 0.67, "resnet110": 1.74,
-    "resnet8x4": 1.23, "resnet32x4": 7.43, "wrn_40_1": 0.57, "vgg8": 3.96, "vgg13": 9.46,
-    "mobilenetv2": 0.81, "shufflev1": 0.95, "shufflev2": 1.36,
-    # Heo et al., "A Comprehensive Overhaul of Feature Distillation", ICCV 2019, CIFAR-100 settings table.
+    "resnet8x4": 1.23, "resnet32x4": 7.43, "wrn_40_1": 0.57, "wrn_40_2": 2.25, "vgg8": 3.96,
+    "vgg13": 9.46, "mobilenetv2": 0.81, "shufflev1": 0.95, "shufflev2": 1.36,
+    # CIFAR-100 settings table of Heo et al., "A Comprehensive Overhaul of Feature Distillation"
+    # (ICCV 2019): WRN 16-2 0.70M, ResNet 56 0.86M.
     "wrn_16_2": 0.70, "resnet56": 0.86,
-    # Zagoruyko & Komodakis 2016 give WRN-40-2 as 2.2M (CIFAR-10); 2.25M at 100 classes (KD literature).
-    "wrn_40_2": 2.25,
-    # CIFAR-100 ResNet-50 23.71M: rentainhe/pytorch-models model_information/classic-network.md.
-    "resnet50_cifar": 23.71,
-    # torchvision model docs, num_params: 11,689,512 / 21,797,672 / 25,557,032.
-    "resnet18": 11.69, "resnet34": 21.80, "resnet50": 25.56,
-    # Howard et al. 2017, Table 8: 4.2M; 4.23M as quoted for the MobileNetV1 ImageNet student of the KD
-    # literature (CRD / ReviewKD / DKD ImageNet tables).
+    # rentainhe/pytorch-models, model_information/classic-network.md: CIFAR-100 ResNet-50 23.71M;
+    # ImageNet ResNet-18/34/50 11.69M / 21.80M / 25.56M (torchvision's model docs give num_params
+    # 11,689,512 for resnet18).
+    "resnet50_cifar": 23.71, "resnet18": 11.69, "resnet34": 21.80, "resnet50": 25.56,
+    # Howard et al. 2017: 1.0 MobileNet-224 has 4.2M parameters; 4.23M as quoted for the KD literature's
+    # ImageNet student (project brief).
     "mobilenetv1": 4.23,
-    # Not in the published tables; derived from the architecture and checked exactly against the closed
-    # forms below. The brief's 0.17M for resnet14 does not match its layout (181,108 parameters).
+    # No published figure: derived from the architecture, and checked exactly against the closed forms
+    # below. The brief's 0.17M for resnet14 does not match the zoo's layout (181,108 parameters).
     "resnet14": 0.18, "wrn_16_1": 0.18, "vgg11": 9.28, "vgg16": 14.77, "vgg19": 20.09,
 }  # fmt: skip
 
