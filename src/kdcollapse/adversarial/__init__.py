@@ -8,7 +8,7 @@ stays in the ε-ball ∩ [0, 1] box, runs the model in eval mode and leaves para
 """
 
 from kdcollapse.adversarial._apgd import apgd_attack, apgd_checkpoints, apgd_targeted_attack
-from kdcollapse.adversarial._common import NORMS, Normalized, lp_norm
+from kdcollapse.adversarial._common import NORMS, Normalized, lp_norm, parse_eps
 from kdcollapse.adversarial._evaluate import (
     AttackStage,
     RobustEvaluation,
@@ -38,6 +38,7 @@ __all__ = [
     "fab_attack",
     "lp_norm",
     "margin",
+    "parse_eps",
     "pgd_attack",
     "pgd_evaluate",
     "project_onto_hyperplane_in_box",
