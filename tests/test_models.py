@@ -15,8 +15,8 @@ from kdcollapse.models.resnet_cifar import cifar_resnet
 from kdcollapse.models.vgg import CONFIGS, PoolIfLarge
 
 CIFAR = {"resnet8", "resnet14", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet8x4",
-         "resnet32x4", "wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "vgg8", "vgg11", "vgg13", "vgg16",
-         "vgg19", "mobilenetv2", "shufflev1", "shufflev2", "resnet50_cifar"}  # fmt: skip
+         "resnet32x4", "wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "wrn_34_10", "vgg8", "vgg11", "vgg13",
+         "vgg16", "vgg19", "mobilenetv2", "shufflev1", "shufflev2", "resnet50_cifar"}  # fmt: skip
 IMAGENET = {"resnet18", "resnet34", "resnet50", "mobilenetv1"}
 SMALL = {"mlp", "convnet_small", "convnet"}
 
@@ -31,6 +31,9 @@ PUBLISHED = {
     "wrn_16_2": 0.70, "resnet56": 0.86,
     # Zagoruyko & Komodakis 2016 give WRN-40-2 as 2.2M (CIFAR-10); 2.25M at 100 classes (KD literature).
     "wrn_40_2": 2.25,
+    # WRN-34-10 of the adversarial-robustness literature: 46.16M at 10 classes (checked in
+    # tests/test_adversarial_training.py), 46.22M at 100.
+    "wrn_34_10": 46.22,
     # CIFAR-100 ResNet-50 23.71M: rentainhe/pytorch-models model_information/classic-network.md.
     "resnet50_cifar": 23.71,
     # torchvision model docs, num_params: 11,689,512 / 21,797,672 / 25,557,032.
@@ -228,7 +231,7 @@ def test_vgg_exact_count(name):
     assert count_parameters(_model(name)) == _vgg_count(CONFIGS[name], 100)
 
 
-@pytest.mark.parametrize("name", ["wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2"])
+@pytest.mark.parametrize("name", ["wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "wrn_34_10"])
 def test_wrn_exact_count(name):
     _, depth, k = name.split("_")
     assert count_parameters(_model(name)) == _wrn_count(int(depth), int(k), 100)

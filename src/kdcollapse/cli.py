@@ -19,6 +19,7 @@ _COMMAND_MODULES = [
     "kdcollapse.demo",
     "kdcollapse.train.cli",
     "kdcollapse.data.cli",
+    "kdcollapse.adversarial.cli",
 ]
 
 

@@ -84,7 +84,7 @@ def parse_eps(value: float | str, *, norm: str = "Linf", name: str = "eps") -> f
         raise KdcollapseError(f"{name} must be positive and finite, got {value!r}")
     if norm == "Linf" and eps >= 1:
         raise KdcollapseError(f"{name}={value!r} is an L-inf radius >= 1, which covers the whole [0, 1] box; "
-                              f"inputs are in [0, 1] units (did you mean {text}/255?)")
+                              f"inputs are in [0, 1] units (did you mean {eps:g}/255?)")
     return eps
 
 
