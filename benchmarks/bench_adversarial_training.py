@@ -40,13 +40,14 @@ def timed(fn) -> float:
 def bench_steps(args) -> None:
     channels, size = (1, 28) if args.model in ("convnet_small", "convnet", "mlp") else (3, 32)
     torch.manual_seed(0)
-    student = create_model(args.model, 10, in_channels=channels)
+    student = create_model(args.model, args.num_classes, in_channels=channels)
     x = torch.randn(args.batch_size, channels, size, size).clamp(-1.5, 1.5)
-    y = torch.randint(0, 10, (args.batch_size,))
+    y = torch.randint(0, args.num_classes, (args.batch_size,))
     methods, optimizers = {}, {}
     for name in ("trades", "ikl_at"):
         options = {"name": name, "eps": args.eps, "step_size": args.eps / 4, "steps": args.attack_steps}
-        methods[name] = build_method(method_config(options), copy.deepcopy(student), num_classes=10)
+        methods[name] = build_method(method_config(options), copy.deepcopy(student),
+                                     num_classes=args.num_classes)
         methods[name].set_input_normalization((0.5,), (0.5,))  # x in [-1.5, 1.5] <-> images in [0, 1]
         optimizers[name] = torch.optim.SGD(methods[name].parameters(), lr=1e-3, momentum=0.9)
 
@@ -72,8 +73,8 @@ def bench_steps(args) -> None:
             for name in (("trades", "ikl_at") if i % 2 == 0 else ("ikl_at", "trades")):
                 times[name].append(timed(lambda: fn(name)))
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"| {label} | {args.model} | {args.batch_size} | {args.steps} | {med['trades'] * 1e3:.1f} | "
-              f"{med['ikl_at'] * 1e3:.1f} | {med['ikl_at'] / med['trades']:.3f} |")
+        print(f"| {label} | {args.model}, K = {args.num_classes} | {args.batch_size} | {args.steps} | "
+              f"{med['trades'] * 1e3:.1f} | {med['ikl_at'] * 1e3:.1f} | {med['ikl_at'] / med['trades']:.3f} |")
 
 
 def bench_evaluation(args) -> None:
@@ -93,6 +94,7 @@ def bench_evaluation(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="convnet_small")
+    parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=15, help="timed steps per method (0: skip)")
     parser.add_argument("--attack-steps", type=int, default=10)

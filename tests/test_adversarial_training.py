@@ -21,7 +21,7 @@ from kdcollapse.methods import build_method
 from kdcollapse.methods._adversarial import WeightPerturbation, eps_schedule
 from kdcollapse.methods.ikl_at import ClassMeanProbabilities
 from kdcollapse.models import count_parameters, create_model
-from kdcollapse.train import fit, load_model, load_tensors
+from kdcollapse.train import Trainer, fit, load_model, load_tensors
 
 MEAN, STD = (0.3,), (0.4,)
 # scikit-learn's digits (1×8×8 images, 10 classes): real data, available offline.
@@ -226,8 +226,11 @@ def test_weight_average_copies_then_averages():
 
 
 def test_weight_average_is_the_model_file(tmp_path):
-    run = fit(load_config(None, [*TINY, "method.name=trades", "method.ema_decay=0.9", "train.epochs=2",
-                                 f"run_dir={tmp_path / 'ema'}"]))
+    cfg = load_config(None, [*TINY, "method.name=trades", "method.ema_decay=0.9", "train.epochs=2",
+                             f"run_dir={tmp_path / 'ema'}"])
+    trainer = Trainer(cfg)  # the trainer tells the method how its inputs were standardised
+    assert (trainer.method.input_mean, trainer.method.input_std) == (trainer.train_set.mean, trainer.train_set.std)
+    run = trainer.run()
     model, meta = load_model(run.run_dir)
     tensors, _ = load_tensors(Path(run.run_dir) / "checkpoint.safetensors")
     for key, value in model.state_dict().items():
@@ -289,6 +292,64 @@ def test_awp_step_is_the_gradient_at_the_perturbed_weights():
     for (name, p), g in zip(method.student.named_parameters(), grads):
         assert torch.allclose(p, start[name] - 0.1 * g, atol=1e-6), name
     assert any(n.endswith("weight") for n in start)
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One process of a 2-process gloo group: class means and AWP on this process's own batch."""
+    import os
+
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        logits, y, x, model = _ddp_inputs(rank)
+        means = ClassMeanProbabilities(3, temperature=2.0)
+        means.observe(logits, y)
+        means.end_epoch()
+        WeightPerturbation(0.05).perturb(model, lambda net: F.cross_entropy(net(x), y))
+        save_file({"table": means.state()["class_weights"], **model.state_dict()}, f"{out_dir}/rank{rank}.safetensors")
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_inputs(rank: int):
+    g = torch.Generator().manual_seed(rank)
+    logits, y = torch.randn(6, 3, generator=g), torch.randint(0, 3, (6,), generator=g)
+    y[0] = rank  # class 2 is seen by one process only
+    torch.manual_seed(0)
+    return logits, y, torch.randn(6, 4, generator=g), torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                                          torch.nn.Linear(8, 3))
+
+
+def test_class_means_and_awp_are_synchronised_across_processes(tmp_path):
+    import socket
+
+    from safetensors.torch import load_file
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    results = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
+    inputs = [_ddp_inputs(r) for r in range(2)]
+    # class means over the union of both processes' samples
+    logits, y = torch.cat([i[0] for i in inputs]), torch.cat([i[1] for i in inputs])
+    probs = F.softmax(logits / 2.0, dim=1)
+    expected = torch.stack([probs[y == c].mean(0) for c in range(3)])
+    # AWP from the gradient averaged over the processes (equal batches: the gradient of the mean loss)
+    model = inputs[0][3]
+    loss = sum(F.cross_entropy(model(i[2]), i[1]) for i in inputs) / 2
+    grads = dict(zip([n for n, _ in model.named_parameters()], torch.autograd.grad(loss, list(model.parameters()))))
+    for result in results:
+        assert torch.allclose(result["table"], expected, atol=1e-6)
+        for name, w in model.named_parameters():
+            g = grads[name]
+            shift = 0.05 * w.norm() * g / g.norm() if w.ndim > 1 else 0
+            assert torch.allclose(result[name], w.detach() + shift, atol=1e-6), name
+    for key in results[0]:
+        assert torch.equal(results[0][key], results[1][key]), key
 
 
 # --- configuration errors ----------------------------------------------------------------------------
