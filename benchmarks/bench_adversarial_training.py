@@ -63,7 +63,7 @@ def bench_steps(args) -> None:
     def loss_only(name):
         m = methods[name]
         m.zero_grad()
-        m.robust_loss(m.student(x), m.student(x_adv), y).backward()
+        m.training_loss(m.student(x), m.student(x_adv), y).backward()
 
     for fn, label in ((step, "training step (attack + loss + backward + SGD)"), (loss_only, "loss + backward only")):
         times = {"trades": [], "ikl_at": []}

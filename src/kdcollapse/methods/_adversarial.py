@@ -139,7 +139,7 @@ class WeightAverage(nn.Module):
 
 class AdversarialTraining(Method):
     """Base of ``trades`` and ``ikl_at``: attack, AWP, ε ramp and weight average; subclasses give
-    :meth:`robust_loss`. No teacher."""
+    :meth:`training_loss`. No teacher."""
 
     Config = AdversarialConfig
     needs_teacher = False
@@ -155,7 +155,7 @@ class AdversarialTraining(Method):
         self.average = WeightAverage(student, config.ema_decay) if config.ema_decay > 0 else None
 
     # --- the loss, given by each method -------------------------------------------------------------
-    def robust_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
+    def training_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
         """The whole training loss (cross-entropy included) of the natural and adversarial logits."""
         raise NotImplementedError
 
@@ -174,10 +174,10 @@ class AdversarialTraining(Method):
                                    step_size=self.step_size * self.current_eps / self.eps, steps=self.config.steps)
         x_adv = (images_adv - mean) / std
         if self.awp is not None and self.epoch + 1 >= self.config.awp_from_epoch:
-            self.awp.perturb(self.student, lambda net: self.robust_loss(net(x), net(x_adv), y))
+            self.awp.perturb(self.student, lambda net: self.training_loss(net(x), net(x_adv), y))
         logits_adv = self.student(x_adv)  # adversarial first, as the official code (BN statistics order)
         logits = self.student(x)
-        loss = self.robust_loss(logits, logits_adv, y)
+        loss = self.training_loss(logits, logits_adv, y)
         self.observe(logits.detach(), y)
         ce = F.cross_entropy(logits.detach(), y)
         return {"loss": loss, "logits": logits, "ce": ce, "robust": loss.detach() - ce,

@@ -91,7 +91,7 @@ class IKLAT(AdversarialTraining):
         super().__init__(student, config, **kwargs)
         self.class_means = ClassMeanProbabilities(self.num_classes, config.class_weight_temperature)
 
-    def robust_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
+    def training_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
         return ikl_at_loss(logits_natural, logits_adversarial, target, self.class_means.weights(logits_natural),
                            mse_weight=self.config.mse_weight, ce_weight=self.config.ce_weight)
 

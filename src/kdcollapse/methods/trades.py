@@ -21,5 +21,5 @@ class TRADES(AdversarialTraining):
     class Config(AdversarialConfig):
         beta: float = 6.0  # weight β of the KL term (1/λ in the paper)
 
-    def robust_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
+    def training_loss(self, logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor) -> Tensor:
         return trades_loss(logits_natural, logits_adversarial, target, beta=self.config.beta)
