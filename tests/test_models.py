@@ -15,8 +15,8 @@ from kdcollapse.models.resnet_cifar import cifar_resnet
 from kdcollapse.models.vgg import CONFIGS, PoolIfLarge
 
 CIFAR = {"resnet8", "resnet14", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet8x4",
-         "resnet32x4", "wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "vgg8", "vgg11", "vgg13", "vgg16",
-         "vgg19", "mobilenetv2", "shufflev1", "shufflev2", "resnet50_cifar"}  # fmt: skip
+         "resnet32x4", "wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "wrn_34_10", "vgg8", "vgg11", "vgg13",
+         "vgg16", "vgg19", "mobilenetv2", "shufflev1", "shufflev2", "resnet50_cifar"}  # fmt: skip
 IMAGENET = {"resnet18", "resnet34", "resnet50", "mobilenetv1"}
 SMALL = {"mlp", "convnet_small", "convnet"}
 
@@ -30,12 +30,15 @@ PUBLISHED = {
     # CIFAR-100 settings table of Heo et al., "A Comprehensive Overhaul of Feature Distillation"
     # (ICCV 2019): WRN 16-2 0.70M, ResNet 56 0.86M.
     "wrn_16_2": 0.70, "resnet56": 0.86,
-    # rentainhe/pytorch-models, model_information/classic-network.md: CIFAR-100 ResNet-50 23.71M;
-    # ImageNet ResNet-18/34/50 11.69M / 21.80M / 25.56M (torchvision's model docs give num_params
-    # 11,689,512 for resnet18).
-    "resnet50_cifar": 23.71, "resnet18": 11.69, "resnet34": 21.80, "resnet50": 25.56,
-    # Howard et al. 2017: 1.0 MobileNet-224 has 4.2M parameters; 4.23M as quoted for the KD literature's
-    # ImageNet student (project brief).
+    # WRN-34-10 of the adversarial-robustness literature: 46.16M at 10 classes (checked in
+    # tests/test_adversarial_training.py), 46.22M at 100.
+    "wrn_34_10": 46.22,
+    # CIFAR-100 ResNet-50 23.71M: rentainhe/pytorch-models model_information/classic-network.md.
+    "resnet50_cifar": 23.71,
+    # torchvision model docs, num_params: 11,689,512 / 21,797,672 / 25,557,032.
+    "resnet18": 11.69, "resnet34": 21.80, "resnet50": 25.56,
+    # Howard et al. 2017, Table 8: 4.2M; 4.23M as quoted for the MobileNetV1 ImageNet student of the KD
+    # literature (CRD / ReviewKD / DKD ImageNet tables).
     "mobilenetv1": 4.23,
     # No published figure: derived from the architecture, and checked exactly against the closed forms
     # below. The brief's 0.17M for resnet14 does not match the zoo's layout (181,108 parameters).
@@ -230,7 +233,7 @@ def test_vgg_exact_count(name):
     assert count_parameters(_model(name)) == _vgg_count(CONFIGS[name], 100)
 
 
-@pytest.mark.parametrize("name", ["wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2"])
+@pytest.mark.parametrize("name", ["wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "wrn_34_10"])
 def test_wrn_exact_count(name):
     _, depth, k = name.split("_")
     assert count_parameters(_model(name)) == _wrn_count(int(depth), int(k), 100)

@@ -22,6 +22,7 @@ _COMMAND_MODULES = [
     "kdcollapse.models.cli",
     "kdcollapse.geometry.cli",
     "kdcollapse.analysis.cli",
+    "kdcollapse.adversarial.cli",
 ]
 
 

@@ -3,12 +3,13 @@
 Our own implementations of the published algorithms: PGD (Madry et al. 2018) and the TRADES inner
 maximisation (Zhang et al. 2019), APGD and APGD-T (Croce & Hein 2020), FAB-T (Croce & Hein 2020), the
 Square attack (Andriushchenko et al. 2020), and the AutoAttack "standard" evaluation chaining the last
-three. Every attack works on [0, 1] inputs (normalise inside the model, e.g. with :class:`Normalized`),
-stays in the ε-ball ∩ [0, 1] box, runs the model in eval mode and leaves parameter gradients untouched.
+three; ``evaluate_run`` evaluates a trained run (behind ``kdcollapse robust-eval``). Every attack works
+on [0, 1] inputs (normalise inside the model, e.g. with :class:`Normalized`), stays in the ε-ball ∩
+[0, 1] box, runs the model in eval mode and leaves parameter gradients untouched.
 """
 
 from kdcollapse.adversarial._apgd import apgd_attack, apgd_checkpoints, apgd_targeted_attack
-from kdcollapse.adversarial._common import NORMS, Normalized, lp_norm
+from kdcollapse.adversarial._common import NORMS, Normalized, lp_norm, parse_eps
 from kdcollapse.adversarial._evaluate import (
     AttackStage,
     RobustEvaluation,
@@ -20,6 +21,7 @@ from kdcollapse.adversarial._evaluate import (
 from kdcollapse.adversarial._fab import fab_attack, project_onto_hyperplane_in_box
 from kdcollapse.adversarial._losses import dlr_loss, dlr_targeted_loss, margin
 from kdcollapse.adversarial._pgd import pgd_attack, trades_attack
+from kdcollapse.adversarial._run_eval import evaluate_run, load_test_images
 from kdcollapse.adversarial._square import square_attack, square_p_schedule
 
 __all__ = [
@@ -35,9 +37,12 @@ __all__ = [
     "dlr_loss",
     "dlr_targeted_loss",
     "evaluate_attacks",
+    "evaluate_run",
     "fab_attack",
+    "load_test_images",
     "lp_norm",
     "margin",
+    "parse_eps",
     "pgd_attack",
     "pgd_evaluate",
     "project_onto_hyperplane_in_box",

@@ -68,6 +68,26 @@ def check_norm_eps(norm: str, eps: float) -> None:
         raise KdcollapseError(f"eps must be a positive finite number, got {eps!r}")
 
 
+def parse_eps(value: float | str, *, norm: str = "Linf", name: str = "eps") -> float:
+    """A radius given as a number or a fraction of two numbers, e.g. ``0.1`` or ``"8/255"``.
+
+    Refuses anything that is not positive and finite, and an ℓ∞ radius ≥ 1 (it covers the whole
+    [0, 1] box: ``8`` is almost always meant as ``8/255``). ``name`` is used in the error message.
+    """
+    text = str(value).strip()
+    numerator, slash, denominator = text.partition("/")
+    try:
+        eps = float(numerator) / float(denominator) if slash else float(text)
+    except (ValueError, ZeroDivisionError):
+        raise KdcollapseError(f"{name} must be a number or a fraction such as 8/255, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(eps) or eps <= 0:
+        raise KdcollapseError(f"{name} must be positive and finite, got {value!r}")
+    if norm == "Linf" and eps >= 1:
+        raise KdcollapseError(f"{name}={value!r} is an L-inf radius >= 1, which covers the whole [0, 1] box; "
+                              f"inputs are in [0, 1] units (did you mean {eps:g}/255?)")
+    return eps
+
+
 def check_count(name: str, value: int, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise KdcollapseError(f"{name} must be an integer >= {minimum}, got {value!r}")

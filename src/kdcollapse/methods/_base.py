@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -68,6 +68,9 @@ class Method(nn.Module):
         self.teacher = teacher
         self.label_smoothing = label_smoothing
         self.epoch = 0
+        # Training inputs are x = (u - input_mean) / input_std of images u in [0, 1], per channel.
+        self.input_mean: tuple[float, ...] = (0.0,)
+        self.input_std: tuple[float, ...] = (1.0,)
 
     def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, target, label_smoothing=self.label_smoothing)
@@ -79,6 +82,16 @@ class Method(nn.Module):
         """Main-head logits; every reported accuracy uses these."""
         return self.student(x)
 
+    def inference_model(self) -> nn.Module:
+        """The network saved as the run's model file (``model.safetensors``): the student, or e.g. an
+        average of its weights kept by the method."""
+        return self.student
+
+    def set_input_normalization(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """The trainer's inputs are standardised, x = (u - mean) / std per channel, of images u in
+        [0, 1]; methods that need u (adversarial training attacks it) read it from here."""
+        self.input_mean, self.input_std = tuple(mean), tuple(std)
+
     def on_epoch_start(self, epoch: int) -> None:
         self.epoch = epoch
 
@@ -88,6 +101,9 @@ class Method(nn.Module):
     def epoch_metrics(self) -> dict[str, float]:
         """Method-specific numbers for this epoch's record in ``metrics.jsonl`` (called after on_epoch_end)."""
         return {}
+
+    def after_step(self) -> None:
+        """Called after every optimizer step (e.g. to remove a weight perturbation or update an average)."""
 
     def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Fill ``.grad`` of the trainable parameters. ``scale`` is the AMP loss scaler (or identity)."""

@@ -154,6 +154,7 @@ class Trainer:
                                **cfg.model.kwargs)
         self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
                                    label_smoothing=cfg.train.label_smoothing).to(self.device)
+        self.method.set_input_normalization(self.train_set.mean, self.train_set.std)
         if cfg.train.channels_last:
             self.method.to(memory_format=torch.channels_last)
             if teacher is not None:
@@ -185,9 +186,10 @@ class Trainer:
         meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest}
         ckpt.save_tensors(self.run_dir / "checkpoint.safetensors", tensors, meta)
         model_meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc)
-        ckpt.save_model(self.run_dir / "model.safetensors", self.method.student, model_meta)
+        model = self.method.inference_model()
+        ckpt.save_model(self.run_dir / "model.safetensors", model, model_meta)
         if improved:
-            ckpt.save_model(self.run_dir / "best.safetensors", self.method.student, model_meta)
+            ckpt.save_model(self.run_dir / "best.safetensors", model, model_meta)
 
     def _load_checkpoint(self) -> None:
         tensors, meta = ckpt.load_tensors(self.run_dir / "checkpoint.safetensors", device=self.device)
@@ -310,6 +312,7 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.method.parameters(), self.cfg.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self.method.after_step()
         return out
 
     def _check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
