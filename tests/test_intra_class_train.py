@@ -1,6 +1,7 @@
 """Two augmented views from the loader, and the intra-class teacher, RKD and KD+RKD in the real trainer
 (digits, tiny MLPs): pinned first losses, exact resume with a non-empty cache."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,27 @@ def test_views_need_training_with_augmentation():
         make_loader(ds, 8, train=True, device="cpu", seed=0, augment=Augment(), views=2)
     with pytest.raises(DataError, match="views=2 asks for independently augmented views.*train=True"):
         make_loader(ds, 8, train=False, device="cpu", seed=0, views=2)
+
+
+def test_views_of_decoded_folder_images(tmp_path):
+    from PIL import Image
+
+    from kdcollapse.data import FolderDataset
+
+    samples = []
+    for i in range(6):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(torch.randint(0, 256, (8, 8, 3), dtype=torch.uint8).numpy()).save(path)
+        samples.append((str(path), i % 2))
+    ds = FolderDataset(samples, ["a", "b"], (0.5,) * 3, (0.25,) * 3, "folder", image_size=8, resize=8)
+    make = lambda views: make_loader(ds, 3, train=True, device="cpu", seed=0,  # noqa: E731
+                                     augment=Augment(1, True), num_workers=0, views=views)
+    single, double = epoch_of(make(1), 1)[0], epoch_of(make(2), 1)[0]
+    assert double.shape == (6, 2, 3, 8, 8) and torch.equal(double[:, 0], single)
+    assert not torch.equal(double[:, 0], double[:, 1])
+    with pytest.raises(DataError, match="views > 1 is not supported with random-resized crops"):
+        make_loader(replace(ds, random_resized_crop=True), 3, train=True, device="cpu", seed=0,
+                    augment=Augment(flip=True), num_workers=0, views=2)
 
 
 # --- methods in the trainer --------------------------------------------------------------------------
