@@ -1,0 +1,24 @@
+"""Collapse metrics from one streaming pass: NC1-NC4 (Papyan et al. 2020), VCI and the linear-probe MSE
+(Xu & Liu), GNC1-GNC3 (generalized neural collapse), squared distance, cosine class separation.
+
+``FeatureStatistics`` (a torchmetrics ``Metric``) accumulates mergeable sufficient statistics;
+``collapse_metrics(stats, classifier_weight)`` turns them into numbers. See docs/metrics.md.
+"""
+
+from kdcollapse.metrics import functional
+from kdcollapse.metrics._collapse import collapse_metrics, softmax_code_optimum
+from kdcollapse.metrics._linalg import psd_pinv
+from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy
+from kdcollapse.metrics._statistics import FeatureStatistics
+from kdcollapse.metrics._transfer import mean_log_odds_gain
+
+__all__ = [
+    "FeatureStatistics",
+    "NearestClassMeanAccuracy",
+    "collapse_metrics",
+    "functional",
+    "mean_log_odds_gain",
+    "ncc_accuracy",
+    "psd_pinv",
+    "softmax_code_optimum",
+]

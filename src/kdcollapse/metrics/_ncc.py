@@ -1,0 +1,90 @@
+"""NC4: agreement of the nearest-class-mean classifier with the labels and with the network."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics._statistics import check_batch
+
+
+def nearest_class_mean(features: Tensor, class_means: Tensor) -> Tensor:
+    """Index of the nearest class mean (Euclidean) for each row of ``features`` ``(B, d)``.
+
+    Computed in float64 about the mean of the class means, so ``|mu_k|^2 - 2 h^T mu_k`` does not cancel
+    for features far from the origin.
+    """
+    centre = class_means.mean(0)
+    means = class_means - centre
+    h = features.to(torch.float64) - centre
+    return (means.square().sum(1) - 2 * h @ means.mT).argmin(dim=1)
+
+
+class NearestClassMeanAccuracy(Metric):
+    r"""NC4 (Papyan et al. 2020) as a second pass over the data, given the class means of the first.
+
+    ``compute()`` returns ``ncc_accuracy``, the fraction of samples whose nearest class mean is their
+    label, and ``ncc_agreement``, the fraction whose nearest class mean is the network's prediction
+    (argmax of the ``logits`` passed to ``update``; nan if none were passed). NC4 says the agreement
+    tends to 1.
+
+    >>> metric = NearestClassMeanAccuracy(torch.tensor([[0.0, 0.0], [4.0, 0.0]]))
+    >>> metric.update(torch.tensor([[1.0, 0.0], [3.0, 1.0], [2.5, 0.0]]), torch.tensor([0, 1, 0]),
+    ...               logits=torch.tensor([[2.0, 1.0], [0.0, 1.0], [0.0, 1.0]]))
+    >>> {k: round(float(v), 4) for k, v in metric.compute().items()}
+    {'ncc_accuracy': 0.6667, 'ncc_agreement': 1.0}
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    correct: Tensor
+    agree: Tensor
+    total: Tensor
+    compared: Tensor
+
+    def __init__(self, class_means: Tensor, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(class_means, Tensor) or class_means.ndim != 2 or class_means.shape[0] < 2:
+            shape = tuple(class_means.shape) if isinstance(class_means, Tensor) else "not a tensor"
+            raise KdcollapseError(f"class_means must be a (K, d) tensor with K >= 2, got {shape}")
+        if not bool(torch.isfinite(class_means).all()):
+            raise KdcollapseError("class_means contain NaN or inf (a class without samples?)")
+        self.register_buffer("class_means", class_means.detach().to(torch.float64), persistent=False)
+        for name in ("correct", "agree", "total", "compared"):
+            self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, features: Tensor, labels: Tensor, logits: Tensor | None = None) -> None:
+        """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K)."""
+        num_classes, dim = self.class_means.shape
+        check_batch(features, labels, num_classes, dim)
+        predicted = nearest_class_mean(features.to(self.class_means.device), self.class_means)
+        self.correct += (predicted == labels.to(predicted.device)).sum()
+        self.total += labels.numel()
+        if logits is not None:
+            if not isinstance(logits, Tensor) or tuple(logits.shape) != (features.shape[0], num_classes):
+                shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+                expected = (features.shape[0], num_classes)
+                raise KdcollapseError(f"logits must have shape {expected}, got {shape}")
+            self.agree += (predicted == logits.argmax(dim=1).to(predicted.device)).sum()
+            self.compared += labels.numel()
+
+    def compute(self) -> dict[str, Tensor]:
+        if int(self.total) == 0:
+            raise KdcollapseError("NearestClassMeanAccuracy holds no samples: call update first")
+        agreement = self.agree / self.compared if int(self.compared) else torch.tensor(float("nan"))
+        return {"ncc_accuracy": (self.correct / self.total).double(), "ncc_agreement": agreement.double()}
+
+
+def ncc_accuracy(
+    features: Tensor, labels: Tensor, class_means: Tensor, logits: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Functional twin of :class:`NearestClassMeanAccuracy` for one ``(N, d)`` tensor of features."""
+    metric = NearestClassMeanAccuracy(class_means, sync_on_compute=False).to(features.device)
+    metric.update(features, labels, logits)
+    return metric.compute()

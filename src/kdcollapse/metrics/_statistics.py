@@ -1,0 +1,239 @@
+"""``FeatureStatistics``: one-pass, mergeable sufficient statistics of (feature, label) pairs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from scipy.linalg import blas
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics._collapse import metrics_from_statistics, scatter
+
+# (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
+_GROUPS = (("shift", "class_sums", "moment"), ("unit_shift", "unit_class_sums", "unit_moment"))
+
+
+def check_batch(features: Tensor, labels: Tensor, num_classes: int, feature_dim: int | None) -> None:
+    """Raise a ``KdcollapseError`` unless ``features`` is a finite ``(B, feature_dim)`` float tensor and
+    ``labels`` a ``(B,)`` integer tensor of class indices in ``[0, num_classes)``."""
+    if not isinstance(features, Tensor) or not isinstance(labels, Tensor):
+        kinds = f"{type(features).__name__} and {type(labels).__name__}"
+        raise KdcollapseError(f"features and labels must be torch tensors, got {kinds}")
+    expected = f"(B, {feature_dim})" if feature_dim is not None else "(B, d)"
+    if features.ndim != 2 or (feature_dim is not None and features.shape[1] != feature_dim):
+        raise KdcollapseError(f"features must have shape {expected}, got {tuple(features.shape)}")
+    if not features.is_floating_point():
+        raise KdcollapseError(f"features must be a floating-point tensor, got dtype {features.dtype}")
+    if labels.ndim != 1 or labels.shape[0] != features.shape[0]:
+        raise KdcollapseError(
+            f"labels must have shape ({features.shape[0]},) to match features {tuple(features.shape)}, "
+            f"got {tuple(labels.shape)}"
+        )
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise KdcollapseError(f"labels must be integer class indices, got dtype {labels.dtype}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = labels[(labels < 0) | (labels >= num_classes)].unique()[:5].tolist()
+        raise KdcollapseError(f"labels {bad} are out of range; valid class indices are 0..{num_classes - 1}")
+    # min and max propagate NaN and reach +-inf: one cheap pass, the row-wise check only on failure.
+    if features.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(features))).all()):
+        rows = (~torch.isfinite(features).all(dim=1)).nonzero().flatten()
+        raise KdcollapseError(
+            f"features contain NaN or inf in {rows.numel()} of {features.shape[0]} rows "
+            f"(first: row {int(rows[0])})"
+        )
+
+
+def _agreed(stacked: Tensor) -> Tensor:
+    """Reduction of a shift across processes: ``sync`` has made it identical on every rank."""
+    return stacked[0]
+
+
+def _add_gram(moment: Tensor, z: Tensor) -> None:
+    """``moment += z.T @ z`` for ``z`` of shape ``(B, d)``; only the upper triangle of ``moment`` is kept.
+
+    On CPU, BLAS ``dsyrk`` computes just that triangle, half the flops of a matmul
+    (``benchmarks/bench_metrics.py`` measures it); elsewhere a full ``addmm_``.
+    """
+    if moment.device.type == "cpu" and moment.is_contiguous():
+        # moment.T is a Fortran-ordered view, so dsyrk updates it in place; its lower = our upper.
+        blas.dsyrk(1.0, z.numpy().T, beta=1.0, c=moment.numpy().T, lower=1, overwrite_c=1)
+    else:
+        moment.addmm_(z.mT, z)
+
+
+def _recentred(counts: Tensor, shift: Tensor, class_sums: Tensor, moment: Tensor, new_shift: Tensor):
+    """Class sums and second moment of the same samples about ``new_shift`` instead of ``shift``.
+
+    With delta = new_shift - shift and S = sum_k class_sums_k:
+    sum (h - new)(h - new)^T = moment - S delta^T - delta S^T + N delta delta^T. Exact algebra; the shifts
+    being nearby first-batch means keeps every term at the scale of the data's spread.
+    """
+    delta = (new_shift - shift).to(moment)
+    n = counts.to(moment)
+    total = class_sums.sum(0)
+    correction = n.sum() * torch.outer(delta, delta) - torch.outer(total, delta) - torch.outer(delta, total)
+    return class_sums - n[:, None] * delta, moment + correction
+
+
+class FeatureStatistics(Metric):
+    r"""Sufficient statistics of penultimate features for every collapse metric, in one streaming pass.
+
+    States (float64; memory ``O(K d + d^2)``, independent of the number of samples N), each summed over
+    batches and processes: per-class counts ``n_k``; per-class sums of ``h - c``; the second moment
+    :math:`\sum_i (h_i - c)(h_i - c)^\top`; and the same sums and moment for the L2-normalised features
+    :math:`\hat h_i = h_i/\lVert h_i\rVert` about their own shift (zero vectors stay zero, as in
+    ``torch.nn.functional.normalize``). The shift ``c`` is the first batch's mean (SPEC Sec. 4): moments
+    about a point inside the data do not cancel catastrophically. Features at 1e8 from the origin with unit
+    spread still give every metric to 1e-6 relative; moments about the origin would give VCI = -0.25 for
+    a true 0.002 (``tests/test_metrics.py``).
+
+    Merging with different shifts is exact: two processes (or two halves) generally see different first
+    batches. ``merge_state`` re-centres the incoming sums and moment on this object's shift before adding
+    them, and under ``torch.distributed`` ``sync`` first gathers every rank's shift, re-centres each rank
+    on the shift of the lowest rank holding data, and only then lets torchmetrics sum the states
+    (``dist_reduce_fx="sum"``). Re-centring is exact algebra (``moment - S d^T - d S^T + N d d^T``) whose
+    terms stay at the scale of the data because the shifts are nearby means; no rank has to wait for
+    another during ``update``. Only the upper triangle of each moment is stored (see ``_add_gram``).
+
+    ``compute()`` returns :func:`~kdcollapse.metrics.collapse_metrics` without a classifier; call
+    ``collapse_metrics(stats, classifier_weight)`` for the classifier metrics (NC3, GNC2, GNC3). Every
+    class must have at least one sample by then, and ``num_classes >= 2``. ``forward`` evaluates the batch
+    alone (all classes must occur in it); accumulate with ``update``.
+
+    Args:
+        num_classes: K.
+        feature_dim: d.
+        rtol: eigenvalues at or below ``rtol * lambda_max`` are dropped in every pseudo-inverse; default
+            ``d * eps`` of the features' dtype (the widest eps seen by ``update``).
+        kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
+
+    >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
+    >>> features = torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]])
+    >>> stats.update(features, torch.tensor([0, 0, 1, 2]))
+    >>> stats.class_counts.tolist()
+    [2, 1, 1]
+    >>> round(float(stats.compute()["nc1"]), 6)
+    0.002604
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    # forward() must not merge a batch's state by plain summation (its shift differs): update twice.
+    full_state_update = True
+
+    class_counts: Tensor
+    shift: Tensor
+    class_sums: Tensor
+    moment: Tensor
+    unit_shift: Tensor
+    unit_class_sums: Tensor
+    unit_moment: Tensor
+    feature_eps: Tensor
+
+    def __init__(
+        self, num_classes: int, feature_dim: int, *, rtol: float | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise KdcollapseError(f"collapse metrics need num_classes >= 2, got {num_classes!r}")
+        if not isinstance(feature_dim, int) or feature_dim < 1:
+            raise KdcollapseError(f"feature_dim must be a positive integer, got {feature_dim!r}")
+        if rtol is not None and not 0.0 <= rtol < 1.0:
+            raise KdcollapseError(f"rtol must lie in [0, 1), got {rtol}")
+        self.num_classes, self.feature_dim, self.rtol = num_classes, feature_dim, rtol
+        k, d, f64 = num_classes, feature_dim, torch.float64
+        self.add_state("class_counts", torch.zeros(k, dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
+        self.add_state("class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
+        self.add_state("unit_class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("unit_moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("feature_eps", torch.zeros((), dtype=f64), dist_reduce_fx="max")
+
+    def update(self, features: Tensor, labels: Tensor) -> None:
+        """Add a batch: ``features`` ``(B, d)`` (any float dtype), ``labels`` ``(B,)`` in ``[0, K)``."""
+        check_batch(features, labels, self.num_classes, self.feature_dim)
+        if features.shape[0] == 0:
+            return
+        x = features.detach().to(device=self.moment.device, dtype=torch.float64, copy=True)
+        labels = labels.to(self.moment.device)
+        unit = F.normalize(x, dim=1)
+        if int(self.class_counts.sum()) == 0:
+            self.shift, self.unit_shift = x.mean(0), unit.mean(0)
+        self.class_counts += torch.bincount(labels, minlength=self.num_classes)
+        for z, (shift, class_sums, moment) in zip((x, unit), _GROUPS):
+            z -= getattr(self, shift)  # in place: both are this call's own copies
+            getattr(self, class_sums).index_add_(0, labels, z)
+            _add_gram(getattr(self, moment), z)
+        self.feature_eps = self.feature_eps.clamp(min=torch.finfo(features.dtype).eps)
+
+    def compute(self) -> dict[str, Tensor]:
+        """The collapse metrics without a classifier; see :func:`~kdcollapse.metrics.collapse_metrics`."""
+        return metrics_from_statistics(self)
+
+    def class_means(self) -> Tensor:
+        """The ``(K, d)`` float64 class means mu_k, gathered across processes (for the NC4 second pass)."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self.sync_on_compute):
+            return scatter(self, unit=False).class_means
+
+    def merge_state(self, incoming_state: dict[str, Tensor] | Metric) -> None:
+        """Add another ``FeatureStatistics`` (or its ``metric_state`` dict) to this one, exactly, by first
+        re-centring the incoming sums and moments on this object's shifts."""
+        if isinstance(incoming_state, FeatureStatistics):
+            other = incoming_state.metric_state
+        elif isinstance(incoming_state, dict):
+            other = incoming_state
+        else:
+            kind = type(incoming_state).__name__
+            raise KdcollapseError(f"merge_state takes a FeatureStatistics or its metric_state, not {kind}")
+        missing = sorted(set(self._defaults) - set(other))
+        if missing:
+            raise KdcollapseError(f"cannot merge: the incoming state lacks {missing}")
+        if other["class_sums"].shape != self.class_sums.shape:
+            raise KdcollapseError(
+                f"cannot merge statistics of (K, d) = {tuple(other['class_sums'].shape)} into "
+                f"{tuple(self.class_sums.shape)}"
+            )
+        if int(other["class_counts"].sum()) == 0:
+            return
+        if int(self.class_counts.sum()) == 0:
+            self.shift, self.unit_shift = other["shift"].clone(), other["unit_shift"].clone()
+        for shift, class_sums, moment in _GROUPS:
+            sums, second = _recentred(
+                other["class_counts"], other[shift], other[class_sums], other[moment], getattr(self, shift)
+            )
+            setattr(self, class_sums, getattr(self, class_sums) + sums)
+            setattr(self, moment, getattr(self, moment) + second)
+        self.class_counts = self.class_counts + other["class_counts"]
+        self.feature_eps = torch.maximum(self.feature_eps, other["feature_eps"])
+        self._computed = None  # torchmetrics' cached compute() result is stale now
+
+    def sync(
+        self,
+        dist_sync_fn: Any = None,
+        process_group: Any = None,
+        should_sync: bool = True,
+        distributed_available: Any = None,
+    ) -> None:
+        """Re-centre every rank on one shared shift, then sync (sum) the states as torchmetrics does."""
+        available = distributed_available or self.distributed_available_fn
+        if should_sync and callable(available) and available():
+            gather = dist_sync_fn or gather_all_tensors
+            group = process_group or self.process_group
+            shifts = gather(torch.stack([self.shift, self.unit_shift]), group=group)
+            totals = gather(self.class_counts.sum(), group=group)
+            reference = next((s for s, n in zip(shifts, totals) if int(n) > 0), shifts[0])
+            for new_shift, (shift, class_sums, moment) in zip(reference, _GROUPS):
+                old = getattr(self, shift), getattr(self, class_sums), getattr(self, moment)
+                sums, second = _recentred(self.class_counts, *old, new_shift)
+                setattr(self, shift, new_shift.clone())
+                setattr(self, class_sums, sums)
+                setattr(self, moment, second)
+        super().sync(dist_sync_fn, process_group, should_sync, distributed_available)
+
