@@ -40,7 +40,7 @@ def teacher_measures(run_dir: Path, test_set) -> dict[str, float]:
         logits.append(model.forward_head(h))
     h, z, y = torch.cat(features), torch.cat(logits), test_set.labels
     d_intra, d_inter = intra_inter_distances(h, y)
-    collapse = collapse_metrics_from_features(h, y, test_set.num_classes, model.head.weight)
+    collapse = collapse_metrics_from_features(h, y, test_set.num_classes)
     p = z.softmax(1).double()
     class_means = torch.zeros(test_set.num_classes, p.shape[1], dtype=torch.float64).index_add_(0, y, p)
     class_means /= torch.bincount(y, minlength=test_set.num_classes)[:, None]
