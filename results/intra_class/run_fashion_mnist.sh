@@ -1,7 +1,8 @@
 #!/bin/sh
 # The Fashion-MNIST experiment of results/intra_class/fashion_mnist.md, run from the repository root:
 #   sh results/intra_class/run_fashion_mnist.sh [teachers|students|baseline|all]
-# Teachers: configs/intra_class/fashion_mnist/teacher.yaml with λ in 0, 0.01, 0.03, 0.1 and seeds 0-2;
+# Teachers: configs/intra_class/fashion_mnist/teacher.yaml with λ in $LAMBDAS (default 0 0.01 0.03 0.1;
+# the results also have LAMBDAS=1, outside the paper's range) and seeds 0-2;
 # students: configs/intra_class/fashion_mnist/student.yaml distilled from the teacher of the same λ and
 # seed; baseline: the same student trained with CE alone. Runs go to $OUT (default
 # /work/runs/intra_class/fashion_mnist); a run that already has a checkpoint is resumed (a finished one
@@ -10,6 +11,7 @@ set -eu
 OUT=${OUT:-/work/runs/intra_class/fashion_mnist}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONPATH=src
+LAMBDAS=${LAMBDAS:-0 0.01 0.03 0.1}
 CONFIGS=configs/intra_class/fashion_mnist
 stage=${1:-all}
 
@@ -24,7 +26,7 @@ run() {  # run COMMAND RUN_DIR CONFIG OVERRIDES...
 }
 
 for seed in 0 1 2; do
-    for lam in 0 0.01 0.03 0.1; do
+    for lam in $LAMBDAS; do
         if [ "$stage" = teachers ] || [ "$stage" = all ]; then
             run train "$OUT/teacher_l$lam/seed$seed" $CONFIGS/teacher.yaml seed=$seed method.intra_weight=$lam
         fi
