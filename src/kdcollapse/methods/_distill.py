@@ -1,0 +1,54 @@
+"""What every distillation method shares: a frozen teacher with the student's label space, and the
+linear warm-up ramp of the distillation term."""
+
+from __future__ import annotations
+
+import torch
+
+from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.methods._base import FrozenTeacher, Method
+from kdcollapse.models import Classifier
+
+
+class Distiller(Method):
+    """A :class:`Method` that learns from a :class:`FrozenTeacher` over the same ``num_classes`` labels.
+
+    The trainer already refuses a teacher trained on another dataset or label space
+    (``train/_teacher.py``); this check covers methods built directly with ``build_method``.
+    """
+
+    needs_teacher = True
+
+    def __init__(self, student: Classifier, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
+                 label_smoothing: float = 0.0):
+        super().__init__(student, config, num_classes=num_classes, teacher=teacher,
+                         label_smoothing=label_smoothing)
+        name = getattr(config, "name", type(self).__name__)
+        if teacher is None:
+            raise ConfigError(f"method '{name}' distils from a teacher; pass teacher=FrozenTeacher(model)")
+        if teacher.num_classes != num_classes or student.num_classes != num_classes:
+            raise KdcollapseError(
+                f"method '{name}': teacher has {teacher.num_classes} classes, student has "
+                f"{student.num_classes}, the data has {num_classes}; all three must share one label space"
+            )
+
+    def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, K) teacher logits, float32, without gradient."""
+        return self.teacher(x)[1]
+
+
+def warmup_factor(epoch: int, warmup_epochs: int) -> float:
+    """min((epoch + 1) / warmup_epochs, 1) for the 0-based ``epoch``: the per-epoch ramp of the official
+    DKD and IKL-KD code, whose epochs count from 1 (epoch 1 of 20 uses 1/20). ``warmup_epochs`` 0: no ramp."""
+    if warmup_epochs <= 0:
+        return 1.0
+    return min((epoch + 1) / warmup_epochs, 1.0)
+
+
+def check_config(config, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Raise :class:`ConfigError` naming the first ``method.<field>`` outside its range."""
+    for names, ok, what in ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0")):
+        for field in names:
+            value = getattr(config, field)
+            if value is not None and not ok(value):
+                raise ConfigError(f"method.{field} must be {what}, got {value}")

@@ -1,0 +1,102 @@
+"""Recipes: the committed configs are the generator's output, all load, and each Fashion-MNIST recipe
+trains through the real CLI (on digits, with a tiny mlp) with pinned first losses."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kdcollapse.cli import main
+from kdcollapse.config import load_config
+from test_methods import digits_teacher  # noqa: F401  (a fixture)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+AREAS = ("cifar100", "imagenet", "fashion_mnist")
+HAND_WRITTEN = {Path("fashion_mnist/teacher.yaml")}
+
+
+def generator():
+    spec = importlib.util.spec_from_file_location("generate_recipes", CONFIGS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATED = generator().recipes()
+
+
+def test_committed_recipes_are_the_generator_output():
+    committed = {p.relative_to(CONFIGS) for area in AREAS for p in (CONFIGS / area).rglob("*.yaml")}
+    assert committed - HAND_WRITTEN == set(GENERATED), "run python configs/generate.py"
+    stale = [str(rel) for rel, text in GENERATED.items() if (CONFIGS / rel).read_text() != text]
+    assert not stale, f"out of date, run python configs/generate.py: {stale}"
+    assert generator().main(["--check"]) == 0
+
+
+def test_recipe_set_is_complete():
+    for method in ("kd", "dkd", "dhkd", "ikl_kd"):
+        assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", method)]) == 11  # DHKD Tables 1-2
+        assert len([p for p in GENERATED if p.parts[:2] == ("imagenet", method)]) == 2
+    assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", "teachers")]) == 6
+
+
+@pytest.mark.parametrize("rel", sorted(map(str, [*GENERATED, *HAND_WRITTEN])))
+def test_every_recipe_loads(rel):
+    cfg = load_config(CONFIGS / rel)
+    text = (CONFIGS / rel).read_text()
+    if rel.startswith(("cifar100", "imagenet")) and "teachers" not in rel:
+        assert text.startswith("# Reproduces: "), rel  # names the paper number it should reproduce
+        teacher_dir = Path(cfg.teacher.checkpoint)
+        teacher_recipe = CONFIGS / rel.split("/")[0] / "teachers" / f"{teacher_dir.name.removeprefix('teacher_')}.yaml"
+        assert load_config(teacher_recipe).run_dir == cfg.teacher.checkpoint  # a recipe trains that teacher
+        assert load_config(teacher_recipe).data.name == cfg.data.name
+
+
+def test_official_hyperparameters_spot_checks():
+    def method(rel):
+        return yaml.safe_load((CONFIGS / rel).read_text())["method"]
+
+    assert method("cifar100/dhkd/resnet56_resnet20.yaml") == {
+        "name": "dhkd", "alpha": 0.1, "temperature": 2.0, "ce_weight": 1.0, "aux_head": "linear",
+        "alignment": "global"}
+    assert method("cifar100/dhkd/vgg13_mobilenetv2.yaml")["aux_head"] == "mlp"
+    assert load_config(CONFIGS / "cifar100/dhkd/vgg13_mobilenetv2.yaml").optim.lr == 0.01
+    assert method("cifar100/dkd/wrn_40_2_wrn_16_2.yaml")["beta"] == 6.0
+    assert method("cifar100/ikl_kd/resnet32x4_shufflev2.yaml") | {} == {
+        "name": "ikl_kd", "mse_weight": 12.0, "soft_ce_weight": 3.0, "temperature": 4.0,
+        "weight_temperature": 100.0, "ce_weight": 1.0, "warmup_epochs": 20}
+    assert method("imagenet/dhkd/resnet34_resnet18.yaml")["distill_until"] == 50
+    assert method("imagenet/ikl_kd/resnet50_mobilenetv1.yaml")["soft_ce_weight"] == 4.0
+
+
+# First two training losses (one step per epoch) of each Fashion-MNIST recipe on 30 digits images;
+# deterministic given the seed (single-threaded). Change them only for an intended change of the maths.
+PINNED = {
+    "student": [2.312654733657837, 2.354353666305542],
+    "kd": [0.3007622957229614, 0.29050642251968384],
+    "dkd": [2.6486012935638428, 2.75712513923645],
+    "dhkd": [2.504462957382202, 2.476074457168579],
+    "ikl_kd": [3.792548418045044, 5.067569732666016],
+    "dual_head_kd": [2.4069325923919678, 2.4118733406066895],
+    "ce_binarykl": [2.55800461769104, 2.5004162788391113],
+    "binarykl_only": [0.21077974140644073, 0.14054988324642181],
+}
+
+
+@pytest.mark.parametrize("stem", sorted(PINNED))
+def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, digits_teacher):  # noqa: F811
+    recipe = CONFIGS / "fashion_mnist" / f"{stem}.yaml"
+    command = "train" if stem == "student" else "distill"
+    overrides = ["data.name=digits", "data.train_per_class=3", "data.batch_size=30", "data.test_per_class=2",
+                 "model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}", "schedule.warmup_epochs=0",
+                 "train.epochs=2", "train.progress=false", f"run_dir={tmp_path / stem}"]
+    if command == "distill":
+        overrides.append(f"teacher.checkpoint={digits_teacher}")
+    assert main([command, "--config", str(recipe), *overrides]) == 0
+    records = [json.loads(line) for line in (tmp_path / stem / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in records]
+    assert losses == pytest.approx(PINNED[stem], rel=1e-5)
