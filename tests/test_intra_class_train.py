@@ -1,6 +1,8 @@
 """Two augmented views from the loader, and the intra-class teacher, RKD and KD+RKD in the real trainer
 (digits, tiny MLPs): pinned first losses, exact resume with a non-empty cache."""
 
+import importlib.util
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -155,3 +157,29 @@ def test_resume_with_a_non_empty_cache_is_exact(tmp_path):
     assert [r["epoch"] for r in records] == [1, 2, 3]
     assert records[1]["train_intra"] > 0 and records[1] == read_metrics(straight.run_dir)[1] | {
         k: records[1][k] for k in ("images_per_s", "epoch_time_s")}
+
+
+# --- recipes -----------------------------------------------------------------------------------------
+
+
+def test_recipes_are_generated_load_and_name_their_teacher():
+    configs = Path(__file__).resolve().parents[1] / "configs" / "intra_class"
+    spec = importlib.util.spec_from_file_location("generate_intra_class", configs / "generate.py")
+    generator = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = generator  # dataclasses look their module up there
+    spec.loader.exec_module(generator)
+    generated = generator.recipes()
+    committed = {p for p in configs.rglob("*.yaml") if p.parent.name != "fashion_mnist"}
+    assert committed == set(generated) and len(generated) == 3 * (3 + 6 * 2)
+    assert all(path.read_text() == text for path, text in generated.items()), "run configs/intra_class/generate.py"
+    for path in [*generated, *configs.glob("fashion_mnist/*.yaml")]:
+        cfg = load_config(path)
+        if cfg.method.name == "intra_class_teacher":
+            assert (cfg.data.crop_padding or cfg.data.flip) and 0 < cfg.method.intra_weight <= 0.03
+            continue
+        assert cfg.method.name in ("kd", "kd_rkd") and (cfg.method.ce_weight, cfg.method.kd_weight) == (0.1, 0.9)
+        if path.parent.name != "fashion_mnist":
+            model = Path(cfg.teacher.checkpoint).name.removeprefix("teacher_")
+            teacher = load_config(path.parent / f"teacher_{model}.yaml")
+            assert teacher.run_dir == cfg.teacher.checkpoint and teacher.data.name == cfg.data.name
+            assert "in the paper's Table" in path.read_text().splitlines()[0]  # names the paper's number
