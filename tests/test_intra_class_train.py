@@ -183,3 +183,13 @@ def test_recipes_are_generated_load_and_name_their_teacher():
             teacher = load_config(path.parent / f"teacher_{model}.yaml")
             assert teacher.run_dir == cfg.teacher.checkpoint and teacher.data.name == cfg.data.name
             assert "in the paper's Table" in path.read_text().splitlines()[0]  # names the paper's number
+
+
+def test_rkd_config_errors():
+    from kdcollapse.config import method_config
+    from kdcollapse.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="method.angle_weight must be >= 0, got -1"):
+        method_config({"name": "rkd", "angle_weight": -1})
+    with pytest.raises(ConfigError, match="method.temperature must be > 0, got 0"):
+        method_config({"name": "kd_rkd", "temperature": 0})

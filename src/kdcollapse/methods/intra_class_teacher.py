@@ -103,11 +103,13 @@ class IntraClassTeacher(Method):
         cache_min_count: int = 16  # a class's pipeline is used, then cleared, once it holds this many
         temperature: float = 1.0  # τ of L_Intra; eq. 4 has none (τ = 1)
 
+        def __post_init__(self):
+            _check_config(self)
+
     views = 2
 
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
-        _check_config(config)
         dim = student.feature_dim
         self._cache = {"anchors": torch.zeros(0, dim), "positives": torch.zeros(0, dim),
                        "labels": torch.zeros(0, dtype=torch.long)}

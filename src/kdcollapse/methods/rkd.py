@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from kdcollapse.losses import kd_loss, rkd_loss
-from kdcollapse.methods import Method, register_method
+from kdcollapse.methods import register_method
+from kdcollapse.methods._distill import Distiller, check_config
 
 
 @register_method("rkd")
-class RKD(Method):
+class RKD(Distiller):
     """ce_weight·CE + distance_weight·RKD-D + angle_weight·RKD-A on penultimate features."""
 
     @dataclass
@@ -28,7 +29,8 @@ class RKD(Method):
         distance_weight: float = 25.0  # Park et al.'s weights
         angle_weight: float = 50.0
 
-    needs_teacher = True
+        def __post_init__(self):
+            check_config(self, non_negative=("ce_weight", "distance_weight", "angle_weight"))
 
     def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         cfg = self.config
@@ -60,6 +62,10 @@ class KDRKD(RKD):
         temperature: float = 1.0
         distance_weight: float = 25.0
         angle_weight: float = 50.0
+
+        def __post_init__(self):
+            check_config(self, positive=("temperature",),
+                         non_negative=("ce_weight", "kd_weight", "distance_weight", "angle_weight"))
 
     def logit_losses(self, logits: Tensor, teacher_logits: Tensor) -> dict[str, Tensor]:
         return {"kd": self.config.kd_weight * kd_loss(logits, teacher_logits, self.config.temperature)}
