@@ -56,15 +56,22 @@ def last_test_acc(run_dir: Path) -> float:
     return read_metrics(run_dir)[-1]["test_acc"]
 
 
-def mean_std(values: list[float]) -> str:
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+def mean_std(values: list[float], digits: int = 3) -> str:
+    """mean ± sample standard deviation."""
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=Path("/work/runs/intra_class/fashion_mnist"))
     parser.add_argument("--out", type=Path, default=Path("results/intra_class"))
+    parser.add_argument("--from-json", action="store_true", help="redo table and plot from fashion_mnist.json")
     args = parser.parse_args()
+    if args.from_json:
+        summary = json.loads((args.out / "fashion_mnist.json").read_text())
+        write_table(summary["rows"], summary["student_ce_acc"], args.out / "fashion_mnist_table.md")
+        plot(summary["rows"], summary["student_ce_acc"], args.out / "fashion_mnist.png")
+        return
     torch.set_num_threads(1)
     test_set = load_dataset("fashion_mnist", "test")
     rows = []
@@ -87,18 +94,18 @@ def main() -> None:
 
 
 def write_table(rows: list[dict], baseline: list[float], path: Path) -> None:
-    columns = [("test_acc", "teacher acc (%)"), ("d_intra", "d_intra"), ("d_ratio", "d_intra / d_inter"),
-               ("vci", "VCI"), ("nc1", "NC1"), ("soft_label_spread", "soft-label spread"),
-               ("student_acc", "student acc (%)")]
-    lines = ["| λ | " + " | ".join(title for _, title in columns) + " | student − λ=0 student (pp) |",
+    columns = [("test_acc", "teacher acc (%)", 2), ("d_intra", "d_intra", 3), ("d_ratio", "d_intra / d_inter", 3),
+               ("vci", "VCI", 3), ("nc1", "NC1", 2), ("soft_label_spread", "soft-label spread", 4),
+               ("student_acc", "student acc (%)", 2)]
+    lines = ["| λ | " + " | ".join(title for _, title, _ in columns) + " | student − λ=0 student (pp) |",
              "|---" * (len(columns) + 2) + "|"]
     reference = {r["seed"]: r["student_acc"] for r in rows if r["lambda"] == 0}
     for lam in LAMBDAS:
         group = [r for r in rows if r["lambda"] == float(lam)]
-        cells = [mean_std([r[key] for r in group]) for key, _ in columns]
-        gain = mean_std([r["student_acc"] - reference[r["seed"]] for r in group])
+        cells = [mean_std([r[key] for r in group], digits) for key, _, digits in columns]
+        gain = mean_std([r["student_acc"] - reference[r["seed"]] for r in group], 2)
         lines.append(f"| {lam} | " + " | ".join(cells) + f" | {gain} |")
-    lines.append(f"| student without teacher (CE) | | | | | | | {mean_std(baseline)} | |")
+    lines.append(f"| student without teacher (CE) | | | | | | | {mean_std(baseline, 2)} | |")
     path.write_text("\n".join(lines) + "\n")
 
 
