@@ -29,8 +29,8 @@ from kdcollapse.metrics import (
     mean_log_odds_gain,
     ncc_accuracy,
     psd_pinv,
-    softmax_code_optimum,
 )
+from kdcollapse.geometry import softmax_code_optimum
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,7 +198,7 @@ def test_metrics_match_reference(case, geometry):
     assert int(ours["rank_between"]) == min(dim, num_classes - 1) == int(ours["vci_rank"])
     assert int(ours["rank_total"]) == dim
     assert int(ours["rank_between_unit"]) == min(dim, num_classes)
-    assert float(ours["gnc2_optimum"]) == softmax_code_optimum(num_classes, dim)
+    assert float(ours["gnc2_optimum"]) == softmax_code_optimum(num_classes, dim)  # the geometry's closed form
     # Without a classifier, compute() gives the same feature metrics.
     assert_same_metrics(stream(h, y, num_classes).compute(), expected, rel=1e-9, names=FEATURE_METRICS)
 
@@ -255,7 +255,8 @@ def test_gnc2_of_known_softmax_codes(weight, optimum, geometry):
     m = collapse_metrics(stream(h, y, num_classes), weight.double())
     assert float(m["gnc2"]) == pytest.approx(optimum, rel=1e-7)
     assert float(m["gnc2_optimum"]) == pytest.approx(optimum, rel=1e-12)
-    assert math.isnan(softmax_code_optimum(100, 10))
+    unknown = torch.nn.functional.normalize(torch.randn(100, 10, dtype=torch.float64), dim=1)
+    assert math.isnan(float(collapse_metrics(stream(*make_features([2] * 100, 10, seed=4)[:2], 100), unknown)["gnc2_optimum"]))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -35,7 +36,12 @@ class Registry(Generic[T]):
             raise KdcollapseError(unknown_choice(self.kind, name, self._entries)) from None
 
     def names(self, pattern: str = "*") -> list[str]:
-        return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
+        """Matching names in natural order (resnet8 < resnet14 < resnet110)."""
+        return sorted((n for n in self._entries if fnmatch.fnmatchcase(n, pattern)), key=_natural_key)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def _natural_key(name: str) -> list:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]

@@ -19,6 +19,9 @@ _COMMAND_MODULES = [
     "kdcollapse.demo",
     "kdcollapse.train.cli",
     "kdcollapse.data.cli",
+    "kdcollapse.models.cli",
+    "kdcollapse.geometry.cli",
+    "kdcollapse.analysis.cli",
 ]
 
 

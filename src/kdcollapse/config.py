@@ -85,6 +85,11 @@ class AnalysisConfig:
     every: int = 0  # epochs between collapse-metric snapshots of train and test features; 0: off
     train_per_class: int | None = None  # subsample the training split for the snapshots
 
+    def __post_init__(self) -> None:
+        if self.every < 0 or (self.train_per_class is not None and self.train_per_class < 1):
+            raise ConfigError(f"analysis.every must be >= 0 and analysis.train_per_class >= 1 or null, got "
+                              f"{self.every} and {self.train_per_class}")
+
 
 @dataclass
 class RunConfig:

@@ -6,9 +6,9 @@
 """
 
 from kdcollapse.metrics import functional
-from kdcollapse.metrics._collapse import collapse_metrics, softmax_code_optimum
+from kdcollapse.metrics._collapse import collapse_metrics, covariance_spectra
 from kdcollapse.metrics._linalg import psd_pinv
-from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy
+from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
 from kdcollapse.metrics._statistics import FeatureStatistics
 from kdcollapse.metrics._transfer import mean_log_odds_gain
 
@@ -16,9 +16,10 @@ __all__ = [
     "FeatureStatistics",
     "NearestClassMeanAccuracy",
     "collapse_metrics",
+    "covariance_spectra",
     "functional",
     "mean_log_odds_gain",
+    "nearest_class_mean",
     "ncc_accuracy",
     "psd_pinv",
-    "softmax_code_optimum",
 ]

@@ -63,6 +63,19 @@ def scatter(stats: FeatureStatistics, *, unit: bool) -> Scatter:
     return Scatter(prior, means + shift, mean + shift, total - between, between, total)
 
 
+def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
+    """Eigenvalues, largest first, of Sigma_W, Sigma_B and Sigma_T of the raw features (float64, ``(d,)``
+    each; keys ``within``, ``between``, ``total``), gathered across processes like ``compute()``.
+
+    The VCI paper (Sec. 4.3, Fig. 2) plots the Sigma_B and Sigma_T spectra to show why Tr(Sigma_T^+ Sigma_B)
+    is stable where Tr(Sigma_W Sigma_B^+) is not: Sigma_B has at most K - 1 non-zero eigenvalues and
+    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter.
+    """
+    with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
+        raw = scatter(stats, unit=False)
+    return {name: torch.linalg.eigvalsh(getattr(raw, name)).flip(0) for name in ("within", "between", "total")}
+
+
 def _checked_counts(stats: FeatureStatistics) -> Tensor:
     counts = stats.class_counts
     if int(counts.sum()) == 0:
@@ -133,27 +146,11 @@ def _generalized(unit: Scatter, rtol: float) -> dict[str, Tensor]:
     }
 
 
-def softmax_code_optimum(num_classes: int, dim: int) -> float:
-    r"""max over unit W of :math:`\rho_{one-vs-rest}(W)` where it is known (GNC paper Thm 3.3), else nan.
-
-    A distance (not squared), as in GNC Def. 2.1 and ``kdcollapse.geometry.one_vs_rest_distances``:
-    K <= d+1 simplex ETF K/(K-1); d = 2 uniform circle 1 - cos(2 pi/K); d+1 < K <= 2d cross-polytope 1.
-
-    >>> softmax_code_optimum(10, 512), softmax_code_optimum(4, 2), softmax_code_optimum(100, 10)
-    (1.1111111111111112, 0.9999999999999999, nan)
-    """
-    if num_classes <= dim + 1:
-        return num_classes / (num_classes - 1)
-    if dim == 1:
-        return 0.0  # three or more points on {-1, +1}: two coincide
-    if dim == 2:
-        return 1 - math.cos(2 * math.pi / num_classes)
-    return 1.0 if num_classes <= 2 * dim else math.nan
-
-
 def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020), GNC2 and GNC3 (GNC paper)."""
-    from kdcollapse.geometry import one_vs_rest_distances  # written in parallel; imported on use
+    from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
+
+    optimum = softmax_code_optimum(*weight.shape)
 
     num_classes, dim = weight.shape
     centred = raw.class_means - raw.global_mean
@@ -165,7 +162,7 @@ def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor
         "nc2_equiangle_w": equiangle,
         "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(),
         "gnc2": distances.min(),
-        "gnc2_optimum": torch.tensor(softmax_code_optimum(num_classes, dim), dtype=torch.float64),
+        "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
         "gnc3": (1 - (unit_weight * unit.class_means).sum(1)).mean(),
     }
 

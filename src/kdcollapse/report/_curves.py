@@ -10,14 +10,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: str | Path,
-                title: str | None = None) -> Path:
-    """One panel per metric key, one line per run; records are ``metrics.jsonl`` rows (with ``epoch``).
+                title: str | None = None, columns: int = 4) -> Path:
+    """One panel per metric key (``columns`` panels per row), one line per run; records are
+    ``metrics.jsonl`` rows (with ``epoch``).
 
     Records lacking a key are skipped, so test accuracy evaluated every few epochs plots as points
     joined by lines.
     """
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    columns = min(columns, len(keys))
+    rows = -(-len(keys) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
         for label, records in runs.items():
             points = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
             if points:

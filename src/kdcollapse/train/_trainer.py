@@ -244,8 +244,13 @@ class Trainer:
         return bool(torch.equal(low, high))
 
     def _extra_epoch_metrics(self, epoch: int) -> dict:
-        """Hook for per-epoch analyses (collapse metrics); none by default."""
-        return {}
+        """Collapse metrics of train and test features every ``analysis.every`` epochs, on the main process
+        (see ``kdcollapse.analysis.epoch_collapse_metrics``)."""
+        if not self.dist.is_main:
+            return {}
+        from kdcollapse.analysis import epoch_collapse_metrics
+
+        return epoch_collapse_metrics(self.cfg, epoch, self.method.student, self.train_set, self.test_set)
 
     def _autocast(self):
         if self.amp_dtype is None:

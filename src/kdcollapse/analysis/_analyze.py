@@ -1,0 +1,205 @@
+"""``analyze``: one pass over a split, then ``analysis.json``, ``analysis.md`` and the figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kdcollapse.analysis import _plots
+from kdcollapse.analysis._logits import off_diagonal_mean_abs
+from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, feature_pass, split_metrics
+from kdcollapse.analysis._source import Subject
+from kdcollapse.data import make_loader
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics import covariance_spectra
+from kdcollapse.report import markdown_table
+
+# One line per metric for analysis.md; definitions and papers: docs/metrics.md.
+MEANINGS = {
+    "accuracy": "fraction of samples the main head classifies correctly",
+    "nc1": "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
+    "fuzziness": "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)",
+    "vci": "1 − Tr(Σ_T† Σ_B)/min(d, K−1): variability a linear probe cannot remove; 0 = collapsed (VCI)",
+    "linear_probe_mse": "least squares loss of the best linear probe onto one-hot labels (VCI Thm 5.1)",
+    "squared_distance": "Tr Σ_W / Tr Σ_B (Hui et al. 2022)",
+    "cosine_within": "mean 1 − cos between features of the same class (Kornblith et al. 2021)",
+    "class_separation": "1 − within-class / overall mean cosine distance; 1 = collapsed (Kornblith et al.)",
+    "nc2_equinorm": "coefficient of variation of the centred class-mean norms; 0 = equal norms (NC2)",
+    "nc2_equiangle": "mean |cos + 1/(K−1)| between centred class means; 0 = simplex ETF angles (NC2)",
+    "gnc1": "NC1 of L2-normalised features with the uncentred Σ_B (GNC1)",
+    "rank_between": "rank of Σ_B kept by its pseudo-inverse (at most K − 1)",
+    "rank_total": "rank of Σ_T kept by its pseudo-inverse",
+    "rank_between_unit": "rank of the GNC1 Σ_B kept by its pseudo-inverse",
+    "vci_rank": "min(d, K − 1), the rank VCI divides by",
+    "nc2_equinorm_w": "coefficient of variation of the classifier row norms (NC2 of W)",
+    "nc2_equiangle_w": "mean |cos + 1/(K−1)| between classifier rows (NC2 of W)",
+    "nc3": "‖W/‖W‖ − M/‖M‖‖²: distance between classifier and centred class means; 0 = self-dual (NC3)",
+    "gnc2": "smallest one-vs-rest distance of the unit classifier rows (GNC2, Softmax Code margin)",
+    "gnc2_optimum": "largest possible gnc2 for this (K, d), where known (GNC Thm 3.3)",
+    "gnc3": "mean 1 − cos(w_k, class mean of unit features); 0 = aligned (GNC3)",
+    "ncc_accuracy": "accuracy of the nearest-class-mean classifier (NC4)",
+    "ncc_agreement": "fraction where nearest class mean and network agree; 1 = NC4",
+    "ncc_samples": "feature rows the NC4 rates were measured on",
+    "ncc_exact": "whether those rows are the whole split (else a uniform per-class sample)",
+}
+
+
+@dataclass
+class AnalyzeOptions:
+    """How ``analyze`` runs: batching, the bounded feature sample, t-SNE and progress display."""
+
+    batch_size: int = 512
+    sample_size: int = DEFAULT_SAMPLE_SIZE  # feature rows kept (t-SNE, NC4), about evenly per class
+    tsne_classes: list[int] | None = None  # None: the first min(K, 10) classes
+    tsne_per_class: int = 200  # 0 switches t-SNE off
+    seed: int = 0  # the feature sample and t-SNE
+    progress: bool = True
+
+
+def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None) -> dict:
+    """Analyse ``subject`` in one pass and write ``analysis.json``, ``analysis.md`` and PNG figures
+    (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
+    ``out_dir``. Returns the JSON document."""
+    options = options or AnalyzeOptions()
+    dataset, model = subject.dataset, subject.model
+    tsne_classes = _tsne_classes(options, dataset.num_classes)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    loader = make_loader(dataset, options.batch_size, train=False, device=device, seed=0)
+    result = feature_pass(
+        model, loader, num_classes=dataset.num_classes, heads=subject.heads, teacher=subject.teacher,
+        sample_size=options.sample_size, seed=options.seed, progress=options.progress,
+        description=f"{subject.split} features",
+    )  # fmt: skip
+    spectra = {k: v.tolist() for k, v in covariance_spectra(result.stats).items()}
+    report = {
+        **subject.info, "split": subject.split, "num_samples": result.num_samples,
+        "num_classes": dataset.num_classes, "feature_dim": result.stats.feature_dim,
+        "metrics": split_metrics(result, classifier_weight(model)),
+        "margins": _margin_summary(result.margins, result.labels, dataset.classes),
+        "logit_matrices": {
+            name: {"mean_abs_off_diagonal": off_diagonal_mean_abs(m.compute()), "matrix": m.compute().tolist()}
+            for name, m in result.logit_matrices.items()
+        },
+        "spectra": spectra,
+    }  # fmt: skip
+    title = f"{report.get('model')} ({report.get('method')}) · {report.get('dataset')} {subject.split}"
+    figures = {
+        "spectra": _plots.plot_spectra(spectra, int(report["metrics"]["vci_rank"]), out_dir / "spectra.png", title),
+        "margins": _plots.plot_margins(result.margins.numpy(), result.labels.numpy(), dataset.classes,
+                                       out_dir / "margins.png", title),
+    }  # fmt: skip
+    if tsne_classes:
+        index = result.sample.first(options.tsne_per_class, tsne_classes)
+        embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
+        labels = result.sample.labels[index].numpy()
+        figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
+        report["tsne"] = {"classes": tsne_classes, "points": int(index.numel())}
+    if report["logit_matrices"]:
+        figures["logit_matrices"] = _plots.plot_logit_matrices(
+            {k: np.array(v["matrix"]) for k, v in report["logit_matrices"].items()},
+            out_dir / "logit_matrices.png", f"|M_teacher − M_student| per head · {title}",
+        )  # fmt: skip
+    report["figures"] = figures
+    report["seconds"] = round(time.perf_counter() - start, 2)
+    (out_dir / "analysis.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out_dir / "analysis.md").write_text(markdown_report(report))
+    return report
+
+
+def meaning(key: str) -> str:
+    """One line on what a metric key of ``analysis.json`` or ``metrics.jsonl`` measures."""
+    if key.startswith("accuracy_"):
+        return f"fraction of samples the {key.removeprefix('accuracy_')} head classifies correctly"
+    return MEANINGS.get(key, "")
+
+
+def _tsne_classes(options: AnalyzeOptions, num_classes: int) -> list[int]:
+    if options.tsne_per_class < 0:
+        raise KdcollapseError(f"tsne_per_class must be >= 0, got {options.tsne_per_class}")
+    if options.tsne_per_class == 0:
+        return []
+    classes = options.tsne_classes if options.tsne_classes is not None else list(range(min(num_classes, 10)))
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if bad or not classes:
+        raise KdcollapseError(f"t-SNE classes must be indices in 0..{num_classes - 1}, got {classes}")
+    return sorted(set(classes))
+
+
+def tsne(features: np.ndarray, seed: int) -> np.ndarray:
+    """2-D t-SNE (scikit-learn, PCA initialisation) of ``(n, d)`` features; perplexity 30 or less for
+    small ``n``."""
+    from sklearn.manifold import TSNE
+
+    n = features.shape[0]
+    if n < 3:
+        raise KdcollapseError(f"t-SNE needs at least 3 points, the sample holds {n}")
+    perplexity = min(30.0, (n - 1) / 3)
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(features)
+
+
+def _margin_summary(margins: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:
+    """Mean, median, 5th percentile and the fraction of negative margins, overall and per class."""
+
+    def summary(values: torch.Tensor) -> dict:
+        values = values.double()
+        return {"count": values.numel(), "mean": float(values.mean()), "median": float(values.quantile(0.5)),
+                "p05": float(values.quantile(0.05)), "negative": float((values < 0).double().mean())}
+
+    per_class = [{"class": name, **summary(margins[labels == k])} for k, name in enumerate(classes)]
+    return {"all": summary(margins), "per_class": per_class}
+
+
+def markdown_report(report: dict) -> str:
+    """``analysis.md``: what was analysed, every metric with its meaning, margins, logit matrices, figures."""
+    where = report.get("run_dir") or report.get("weights")
+    lines = [
+        f"# Collapse analysis: {report.get('model')} ({report.get('method')}) on {report.get('dataset')} "
+        f"{report['split']}",
+        "",
+        f"`{where}`, epoch {report.get('epoch')}: {report['num_samples']} samples, K = {report['num_classes']} "
+        f"classes, d = {report['feature_dim']} features" + (f", teacher `{report['teacher']}`" if
+                                                            report.get("teacher") else "") + ".",
+        "",
+        "## Collapse metrics",
+        "",
+        markdown_table(["metric", "value", "meaning"],
+                       [(k, _number(v), meaning(k)) for k, v in report["metrics"].items()]),
+        "## Logit margins per class (main head)",
+        "",
+        markdown_table(["class", "samples", "mean", "median", "5th pct", "negative"],
+                       [(m["class"], m["count"], *map(_number, (m["mean"], m["median"], m["p05"], m["negative"])))
+                        for m in [*report["margins"]["per_class"], {**report["margins"]["all"], "class": "all"}]]),
+    ]  # fmt: skip
+    if report["logit_matrices"]:
+        lines += [
+            "## Teacher − student class logit matrices (DHKD App. H)",
+            "",
+            "M[k, j] = mean logit j over samples of true class k; the figure shows |M_teacher − M_student| "
+            "off the diagonal. Smaller = the head reproduces more of the teacher's class-to-class structure.",
+            "",
+            markdown_table(["head", "mean abs off-diagonal", "max abs off-diagonal"],
+                           [(name, _number(v["mean_abs_off_diagonal"]), _number(_off_diagonal_max(v["matrix"])))
+                            for name, v in report["logit_matrices"].items()]),
+        ]  # fmt: skip
+    lines += ["## Figures", ""] + [f"![{name}]({file})" for name, file in report["figures"].items()]
+    lines += ["", f"One pass, {report['seconds']} s.", ""]
+    return "\n".join(lines)
+
+
+def _number(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _off_diagonal_max(matrix: list[list[float]]) -> float:
+    m = np.abs(np.array(matrix))
+    np.fill_diagonal(m, -math.inf)
+    return float(m.max())

@@ -1,0 +1,151 @@
+"""One streaming pass over a split: penultimate features, logits and everything computed from them.
+
+``feature_pass`` runs the model once over a loader (eval mode, no gradients) and feeds, batch by batch,
+the collapse statistics (``FeatureStatistics``), the logit margins of the main head, a bounded
+class-stratified sample of features (for t-SNE and the nearest-class-mean classifier), each head's
+accuracy and, with a teacher, each head's teacher-minus-student class logit matrix (DHKD App. H).
+Memory: O(K d + d^2) statistics, one float per sample for the margins, and at most
+``sample_per_class`` feature rows per class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
+from kdcollapse.analysis._sample import ClassReservoir
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
+
+DEFAULT_SAMPLE_SIZE = 20_000  # feature rows kept for t-SNE and nearest-class-mean, over all classes
+
+
+@dataclass
+class SplitPass:
+    """What one pass over a split accumulated; see :func:`feature_pass`."""
+
+    stats: FeatureStatistics
+    sample: ClassReservoir  # columns "features" (n, d) and "prediction" (n,) of the main head
+    margins: Tensor  # (N,) main-head logit margins z_y - max_{j != y} z_j, in loader order
+    labels: Tensor  # (N,)
+    correct: dict[str, int]  # per head: samples classified correctly
+    logit_matrices: dict[str, ClassLogitMatrix] = field(default_factory=dict)  # per head: M^t - M^s
+
+    @property
+    def num_samples(self) -> int:
+        return self.labels.numel()
+
+
+@contextlib.contextmanager
+def evaluating(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Eval mode and no gradients inside; every module's previous mode is restored afterwards."""
+    modules = list(modules)
+    modes = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+def sample_per_class(sample_size: int, num_classes: int) -> int:
+    """Rows per class kept by a sample of about ``sample_size`` rows in all."""
+    if not isinstance(sample_size, int) or sample_size < 1:
+        raise KdcollapseError(f"the feature sample size must be a positive int, got {sample_size!r}")
+    return max(1, math.ceil(sample_size / num_classes))
+
+
+def feature_pass(
+    model: nn.Module,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    *,
+    num_classes: int,
+    heads: Mapping[str, nn.Module] | None = None,
+    teacher: nn.Module | None = None,
+    sample_size: int = DEFAULT_SAMPLE_SIZE,
+    seed: int = 0,
+    progress: bool = False,
+    description: str = "features",
+) -> SplitPass:
+    """Run ``model`` once over ``batches`` of ``(x, y)`` and accumulate a :class:`SplitPass`.
+
+    ``model`` is a :class:`~kdcollapse.models.Classifier` (``forward_features`` -> ``(B, d)``, ``forward_head``
+    -> ``(B, K)``, the "main" head); ``heads`` maps names to extra heads on the same features (DHKD's
+    auxiliary head ``g'``); ``teacher`` is a model whose logits are compared with every head's
+    (DHKD App. H). The sample keeps about ``sample_size`` feature rows, ``ceil(sample_size / K)`` per
+    class, drawn with ``seed``. Modes are restored afterwards, so this is safe inside a training loop.
+    """
+    heads = dict(heads or {})
+    if "main" in heads:
+        raise KdcollapseError("'main' names the model's own head; give extra heads other names")
+    modules = [model, *heads.values(), *([teacher] if teacher is not None else [])]
+    stats = sample = None
+    margins, labels = [], []
+    correct = {name: 0 for name in ("main", *heads)}
+    matrices: dict[str, ClassLogitMatrix] = {}
+    with evaluating(modules):
+        for x, y in tqdm(batches, desc=description, disable=not progress, leave=False, dynamic_ncols=True):
+            features = model.forward_features(x)
+            if stats is None:
+                stats = FeatureStatistics(num_classes, features.shape[1], sync_on_compute=False).to(features.device)
+                sample = ClassReservoir(num_classes, sample_per_class(sample_size, num_classes), seed)
+                if teacher is not None:
+                    matrices = {name: ClassLogitMatrix(num_classes, sync_on_compute=False).to(features.device)
+                                for name in correct}
+            logits = {"main": model.forward_head(features), **{n: h(features) for n, h in heads.items()}}
+            stats.update(features, y)
+            sample.update(y, features=features.float(), prediction=logits["main"].argmax(1))
+            margins.append(logit_margins(logits["main"].float(), y).cpu())
+            labels.append(y.cpu())
+            for name, z in logits.items():
+                correct[name] += int((z.argmax(1) == y).sum())
+            if teacher is not None:
+                z_teacher = teacher(x).double()
+                for name, z in logits.items():
+                    matrices[name].update(z_teacher - z.double(), y)
+    if stats is None:
+        raise KdcollapseError("the split is empty: no batches to analyse")
+    return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)
+
+
+def classifier_weight(model: nn.Module) -> Tensor | None:
+    """The ``(K, d)`` weight of a linear main head (for NC3, GNC2, GNC3), else None."""
+    weight = getattr(getattr(model, "head", None), "weight", None)
+    expected = (getattr(model, "num_classes", None), getattr(model, "feature_dim", None))
+    return weight if isinstance(weight, Tensor) and tuple(weight.shape) == expected else None
+
+
+def split_metrics(result: SplitPass, weight: Tensor | None) -> dict[str, float | int | bool]:
+    """Every collapse metric of the pass (``collapse_metrics`` with the head ``weight``), the accuracy of
+    each head (``accuracy``, ``accuracy_<head>``; fractions) and NC4 from the feature sample.
+
+    NC4 (``ncc_accuracy``, ``ncc_agreement``) needs the class means before it can classify, so it runs on
+    the sample with the means of the full pass: per-class rates weighted by the class prior n_k / N.
+    Exact when the sample holds the whole split (``ncc_exact``); otherwise an unbiased estimate from
+    ``ncc_samples`` rows, standard error at most 0.5 / sqrt(rows per class).
+    """
+    out = {k: float(v) if v.is_floating_point() else int(v) for k, v in collapse_metrics(result.stats, weight).items()}
+    n = result.num_samples
+    out |= {"accuracy" if name == "main" else f"accuracy_{name}": c / n for name, c in result.correct.items()}
+    sample = result.sample
+    columns = sample.columns
+    nearest = nearest_class_mean(columns["features"], result.stats.class_means().cpu())
+    prior = result.stats.class_counts.cpu().double() / n
+    k = result.stats.num_classes
+    for key, target in (("ncc_accuracy", sample.labels), ("ncc_agreement", columns["prediction"])):
+        hits = torch.zeros(k, dtype=torch.float64).index_add_(0, sample.labels, (nearest == target).double())
+        rate = hits / torch.bincount(sample.labels, minlength=k).double()
+        out[key] = float((prior * rate).sum())
+    out["ncc_samples"] = sample.labels.numel()
+    out["ncc_exact"] = sample.exact
+    return out

@@ -1,0 +1,101 @@
+"""The figures of ``kdcollapse analyze``: spectra, margins, t-SNE and teacher-student logit matrices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
+def plot_spectra(spectra: Mapping[str, Sequence[float]], rank: int, path: Path, title: str) -> str:
+    """Eigenvalues of Sigma_T, Sigma_B and Sigma_W, largest first, on a log scale (VCI paper Fig. 2).
+
+    Eigenvalues below 1e-18 of the largest (zeros and the eigensolver's rounding noise) are left out;
+    what remains of Sigma_B beyond K - 1 is the rounding noise of the features themselves. The dashed
+    line marks min(d, K - 1), the most non-zero eigenvalues Sigma_B can have.
+    """
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    top = max(max(values) for values in spectra.values())
+    styles = (("total", r"$\Sigma_T$", 3.0), ("between", r"$\Sigma_B$", 1.2), ("within", r"$\Sigma_W$", 1.2))
+    for name, label, width in styles:
+        values = np.asarray(spectra[name], dtype=float)
+        index = np.arange(1, values.size + 1)
+        shown = values > top * 1e-18  # below: rounding noise of a float64 eigensolver
+        ax.semilogy(index[shown], values[shown], linewidth=width, alpha=0.75, label=label)
+    ax.axvline(rank, color="grey", linestyle="--", linewidth=1, label=f"min(d, K−1) = {rank}")
+    ax.set_xlabel("eigenvalue index")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_margins(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str) -> str:
+    """Per-class box plots of the logit margins z_y − max_{j≠y} z_j (whiskers at the 5th/95th
+    percentiles); below the zero line a sample is misclassified."""
+    k = len(classes)
+    groups = [margins[labels == c] for c in range(k)]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * k + 1.5), 3.6))
+    ax.boxplot(groups, whis=(5, 95), showfliers=False, widths=0.6)
+    ax.axhline(0.0, color="red", linewidth=1)
+    ax.set_xticks(range(1, k + 1), [_short(c) for c in classes], rotation=60 if k > 10 else 0, fontsize=7)
+    ax.set_ylabel(r"logit margin $z_y - \max_{j\neq y} z_j$")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def plot_tsne(embedding: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str) -> str:
+    """Scatter of a 2-D t-SNE embedding of features, one colour per class (DHKD App. G)."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    colours = plt.get_cmap("tab10" if len(set(labels.tolist())) <= 10 else "tab20")
+    for i, c in enumerate(sorted(set(labels.tolist()))):
+        points = embedding[labels == c]
+        ax.scatter(points[:, 0], points[:, 1], s=4, color=colours(i % colours.N), label=_short(classes[c]))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, markerscale=3, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    return _save(fig, path)
+
+
+def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: str) -> str:
+    """Heat maps of |M^t − M^s| per head, diagonal set to 0, on one shared colour scale (DHKD App. H)."""
+    shown = {}
+    for name, matrix in matrices.items():
+        absolute = np.abs(np.asarray(matrix, dtype=float))
+        np.fill_diagonal(absolute, 0.0)
+        shown[name] = absolute
+    top = max(float(m.max()) for m in shown.values()) or 1.0
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.6 * len(shown) + 0.8, 3.4), squeeze=False)
+    for ax, (name, absolute) in zip(axes[0], shown.items()):
+        image = ax.imshow(absolute, vmin=0.0, vmax=top, cmap="PuBuGn")
+        mean = absolute[~np.eye(len(absolute), dtype=bool)].mean()
+        ax.set_title(f"{name} head: mean {mean:.3f}", fontsize=9)
+        ax.set_xlabel("logit j")
+        ax.set_ylabel("true class k")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85)
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path.name
+
+
+def _short(name: str, width: int = 12) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"

@@ -1,0 +1,192 @@
+"""``kdcollapse analyze`` (collapse report of one model on one split) and ``kdcollapse plot`` (curves)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from kdcollapse.errors import ConfigError, KdcollapseError
+
+_ANALYZE_EXAMPLES = """examples:
+  kdcollapse analyze runs/fmnist_teacher                        # test split -> runs/fmnist_teacher/analysis_test/
+  kdcollapse analyze runs/fmnist_teacher --split train --per-class 1000
+  kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
+  kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
+  kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
+
+output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
+  $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
+  runs/fmnist_teacher (test): accuracy 93.16 %, nc1 0.3983, vci 0.1745, ncc_accuracy 0.922 -> /tmp/t/analysis.md
+  $ ls /tmp/t
+  analysis.json  analysis.md  margins.png  spectra.png  tsne.png
+"""
+
+_PLOT_EXAMPLES = """examples:
+  kdcollapse plot runs/fmnist_kd runs/fmnist_dhkd --keys test_acc,train_vci,test_vci --out curves.png
+  kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy
+  kdcollapse plot runs/fmnist_teacher                          # test_acc, train_loss and any collapse keys
+"""
+
+_NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(default: None)" out
+
+_DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci", "test_vci")
+
+
+def register(subparsers) -> None:
+    from kdcollapse.analysis._analyze import AnalyzeOptions
+    from kdcollapse.cli import HelpFormatter
+
+    text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
+    p = subparsers.add_parser("analyze", help=text, description=text + " One streaming pass over the data.",
+                              epilog=_ANALYZE_EXAMPLES, formatter_class=HelpFormatter)
+    add = _adder(p)
+    add("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory")
+    p.add_argument("--split", default="test", help="train or test")
+    add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
+    add("--per-class", type=int, metavar="N",
+        help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
+    add("--teacher", metavar="RUN_DIR_OR_FILE",
+        help="teacher for the logit matrices (default: the run's own teacher, if any)")
+    group = _adder(p.add_argument_group("a model file instead of a run directory"))
+    group("--model", metavar="NAME", help="registered model name (`kdcollapse models`)")
+    group("--weights", metavar="FILE", help="safetensors weights of that model")
+    group("--model-kwargs", metavar="YAML", help="model options of a bare weights file")
+    group("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)")
+    group("--root", metavar="DIR", help="dataset folder (default: search the standard places)")
+    defaults = AnalyzeOptions()
+    add("--batch-size", type=int, metavar="B", help="batch size (default: the run's data.eval_batch_size, else 512)")
+    p.add_argument("--sample-size", type=int, default=defaults.sample_size,
+                   help="feature rows kept for t-SNE and nearest-class-mean, about evenly per class")
+    add("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: the first 10)")
+    p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class, help="t-SNE points per class; 0: off")
+    add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_analyze)
+
+    text = "Plot metric and accuracy curves from metrics.jsonl of one or more runs on one figure."
+    p = subparsers.add_parser("plot", help=text, description=text, epilog=_PLOT_EXAMPLES,
+                              formatter_class=HelpFormatter)
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    add = _adder(p)
+    add("--keys", metavar="LIST",
+        help=f"comma-separated metrics.jsonl keys (default: those of {','.join(_DEFAULT_KEYS)} that the runs log)")
+    add("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
+    p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
+    add("--title", help="figure title")
+    p.set_defaults(func=_plot)
+
+
+def _adder(parser):
+    """``add_argument`` for options whose help states the default in words (no "(default: None)")."""
+
+    def add(*names, help: str, **kwargs):
+        return parser.add_argument(*names, help=help + _NO_DEFAULT, **kwargs)
+
+    return add
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device asks for CUDA but no GPU is available; use --device cpu")
+    return device
+
+
+def _int_list(text: str | None, what: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from kdcollapse.analysis._analyze import AnalyzeOptions, analyze
+    from kdcollapse.analysis._source import load_run, load_weights
+    from kdcollapse.config import load_config
+
+    device = _device(args.device)
+    file_mode = [args.model, args.weights, args.data]
+    if args.run_dir and any(file_mode):
+        raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
+    if args.run_dir:
+        subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
+        cfg = load_config(Path(args.run_dir) / "config.yaml")
+        batch_size, seed = cfg.data.eval_batch_size, cfg.seed
+        out = Path(args.out) if args.out else Path(args.run_dir) / f"analysis_{args.split}"
+    elif all(file_mode):
+        if not args.out:
+            raise ConfigError("--out DIR is required when analysing a weights file")
+        seed = args.seed or 0
+        subject = load_weights(args.model, args.weights, args.data, args.split, device=device, root=args.root,
+                               model_kwargs=_yaml_mapping(args.model_kwargs), per_class=args.per_class, seed=seed,
+                               teacher=args.teacher)
+        batch_size, out = 512, Path(args.out)
+    else:
+        raise ConfigError("give a RUN_DIR, or all of --model NAME --weights FILE --data NAME")
+    options = AnalyzeOptions(
+        batch_size=args.batch_size or batch_size, sample_size=args.sample_size,
+        tsne_classes=_int_list(args.tsne_classes, "--tsne-classes"), tsne_per_class=args.tsne_per_class,
+        seed=seed if args.seed is None else args.seed, progress=not args.no_progress,
+    )  # fmt: skip
+    report = analyze(subject, out, options)
+    m = report["metrics"]
+    print(f"{report.get('run_dir') or report.get('weights')} ({args.split}): accuracy {100 * m['accuracy']:.2f} %, "
+          f"nc1 {m['nc1']:.4g}, vci {m['vci']:.4g}, ncc_accuracy {m['ncc_accuracy']:.4g} -> {out / 'analysis.md'}")
+    return 0
+
+
+def _yaml_mapping(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--model-kwargs is not valid YAML: {err}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--model-kwargs must be a mapping such as '{{input_size: 8}}', got {text!r}")
+    return value
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from kdcollapse.report import plot_curves
+    from kdcollapse.train import read_metrics
+
+    runs = {}
+    labels = args.labels.split(",") if args.labels else _labels([Path(d) for d in args.run_dirs])
+    if len(labels) != len(args.run_dirs):
+        raise ConfigError(f"--labels gives {len(labels)} labels for {len(args.run_dirs)} runs")
+    for label, run_dir in zip(labels, args.run_dirs):
+        if not Path(run_dir).is_dir():
+            raise KdcollapseError(f"run directory not found: {run_dir}")
+        records = read_metrics(run_dir)
+        if not records:
+            raise KdcollapseError(f"{run_dir} holds no metrics.jsonl records; is it a `kdcollapse train` run?")
+        runs[label] = records
+    logged = sorted({k for records in runs.values() for r in records for k in r} - {"epoch"})
+    keys = args.keys.split(",") if args.keys else [k for k in _DEFAULT_KEYS if k in logged]
+    missing = [k for k in keys if k not in logged]
+    if missing or not keys:
+        raise KdcollapseError(f"no run logs the key(s) {', '.join(missing) or '(none given)'}. "
+                              f"Logged keys: {', '.join(logged)}")
+    path = plot_curves(runs, keys, args.out, title=args.title)
+    print(f"{len(runs)} run(s), {len(keys)} panel(s) -> {path}")
+    return 0
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """The shortest path suffixes that tell the runs apart (``kd/seed0`` and ``dhkd/seed0``)."""
+    parts = [p.resolve().parts for p in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(p) for p in paths]

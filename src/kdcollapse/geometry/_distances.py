@@ -1,0 +1,320 @@
+"""Exact one-vs-rest distances of a classifier, with a duality certificate (GNC paper, Def. 2.1).
+
+For unit class vectors w_1..w_K the one-vs-rest distance of class k is
+
+    dist(w_k, conv{w_j : j != k}) = min_{lambda in simplex} || w_k - sum_j lambda_j w_j ||      (eq. 3)
+
+a convex QP per class. Writing p_j = w_j - w_k and y = sum_j lambda_j p_j (= P(w_k) - w_k), it is the
+minimum-norm point of the polytope conv{p_j}. Any feasible lambda gives an upper bound ||y||; any unit
+direction h gives the lower bound min_j <w_k - w_j, h> (the separating-hyperplane dual of Lemma C.6,
+whose optimum is the distance itself). With h = -y/||y|| the two bounds differ by
+
+    gap = ||y|| - min_j <p_j, y> / ||y||  =  (Frank-Wolfe duality gap of ||y||^2 / 2) / ||y||,
+
+so a returned distance is certified to lie in [dist - gap, dist]. The solver, per block of classes:
+
+1. screening (float32): candidates = the most similar classes, a few hundred pairwise Frank-Wolfe steps,
+   then candidates re-chosen by the approximate residual (support first, then the most violated);
+2. exact solve (float64) on the candidates: pairwise Frank-Wolfe from the warm start, then Wolfe's
+   nearest-point active-set method (Wolfe 1976), whose affine sub-problems are solved by Cholesky;
+3. certificate against *all* K - 1 other classes; classes whose gap exceeds ``tol`` get their most
+   violated classes added to the candidates (column generation) and go back to step 2.
+
+Everything is batched tensors on the device of W. Memory per block is about
+``block * candidates * d * 12`` bytes plus ``block * K * 16``; blocks are sized to stay near 256 MB.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from kdcollapse.errors import KdcollapseError
+
+_CANDIDATES = 128  # classes per QP before column generation (supports are ~70 for K=1e4, d=512)
+_SCREEN_STEPS = 150  # float32 pairwise Frank-Wolfe steps used to pick candidates
+_SOLVE_STEPS = 30  # float64 pairwise Frank-Wolfe steps before the active-set polish
+_WOLFE_ITERATIONS = 300
+_MAX_ROUNDS = 10  # column-generation rounds
+_BLOCK_BYTES = 256 * 2**20
+_PROXIMAL_DELTA = 1e-10  # relative ridge of the affine sub-problems (handles dependent supports)
+_PROXIMAL_STEPS = 3
+
+
+def unit_rows(W: Tensor, name: str = "W") -> Tensor:
+    """Validate a (K, d) matrix of class vectors and return its rows normalised, in float64.
+
+    Raises ``KdcollapseError`` for a wrong shape, fewer than two rows, NaN/inf entries or zero rows.
+    """
+    if not isinstance(W, Tensor):
+        W = torch.as_tensor(W)
+    if W.ndim != 2:
+        raise KdcollapseError(f"{name} must be a (K, d) matrix of class vectors, got shape {tuple(W.shape)}")
+    if W.shape[0] < 2 or W.shape[1] < 1:
+        raise KdcollapseError(f"{name} needs at least 2 classes (rows) and 1 dimension, got shape {tuple(W.shape)}")
+    if W.is_complex():
+        raise KdcollapseError(f"{name} must be real, got dtype {W.dtype}")
+    W = W.detach().to(torch.float64)
+    bad = (~torch.isfinite(W)).any(1).nonzero().flatten()
+    if len(bad):
+        raise KdcollapseError(f"{name} has NaN or infinite entries in rows {bad[:10].tolist()}")
+    norms = W.norm(dim=1, keepdim=True)
+    zero = (norms.flatten() == 0).nonzero().flatten()
+    if len(zero):
+        raise KdcollapseError(f"{name} has zero rows {zero[:10].tolist()}, which have no direction")
+    return W / norms
+
+
+class NearestPoints(NamedTuple):
+    """Solution of the K one-vs-rest QPs (all float64, on the device of W)."""
+
+    distances: Tensor  # (K,) ||w_k - P(w_k)||
+    gaps: Tensor  # (K,) certified: true distance in [distance - gap, distance]
+    offsets: Tensor  # (K, d) y_k = P(w_k) - w_k, P the projection onto conv{w_j : j != k}
+
+
+def nearest_points(
+    W: Tensor,
+    *,
+    tol: float = 1e-10,
+    candidates: int = _CANDIDATES,
+    block_size: int | None = None,
+    progress: bool = False,
+) -> NearestPoints:
+    """Solve the K one-vs-rest QPs of eq. 3 (GNC paper) exactly; see the module docstring.
+
+    Rows of ``W`` (K, d) are normalised first (the paper's classifiers live on the sphere).
+    """
+    W = unit_rows(W)
+    K, d = W.shape
+    if tol <= 0:
+        raise KdcollapseError(f"tol must be positive, got {tol}")
+    if candidates < 1:
+        raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
+    m = min(candidates, K - 1)
+    block = block_size or max(1, min(1024, _BLOCK_BYTES // (m * d * 12 + K * 16 + m * m * 8)))
+    W32 = W.float()
+    distances, gaps, offsets = W.new_empty(K), W.new_empty(K), torch.empty_like(W)
+    starts = range(0, K, block)
+    for start in tqdm(starts, desc="one-vs-rest distances", unit="block", disable=not progress):
+        k = torch.arange(start, min(start + block, K), device=W.device)
+        cand, lam = _screen(W32, k, m)
+        for _ in range(_MAX_ROUNDS):
+            lam, P = _solve(W, k, cand, lam, tol)
+            y, gap, scores = _certify(W, k, lam, P)
+            distances[k], gaps[k], offsets[k] = y.norm(dim=1), gap, y
+            bad = gap > tol
+            if not bad.any():
+                break
+            k, (cand, lam) = k[bad], _price(scores[bad], cand[bad], lam[bad], m)
+    worst = gaps.max().item()
+    if worst > tol:
+        warnings.warn(f"one-vs-rest distances certified only to {worst:.3g} (> tol={tol:g})", stacklevel=3)
+    return NearestPoints(distances, gaps, offsets)
+
+
+def one_vs_rest_distances(
+    W: Tensor,
+    *,
+    return_certificate: bool = False,
+    tol: float = 1e-10,
+    candidates: int = _CANDIDATES,
+    block_size: int | None = None,
+    progress: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact dist(w_k, conv{w_j : j != k}) for every class k (GNC paper Def. 2.1, eq. 3).
+
+    Args:
+        W: (K, d) classifier, one class vector per row, any float dtype and device. Rows are
+            normalised to unit length first (the paper's weights live on the sphere).
+        return_certificate: also return the duality gaps.
+        tol: target certified accuracy (absolute, in distance units).
+        candidates: classes per QP before column generation adds more.
+        block_size: classes solved together (default: sized for ~256 MB of work arrays).
+        progress: show a tqdm bar over blocks.
+
+    Returns:
+        (K,) float64 distances -- the distance, not its square -- on the device of W; with
+        ``return_certificate`` also (K,) gaps: each true distance lies in [distance - gap, distance].
+        ``rho_one_vs_rest(W)`` of the paper (GNC2) is ``distances.min()``.
+
+    Example:
+        >>> import math, torch
+        >>> angles = 2 * math.pi * torch.arange(6) / 6
+        >>> W = torch.stack([angles.cos(), angles.sin()], 1)
+        >>> one_vs_rest_distances(W)  # 1 - cos(2 pi / 6) for each class
+        tensor([0.5000, 0.5000, 0.5000, 0.5000, 0.5000, 0.5000], dtype=torch.float64)
+    """
+    sol = nearest_points(W, tol=tol, candidates=candidates, block_size=block_size, progress=progress)
+    return (sol.distances, sol.gaps) if return_certificate else sol.distances
+
+
+def optimal_features(W: Tensor, *, tol: float = 1e-10) -> Tensor:
+    """Optimal features of the HardMax problem for a fixed classifier (GNC Lemma C.4, eq. C.19 / 9).
+
+    h_k = (w_k - P(w_k)) / ||w_k - P(w_k)||, P the projection onto conv{w_j : j != k}; it attains
+    min_{||h||=1} max_{k' != k} <w_k' - w_k, h> = -dist(w_k, conv{w_j : j != k}). Returns (K, d) float64.
+    For a softmax code these are the collapsed class features of Theorem 3.5 (non-rattler classes).
+    """
+    sol = nearest_points(W, tol=tol)
+    return torch.nn.functional.normalize(-sol.offsets, dim=1)
+
+
+def one_vs_one_distance(W: Tensor) -> float:
+    """min_{k != k'} ||w_k - w_k'|| over normalised rows (GNC eq. 11, the Tammes objective)."""
+    W = unit_rows(W)
+    K = W.shape[0]
+    best = math.inf
+    block = max(1, 2**25 // K)
+    for start in range(0, K, block):
+        k = torch.arange(start, min(start + block, K), device=W.device)
+        cos = W[k] @ W.T
+        cos[torch.arange(len(k)), k] = -math.inf
+        nearest = cos.argmax(1)  # recompute the distance directly: 2 - 2cos loses half the digits
+        best = min(best, (W[k] - W[nearest]).norm(dim=1).min().item())
+    return best
+
+
+# --- the solver ---------------------------------------------------------------------------------
+
+
+def _screen(W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Float32 guess of each QP's support: Frank-Wolfe on the m most similar classes, then repricing."""
+    rows = torch.arange(len(k), device=k.device)
+    sims = W32[k] @ W32.T
+    sims[rows, k] = -math.inf
+    cand = sims.topk(m, dim=1).indices
+    P = W32[cand] - W32[k][:, None, :]
+    lam = torch.zeros(cand.shape, dtype=W32.dtype, device=k.device)
+    lam[:, 0] = 1
+    lam = _pairwise_frank_wolfe(P @ P.mT, lam, _SCREEN_STEPS)
+    scores = torch.einsum("bm,bmd->bd", lam, P) @ W32.T
+    scores[rows, k] = math.inf
+    return _price(scores, cand, lam.double(), m)
+
+
+def _price(scores: Tensor, cand: Tensor, lam: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Column generation: keep the support, fill up with the classes j of smallest <w_j, y>.
+
+    ``scores`` (b, K) holds <w_j, y> with +inf at j = k; <w_j - w_k, y> < ||y||^2 marks a violated
+    optimality condition, and the smallest scores are the most violated. Returns new candidates and
+    the current weights moved onto them.
+    """
+    support = lam > 0
+    m = min(scores.shape[1] - 1, max(m, int(support.sum(1).max()) + 16))
+    key = scores.scatter(1, cand, torch.where(support, -math.inf, scores.gather(1, cand)))
+    new = key.topk(m, dim=1, largest=False).indices
+    dense = torch.zeros(scores.shape, dtype=lam.dtype, device=lam.device).scatter_(1, cand, lam)
+    return new, dense.gather(1, new)
+
+
+def _solve(W: Tensor, k: Tensor, cand: Tensor, lam: Tensor, tol: float) -> tuple[Tensor, Tensor]:
+    """Float64 solve of the QPs restricted to the candidates; returns weights and P = w_cand - w_k."""
+    P = W[cand] - W[k][:, None, :]
+    M = P @ P.mT
+    lam = _pairwise_frank_wolfe(M, lam, _SOLVE_STEPS)
+    return _wolfe_active_set(M, lam, tol / 10), P
+
+
+def _certify(W: Tensor, k: Tensor, lam: Tensor, P: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """y = sum lambda_j p_j, its certified gap against all classes, and the scores <w_j, y>."""
+    y = torch.einsum("bm,bmd->bd", lam, P)
+    norm = y.norm(dim=1)
+    scores = y @ W.T
+    scores[torch.arange(len(k), device=k.device), k] = math.inf
+    lower = (scores.min(1).values - (y * W[k]).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
+    gap = torch.where(norm > 0, torch.minimum((norm - lower).clamp_min(0), norm), 0.0)
+    return y, gap, scores
+
+
+def _pairwise_frank_wolfe(M: Tensor, lam: Tensor, steps: int) -> Tensor:
+    """min_lambda lambda^T M lambda / 2 over simplices, batched: pairwise Frank-Wolfe, exact line search.
+
+    Each step moves weight from the worst vertex in the support ("away") to the best vertex; it
+    converges linearly on polytopes (Lacoste-Julien & Jaggi 2015). M: (b, m, m), lam: (b, m).
+    """
+    lam = lam.clone()
+    rows = torch.arange(M.shape[0], device=M.device)
+    g = (M @ lam[..., None]).squeeze(-1)
+    tiny = torch.finfo(M.dtype).tiny
+    for _ in range(steps):
+        s = g.argmin(1)
+        a = torch.where(lam > 0, g, -math.inf).argmax(1)
+        away = lam[rows, a]
+        curvature = (M[rows, s, s] + M[rows, a, a] - 2 * M[rows, s, a]).clamp_min(tiny)
+        step = torch.minimum((g[rows, a] - g[rows, s]) / curvature, away).clamp_min(0)
+        lam[rows, s] += step
+        lam[rows, a] = torch.where(step >= away, 0.0, away - step)
+        g += step[:, None] * (M[rows, :, s] - M[rows, :, a])
+    return lam
+
+
+def _wolfe_active_set(M: Tensor, lam: Tensor, tol: float) -> Tensor:
+    """Wolfe's nearest-point algorithm, batched in lock-step and warm-started from a feasible lambda.
+
+    Each iteration minimises ||y||^2 over the affine hull of the support ("corral"); if that point
+    leaves the simplex, a minor cycle moves towards it up to the boundary and drops the blocking
+    vertex; otherwise a major cycle adds the most violated candidate. A row is done when no candidate
+    violates optimality by more than ``tol`` (in distance units).
+    """
+    rows = torch.arange(M.shape[0], device=M.device)
+    support = lam > 0
+    done = torch.zeros_like(support[:, 0])
+    for _ in range(_WOLFE_ITERATIONS):
+        idx, valid = _compact(support)
+        current = lam.gather(1, idx)
+        alpha = _affine_minimizer(M[rows[:, None, None], idx[:, :, None], idx[:, None, :]], valid, current)
+        blocking = (alpha < 0) & valid
+        minor = blocking.any(1) & ~done
+        theta, j = torch.where(blocking, current / (current - alpha), math.inf).min(1)
+        theta = torch.where(done, 0.0, torch.where(minor, theta, 1.0))
+        new = torch.where(valid, (current + theta[:, None] * (alpha - current)).clamp_min(0), 0.0)
+        new[rows[minor], j[minor]] = 0.0
+        lam = torch.zeros_like(lam).scatter_(1, idx, new)
+        lam /= lam.sum(1, keepdim=True)
+        support = lam > 0
+        g = (M @ lam[..., None]).squeeze(-1)
+        norm2 = (lam * g).sum(1)
+        gmin, jmin = g.min(1)
+        violated = norm2 - gmin > tol * norm2.clamp_min(0).sqrt()
+        major = ~minor & ~done & violated
+        support[rows[major], jmin[major]] = True
+        done |= ~minor & ~violated
+        if done.all():
+            break
+    return lam
+
+
+def _compact(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Column indices with the True entries of each row first, cut to the largest count."""
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    idx = order[:, : max(1, int(mask.sum(1).max()))]
+    return idx, mask.gather(1, idx)
+
+
+def _affine_minimizer(Ms: Tensor, valid: Tensor, start: Tensor) -> Tensor:
+    """argmin lambda^T Ms lambda over {sum lambda = 1, lambda = 0 off ``valid``}, batched.
+
+    Proximal-point iterations lambda <- argmin lambda^T Ms lambda / 2 + delta/2 ||lambda - lambda_t||^2 on
+    the affine set, each a Cholesky solve with one factorisation: exact in the limit even when the
+    support's points are affinely dependent (Ms singular on the face), where a plain solve fails.
+    """
+    s = Ms.shape[-1]
+    eye = torch.eye(s, dtype=Ms.dtype, device=Ms.device)
+    diag = torch.where(valid, Ms.diagonal(dim1=1, dim2=2), 0.0)
+    delta = (_PROXIMAL_DELTA * diag.amax(1)).clamp_min(torch.finfo(Ms.dtype).tiny)[:, None]
+    A = torch.where(valid[:, :, None] & valid[:, None, :], Ms, eye) + delta[..., None] * eye
+    L = torch.linalg.cholesky_ex(A).L
+    ones = valid.to(Ms.dtype)
+    u = torch.cholesky_solve(ones[..., None], L).squeeze(-1)
+    lam = start
+    for _ in range(_PROXIMAL_STEPS):
+        v = torch.cholesky_solve((delta * lam)[..., None], L).squeeze(-1)
+        nu = ((v * ones).sum(1, keepdim=True) - 1) / (u * ones).sum(1, keepdim=True)
+        lam = torch.where(valid, v - nu * u, 0.0)
+    return lam

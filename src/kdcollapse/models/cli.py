@@ -1,0 +1,37 @@
+"""``kdcollapse models``: the registered models with their sizes."""
+
+from __future__ import annotations
+
+_EXAMPLES = """examples:
+  kdcollapse models                    # every model, parameters with 100 classes
+  kdcollapse models 'resnet*' --classes 10
+  kdcollapse models wrn_40_2 --in-channels 1
+"""
+
+
+def register(subparsers) -> None:
+    from kdcollapse.cli import HelpFormatter
+
+    p = subparsers.add_parser("models", help="List the registered models with parameter counts.",
+                              description="List the registered models (shell-style PATTERN) with their "
+                              "parameter counts and feature dimensions.", epilog=_EXAMPLES,
+                              formatter_class=HelpFormatter)
+    p.add_argument("pattern", nargs="?", default="*", help="shell-style name pattern")
+    p.add_argument("--classes", type=int, default=100, help="number of classes of the head")
+    p.add_argument("--in-channels", type=int, default=3, help="input channels (1 for grey images)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from kdcollapse.errors import KdcollapseError
+    from kdcollapse.models import count_parameters, create_model, list_models
+
+    names = list_models(args.pattern)
+    if not names:
+        raise KdcollapseError(f"no model matches {args.pattern!r}; valid names: {', '.join(list_models())}")
+    print(f"{'model':<16} {'parameters':>12} {'feature_dim':>11}   ({args.classes} classes, "
+          f"{args.in_channels} input channels)")
+    for name in names:
+        model = create_model(name, args.classes, in_channels=args.in_channels)
+        print(f"{name:<16} {count_parameters(model):>12,} {model.feature_dim:>11}")
+    return 0

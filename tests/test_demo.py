@@ -1,0 +1,29 @@
+"""The demo's whole pipeline (train, distil, analyse, report) on digits, with one epoch per run."""
+
+import dataclasses
+
+from kdcollapse import demo
+
+
+def test_demo_pipeline_writes_the_report(tmp_path, monkeypatch, capsys):
+    quick = dataclasses.replace(demo.PLANS["digits"], teacher_epochs=1, student_epochs=1)
+    monkeypatch.setitem(demo.PLANS, "digits", quick)
+    report = demo.run_demo(tmp_path, "digits")
+    text = report.read_text()
+    out = capsys.readouterr().out
+    assert "demo on digits; runs in" in out
+    for run in ("teacher", "student", "kd", "dhkd", "ikl_kd"):
+        assert f"| {run} |" in text
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert (tmp_path / "student_dhkd" / "analysis_test" / "analysis.json").is_file()
+    assert "## Collapse of the test features" in text
+
+
+def test_demo_prefers_fashion_mnist_when_installed(monkeypatch):
+    from conftest import FASHION_MNIST_DIR
+    import os
+
+    expected = "fashion_mnist" if os.path.exists(os.path.join(FASHION_MNIST_DIR, "t10k-images-idx3-ubyte.gz")) \
+        else "digits"
+    assert demo.choose_dataset() == expected
+    assert demo.choose_dataset("digits") == "digits"
