@@ -7,6 +7,11 @@ world_size, ...`` of the plan, so the shards are disjoint, the same size in trai
 ``n % world_size`` positions are left out, a different set each epoch) and cover everything in
 evaluation. A sample's augmentation depends only on its position in the epoch's plan, so batches are a
 pure function of ``(seed, epoch, rank, world_size)`` on a given device type.
+
+With ``views = V > 1`` (contrastive methods) each sample is augmented V times independently: the plan
+draws the first view's offsets and flips exactly as for one view, then V - 1 further sets from the
+same generator, and ``x`` has shape ``(B, V, C, H, W)``. The first view is therefore the very batch a
+single-view loader yields, and the single-view path does no extra work.
 """
 
 from __future__ import annotations
@@ -56,11 +61,11 @@ class Loader:
 
     def __init__(
         self, dataset: TensorDataset | FolderDataset, batch_size: int, *, train: bool, device: torch.device,
-        seed: int, augment: Augment, drop_last: bool, rank: int, world_size: int,
+        seed: int, augment: Augment, drop_last: bool, rank: int, world_size: int, views: int = 1,
     ):  # fmt: skip
         self.dataset, self.batch_size, self.train, self.device = dataset, batch_size, train, device
         self.seed, self.augment, self.drop_last = seed, augment, drop_last
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.views = rank, world_size, views
         self.epoch = 0
         n = len(dataset)
         self.num_samples = n // world_size if train else len(range(rank, n, world_size))
@@ -81,21 +86,31 @@ class Loader:
         return whole + (rest > 0 and not self.drop_last)
 
     def _plan(self, device: torch.device, extra_seeds: bool = False) -> dict[str, torch.Tensor]:
-        """This rank's share of the epoch plan: ``index`` and, if used, ``offsets``, ``flips``, ``seeds``."""
+        """This rank's share of the epoch plan: ``index`` and, if used, ``offsets``, ``flips``, ``seeds``,
+        and for ``views > 1`` the further views' ``extra_offsets`` ``(n, V - 1, 2)``, ``extra_flips``."""
         n = len(self.dataset)
         if not self.train:
             return {"index": torch.arange(self.rank, n, self.world_size, device=device)}
         g = torch.Generator(device=device).manual_seed(derive_seed(self.seed, self.epoch))
         plan = {"index": torch.randperm(n, generator=g, device=device)}
-        if self.augment.crop_padding:
-            high = 2 * self.augment.crop_padding + 1
-            plan["offsets"] = torch.randint(0, high, (n, 2), generator=g, device=device)
-        if self.augment.flip:
-            plan["flips"] = torch.randint(0, 2, (n,), generator=g, device=device).bool()
+        plan |= self._draw_augmentation(g, (n,), device, "")
         if extra_seeds:
             plan["seeds"] = torch.randint(0, 2**62, (n,), generator=g, device=device)
+        if self.views > 1:  # drawn after everything a single view uses, which therefore stays as it was
+            plan |= self._draw_augmentation(g, (n, self.views - 1), device, "extra_")
         mine = slice(self.rank, self.num_samples * self.world_size, self.world_size)
         return {k: v[mine] for k, v in plan.items()}
+
+    def _draw_augmentation(self, g: torch.Generator, shape: tuple[int, ...], device: torch.device,
+                           prefix: str) -> dict[str, torch.Tensor]:
+        """Crop offsets ``(*shape, 2)`` and flip bits ``shape`` (those the augmentation uses)."""
+        drawn = {}
+        if self.augment.crop_padding:
+            high = 2 * self.augment.crop_padding + 1
+            drawn[prefix + "offsets"] = torch.randint(0, high, (*shape, 2), generator=g, device=device)
+        if self.augment.flip:
+            drawn[prefix + "flips"] = torch.randint(0, 2, shape, generator=g, device=device).bool()
+        return drawn
 
     def _batch_slices(self) -> Iterator[slice]:
         for b in range(len(self)):
@@ -103,12 +118,21 @@ class Loader:
 
     def _finish(self, x: torch.Tensor, plan: dict[str, torch.Tensor], part: slice) -> torch.Tensor:
         if x.ndim == 4:
-            offsets, flips = plan.get("offsets"), plan.get("flips")
-            x = augment_batch(
-                x, None if offsets is None else offsets[part].to(x.device),
-                None if flips is None else flips[part].to(x.device), self.augment.crop_padding,
-            )  # fmt: skip
+            views = [self._augment(x, plan, part, None)]
+            views += [self._augment(x, plan, part, v) for v in range(self.views - 1)]
+            x = views[0] if self.views == 1 else torch.stack(views, dim=1)  # (B, V, C, H, W)
         return x.float().mul_(self._scale).sub_(self._shift)
+
+    def _augment(
+        self, x: torch.Tensor, plan: dict[str, torch.Tensor], part: slice, extra: int | None
+    ) -> torch.Tensor:
+        """The first view (``extra=None``) or further view ``extra`` of batch ``x`` at plan positions ``part``."""
+        prefix, index = ("", part) if extra is None else ("extra_", (part, extra))
+        offsets, flips = plan.get(prefix + "offsets"), plan.get(prefix + "flips")
+        return augment_batch(
+            x, None if offsets is None else offsets[index].to(x.device),
+            None if flips is None else flips[index].to(x.device), self.augment.crop_padding,
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
@@ -193,6 +217,7 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     num_workers: int | None = None,
+    views: int = 1,
 ) -> Loader:
     """Batches of ``dataset`` on ``device`` for one rank; call ``set_epoch(epoch)`` before each epoch.
 
@@ -200,7 +225,9 @@ def make_loader(
     ``dataset.default_augment``; pass ``Augment()`` for none); ``train=False``: in order, unaugmented,
     every sample kept. ``drop_last`` (default ``False``) drops an incomplete last training batch. With
     ``world_size > 1`` each rank gets a disjoint shard of the same permutation. Folder datasets decode in
-    ``num_workers`` processes (default ``min(8, cpu count)``); tensor datasets use none.
+    ``num_workers`` processes (default ``min(8, cpu count)``); tensor datasets use none. ``views = V > 1``
+    (training only) yields ``x`` of shape ``(B, V, C, H, W)``: V independently augmented views of each
+    image, the first of which is the single-view batch.
     """
     device = torch.device(device)
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -214,11 +241,23 @@ def make_loader(
         raise DataError(f"augment must be an Augment or None, got {augment!r}")
     if train and augment.active and len(dataset.input_shape) != 3:
         raise DataError(f"{dataset.name}: crop/flip augmentation needs images, the inputs are vectors")
+    if not (isinstance(views, int) and views >= 1):
+        raise DataError(f"views must be an int >= 1, got {views!r}")
+    if views > 1 and not (train and augment.active):
+        raise DataError(
+            f"views={views} asks for independently augmented views, but this loader does not augment "
+            "(it needs train=True and an active augmentation: crop_padding > 0 or flip=True)"
+        )
+    if views > 1 and getattr(dataset, "random_resized_crop", False):
+        raise DataError(
+            f"{dataset.name}: views > 1 is not supported with random-resized crops, which the decoding "
+            "workers draw once per image; use a dataset without random_resized_crop"
+        )
     if train and len(dataset) < world_size:
         raise DataError(f"{dataset.name}: {len(dataset)} samples cannot be split over {world_size} ranks")
     kwargs = dict(
         train=train, device=device, seed=seed, augment=augment if train else Augment(),
-        drop_last=bool(drop_last), rank=rank, world_size=world_size,
+        drop_last=bool(drop_last), rank=rank, world_size=world_size, views=views,
     )  # fmt: skip
     derive_seed(seed)  # validates the seed now rather than at the first iteration
     if isinstance(dataset, FolderDataset):

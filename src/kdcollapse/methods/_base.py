@@ -51,6 +51,8 @@ class Method(nn.Module):
         pass
 
     needs_teacher: ClassVar[bool] = False
+    # Independently augmented views per training image; with V > 1, forward gets x of shape (B, V, ...).
+    views: ClassVar[int] = 1
 
     def __init__(
         self,

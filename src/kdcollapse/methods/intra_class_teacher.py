@@ -1,0 +1,247 @@
+"""Teachers that keep intra-class diversity: CE + λ·L_Intra behind a margin gate, with per-class caches.
+
+The intra-class contrastive KD paper (§3.2 eq. 4-5, §3.3 eq. 6-7, Algorithm 1) trains the *teacher*
+with L_Teacher = CE(y, p_t) + λ·L_Intra, where L_Intra is the (n+1)-tuplet loss whose positive is an
+augmented view of the anchor and whose negatives are other samples of the anchor's own class, so that
+same-class embeddings are pushed apart and the teacher's soft labels keep intra-class variety.
+
+How this module reads the paper (docs/intra_class.md has the full discussion):
+
+- Embedding φ(x): the L2-normalised penultimate feature ``student.forward_features(x)``. The theory
+  (§4.1) takes φ: X → R^d with d > c and ‖φ(x)‖ = 1, which is the feature, not the c logits; the paper
+  has no projection head, so none is added.
+- Views: the trainer's loader yields two independently augmented views (``views = 2``); both go
+  through the network in one batch (so BatchNorm sees 2B images). CE and the margin use the first view
+  only; the second view's embedding is the positive x⁺.
+- Gate (eq. 6-7): an anchor joins only if ρ_x = p_x[y] − max_{j≠y} p_x[j] > δ, with p_x the softmax of
+  the first view's logits (a selection, so no gradient flows through ρ).
+- Pipeline (§3.3, last paragraph): the (anchor, positive) embeddings of gated samples are appended to
+  a cache of their class. When a class holds at least ``cache_min_count`` of them (only the newest
+  ``cache_capacity`` are kept), L_Intra is computed over that class's pool and the class's cache is
+  cleared: every pool member is an anchor with its own positive, and every other member's anchor
+  embedding is one of its negatives. The loss is the mean over all anchors of the pools used in the
+  step (0 when none is ready).
+- Gradients: embeddings computed in the current step carry gradient wherever they appear (anchor,
+  positive or negative slot); embeddings cached in earlier steps are stored detached (the weights that
+  produced them have since been updated), so they act as constants, as the entries of a memory queue.
+- The cache is part of the method's ``extra_state``, so a resumed run continues bit for bit; under DDP
+  each process keeps a cache of its own samples (and a resume restores rank 0's cache on every rank).
+
+Logged per epoch (``epoch_metrics``): ``gate_fraction``, ``cache_fill``, ``pool_size``, ``intra_loss``
+and the quantities of Theorem 1-2 estimated on each batch's first-view embeddings and averaged over the
+epoch: ``d_intra`` = E_{x⁻∈C(x)} exp(φ(x)ᵀφ(x⁻)), ``d_inter`` (x⁻ ∉ C(x)), their ratio ``d_ratio``,
+the batch tuplet losses ``tuplet_intra`` / ``tuplet_inter`` (negatives: the batch's same-class /
+other-class samples) and ``tuplet_ratio`` = tuplet_intra / tuplet_inter. d is an expected
+*similarity*: smaller d_intra means a more diverse class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
+from kdcollapse.losses import intra_class_contrastive_loss
+from kdcollapse.methods import Method, register_method
+
+_STATS = ("seen", "gated", "pool_anchors", "pool_loss", "pool_members",
+          "intra_sum", "intra_pairs", "inter_sum", "inter_pairs",
+          "tuplet_intra_sum", "tuplet_intra_count", "tuplet_inter_sum", "tuplet_inter_count")
+
+
+def classification_margin(logits: Tensor, target: Tensor) -> Tensor:
+    """ρ_x = p_x[y] − max_{j≠y} p_x[j] with p_x = softmax(logits) (eq. 6), in [−1, 1]; shape (B,)."""
+    p = logits.float().softmax(dim=1)
+    p_true = p.gather(1, target[:, None]).squeeze(1)
+    p_other = p.scatter(1, target[:, None], float("-inf")).amax(dim=1)
+    return p_true - p_other
+
+
+def similarity_sums(embeddings: Tensor, labels: Tensor, block_size: int = 2048) -> Tensor:
+    """float64 [Σ_same exp(φᵢᵀφⱼ), #same, Σ_other exp(φᵢᵀφⱼ), #other] over ordered pairs i ≠ j.
+
+    ``embeddings`` (N, d) are L2-normalised here; "same" pairs share a label. Rows are processed in
+    blocks of ``block_size``, so memory is O(block_size·N).
+    """
+    phi = F.normalize(embeddings.float(), dim=1)
+    sums = torch.zeros(4, dtype=torch.float64, device=phi.device)
+    index = torch.arange(len(phi), device=phi.device)
+    for start in range(0, len(phi), block_size):
+        rows = slice(start, start + block_size)
+        similar = (phi[rows] @ phi.T).exp().double()
+        same = labels[rows, None] == labels[None, :]
+        other_sample = index[rows, None] != index[None, :]
+        same_pairs, other_pairs = same & other_sample, ~same
+        sums += torch.stack([(similar * same_pairs).sum(), same_pairs.sum(),
+                             (similar * other_pairs).sum(), other_pairs.sum()])
+    return sums
+
+
+def intra_inter_distances(embeddings: Tensor, labels: Tensor, block_size: int = 2048) -> tuple[float, float]:
+    """(d_Intra, d_Inter) of the paper's §4.2 over every ordered pair of distinct samples of a set.
+
+    d_Intra = E_{x⁻∈C(x)}[exp(φ(x)ᵀφ(x⁻))], d_Inter = E_{x⁻∉C(x)}[exp(φ(x)ᵀφ(x⁻))] with φ the
+    L2-normalised ``embeddings`` (N, d) and C(x) the samples sharing x's label. Both lie in [e⁻¹, e];
+    they are similarities, so a lower d_Intra means a more diverse class.
+    """
+    same, n_same, other, n_other = similarity_sums(embeddings, labels, block_size).tolist()
+    return same / max(n_same, 1), other / max(n_other, 1)
+
+
+@register_method("intra_class_teacher")
+class IntraClassTeacher(Method):
+    """L_Teacher = CE(y, p_t) + λ·L_Intra (eq. 5) with the margin gate (eq. 7) and per-class pipelines."""
+
+    @dataclass
+    class Config:
+        intra_weight: float = 0.02  # λ of eq. 5; the paper uses 0.01-0.03
+        margin_threshold: float = 0.5  # δ of eq. 7: anchors join if ρ_x > δ (the paper gives no value)
+        cache_capacity: int = 64  # per class: at most this many (newest) embeddings enter one loss
+        cache_min_count: int = 16  # a class's pipeline is used, then cleared, once it holds this many
+        temperature: float = 1.0  # τ of L_Intra; eq. 4 has none (τ = 1)
+
+        def __post_init__(self):
+            _check_config(self)
+
+    views = 2
+
+    def __init__(self, student, config, **kwargs):
+        super().__init__(student, config, **kwargs)
+        dim = student.feature_dim
+        self._cache = {"anchors": torch.zeros(0, dim), "positives": torch.zeros(0, dim),
+                       "labels": torch.zeros(0, dtype=torch.long)}
+        self._stats = torch.zeros(len(_STATS), dtype=torch.float64)
+
+    def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        if x.dim() < 3 or x.shape[1] != self.views:
+            raise KdcollapseError(
+                f"intra_class_teacher needs two augmented views per image, x of shape (B, 2, ...); got "
+                f"{tuple(x.shape)}. The trainer builds its loader with views=2 (make_loader(..., views=2))"
+            )
+        batch = x.shape[0]
+        self._stats = self._stats.to(y.device)  # a plain tensor (not a buffer, which DDP would broadcast)
+        features = self.student.forward_features(torch.cat(x.unbind(1)))  # first views, then second views
+        logits = self.student.forward_head(features[:batch])
+        ce = self.cross_entropy(logits, y)
+        phi = F.normalize(features.float(), dim=1)
+        anchors, positives = phi[:batch], phi[batch:]
+        with torch.no_grad():
+            gate = classification_margin(logits.detach(), y) > self.config.margin_threshold
+        intra = self._pipeline_loss(anchors[gate], positives[gate], y[gate])
+        self._record_batch(anchors.detach(), positives.detach(), y, gate)
+        loss = ce + self.config.intra_weight * intra
+        return {"loss": loss, "logits": logits, "ce": ce.detach(), "intra": intra.detach()}
+
+    # ------------------------------------------------------------------------------ pipeline
+    def _pipeline_loss(self, anchors: Tensor, positives: Tensor, labels: Tensor) -> Tensor:
+        """Append the gated (anchor, positive) embeddings to their classes' caches; L_Intra over the
+        classes whose pool is ready, whose caches are then cleared. 0 if no class is ready."""
+        cfg, cache = self.config, self._cache
+        a = torch.cat([cache["anchors"].to(anchors), anchors])
+        p = torch.cat([cache["positives"].to(positives), positives])
+        y = torch.cat([cache["labels"].to(labels.device), labels])
+        order = torch.argsort(y, stable=True)  # grouped by class, oldest first within a class
+        a, p, y = a[order], p[order], y[order]
+        counts = torch.bincount(y, minlength=self.num_classes)
+        rank = torch.arange(len(y), device=y.device) - (counts.cumsum(0) - counts)[y]  # position in class
+        kept = counts.clamp(max=cfg.cache_capacity)
+        slot = rank - (counts - kept)[y]  # position among the class's newest `kept` entries
+        ready = kept >= cfg.cache_min_count
+        use, stay = (slot >= 0) & ready[y], (slot >= 0) & ~ready[y]
+        self._cache = {"anchors": a[stay].detach(), "positives": p[stay].detach(), "labels": y[stay]}
+        if not bool(use.any()):
+            return anchors.new_zeros(())
+        a, p, y, slot = a[use], p[use], y[use], slot[use]
+        group = (ready.cumsum(0) - 1)[y]  # index of the anchor's class among the ready classes
+        size = kept[ready]
+        pool = a.new_zeros(len(size), int(size.max()), a.shape[1]).index_put((group, slot), a)
+        j = torch.arange(pool.shape[1], device=a.device)
+        valid = (j < size[group, None]) & (j != slot[:, None])  # the other members of the anchor's pool
+        loss = intra_class_contrastive_loss(a, p, pool[group], valid, temperature=cfg.temperature)
+        self._add(pool_anchors=len(a), pool_loss=loss.detach() * len(a), pool_members=size[group].sum())
+        return loss
+
+    def _record_batch(self, anchors: Tensor, positives: Tensor, labels: Tensor, gate: Tensor) -> None:
+        """Accumulate the epoch's diagnostics from this batch (first-view anchors, second-view positives)."""
+        with torch.no_grad():
+            same, n_same, other, n_other = similarity_sums(anchors, labels)
+            similar = anchors @ anchors.T
+            positive = (anchors * positives).sum(1, keepdim=True)
+            same_class = labels[:, None] == labels[None, :]
+            eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+            tuplets = {}
+            for name, negatives in (("tuplet_intra", same_class & ~eye), ("tuplet_inter", ~same_class)):
+                logits = torch.cat([positive, similar.masked_fill(~negatives, float("-inf"))], dim=1)
+                has = negatives.any(1)
+                tuplets[f"{name}_sum"] = ((logits.logsumexp(1) - positive.squeeze(1)) * has).sum()
+                tuplets[f"{name}_count"] = has.sum()
+            self._add(seen=len(labels), gated=gate.sum(), intra_sum=same, intra_pairs=n_same,
+                      inter_sum=other, inter_pairs=n_other, **tuplets)
+
+    def _add(self, **values) -> None:
+        """Add named batch statistics (tensors on the device or numbers) to the epoch's sums, without a sync."""
+        device = self._stats.device
+        index = torch.tensor([_STATS.index(name) for name in values], device=device)
+        update = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values.values()])
+        self._stats.index_add_(0, index, update)
+
+    # --------------------------------------------------------------------------------- hooks
+    def on_epoch_start(self, epoch: int) -> None:
+        super().on_epoch_start(epoch)
+        self._stats = torch.zeros_like(self._stats)
+
+    def on_epoch_end(self, epoch: int) -> None:
+        from kdcollapse.train._distributed import all_reduce_sum  # kdcollapse.train imports the methods
+
+        all_reduce_sum(self._stats)
+
+    def epoch_metrics(self) -> dict[str, float]:
+        s = dict(zip(_STATS, self._stats.tolist()))
+        per = lambda a, b: a / b if b else float("nan")  # noqa: E731
+        d_intra, d_inter = per(s["intra_sum"], s["intra_pairs"]), per(s["inter_sum"], s["inter_pairs"])
+        tuplet_intra = per(s["tuplet_intra_sum"], s["tuplet_intra_count"])
+        tuplet_inter = per(s["tuplet_inter_sum"], s["tuplet_inter_count"])
+        return {
+            "gate_fraction": per(s["gated"], s["seen"]),
+            "cache_fill": len(self._cache["labels"]) / (self.num_classes * self.config.cache_min_count),
+            "pool_size": per(s["pool_members"], s["pool_anchors"]),
+            "intra_loss": per(s["pool_loss"], s["pool_anchors"]),
+            "d_intra": d_intra, "d_inter": d_inter, "d_ratio": per(d_intra, d_inter),
+            "tuplet_intra": tuplet_intra, "tuplet_inter": tuplet_inter,
+            "tuplet_ratio": per(tuplet_intra, tuplet_inter),
+        }
+
+    def extra_state(self) -> dict[str, Tensor]:
+        return {f"cache_{k}": v for k, v in self._cache.items()}
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        cache = {k: state[f"cache_{k}"] for k in self._cache if f"cache_{k}" in state}
+        if not cache:
+            return
+        dim, n = self.student.feature_dim, len(cache.get("labels", ()))
+        shapes = {k: tuple(v.shape) for k, v in cache.items()}
+        if shapes != {"anchors": (n, dim), "positives": (n, dim), "labels": (n,)}:
+            raise CheckpointError(f"the checkpoint's intra-class cache does not fit this model: expected "
+                                  f"anchors and positives of shape (n, {dim}) and n labels, got {shapes}")
+        self._cache = {k: v.float() if v.is_floating_point() else v.long() for k, v in cache.items()}
+
+
+def _check_config(cfg) -> None:
+    problems = []
+    if not cfg.intra_weight >= 0:
+        problems.append(f"method.intra_weight (λ) must be >= 0, got {cfg.intra_weight}")
+    if not -1 <= cfg.margin_threshold < 1:
+        problems.append(f"method.margin_threshold (δ) must lie in [-1, 1), got {cfg.margin_threshold}")
+    if not cfg.cache_min_count >= 2:
+        problems.append(f"method.cache_min_count must be >= 2 (an anchor needs a negative), "
+                        f"got {cfg.cache_min_count}")
+    if not cfg.cache_capacity >= cfg.cache_min_count:
+        problems.append(f"method.cache_capacity ({cfg.cache_capacity}) must be >= method.cache_min_count "
+                        f"({cfg.cache_min_count})")
+    if not cfg.temperature > 0:
+        problems.append(f"method.temperature must be > 0, got {cfg.temperature}")
+    if problems:
+        raise ConfigError("; ".join(problems))
