@@ -218,7 +218,7 @@ def head_from_spec(spec: dict, state: dict[str, Tensor]) -> _SphericalHead:
     Sizes come from ``state["weight"]``; a fixed head's code is ``weight`` put back in code order. The
     caller still loads ``state`` (a no-op for a fixed head, the trained rows for the others).
     """
-    kind, weight = spec.get("kind"), state.get("weight")
+    kind, weight = spec.get("kind") if isinstance(spec, dict) else spec, state.get("weight")
     if kind not in HEAD_KINDS:
         raise KdcollapseError(unknown_choice("head kind in the model file", kind, HEAD_KINDS))
     if not isinstance(weight, Tensor) or weight.ndim != 2:
