@@ -13,7 +13,9 @@ measures GNC1-3 of every trained model with :mod:`kdcollapse.metrics` and writes
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -145,24 +147,41 @@ def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[s
     first = next(iter(group.values()))[0]
     seconds = sum(r["epoch_time_s"] for runs in group.values() for run in runs for r in run.records)
     seeds = sorted({run.seed for runs in group.values() for run in runs})
+    revisions = sorted({str(_run_info(run).get("git_revision")) for runs in group.values() for run in runs})
     return [
         f"# {title}",
         "",
         f"Runs: `configs/geometry/run_experiments.sh {runs}` (configs `configs/geometry/fmnist_{name}.yaml`), "
         f"then `kdcollapse geometry heads-report --runs {runs} --out <this folder>`. Seeds {seeds}. "
         f"Training: {seconds / 60:.1f} min of epochs in total, one thread per run (OMP_NUM_THREADS=1) on "
-        f"{platform.processor() or platform.machine()} (2 cores shared with other jobs), torch {torch.__version__}, "
-        f"Python {sys.version.split()[0]}.",
+        f"{_cpu()} ({os.cpu_count()} cores, shared with other jobs), torch {torch.__version__}, "
+        f"Python {sys.version.split()[0]}; code revision of the runs (run.json): {', '.join(revisions)}.",
         "",
         f"Model: `{first.cfg.model.name}` {first.cfg.model.kwargs} (the feature is the linear bottleneck), "
         f"{first.cfg.train.epochs} epochs, batch {first.cfg.data.batch_size}, SGD lr {first.cfg.optim.lr} "
         f"(momentum {first.cfg.optim.momentum}, weight decay {first.cfg.optim.weight_decay}), "
-        f"{first.cfg.schedule.name} schedule with {first.cfg.schedule.warmup_epochs:g} epoch(s) of linear warm-up, "
+        f"{first.cfg.schedule.name} schedule after a {first.cfg.schedule.warmup_epochs:g}-epoch linear warm-up, "
         "no augmentation. "
         "Accuracies are after the last epoch. GNC1 and GNC3 on the normalised features of the whole split, "
         "GNC2 = rho one-vs-rest of the head's unit class vectors (`kdcollapse.metrics`).",
         "",
     ]
+
+
+def _run_info(run: TrainedRun) -> dict:
+    path = run.path / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _cpu() -> str:
+    """The CPU model from /proc/cpuinfo where there is one, else the platform's machine name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _heads_section(group: dict[str, list[TrainedRun]], out: Path) -> list[str]:
