@@ -1,5 +1,9 @@
 """Unit-norm classifier heads of the GNC paper: cosine, class-mean-feature (CMF) and fixed codes."""
 
+import json
+import math
+
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -8,7 +12,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry import ClassMeanFeatureHead, CosineHead, FixedHead, simplex_etf
+from kdcollapse.geometry import (
+    ClassMeanFeatureHead,
+    CosineHead,
+    FixedHead,
+    SphericalCode,
+    closed_form_code,
+    head_from_spec,
+    make_code,
+    make_head,
+    one_vs_one_distance,
+    one_vs_rest_distances,
+    simplex_etf,
+    softmax_code_optimum,
+)
 from kdcollapse.models import Classifier
 
 
@@ -130,3 +147,77 @@ def test_heads_reject_bad_configuration_and_shapes():
     with pytest.raises(KdcollapseError, match=r"expects \(B, 3\)"):
         CosineHead(3, 4)(torch.randn(2, 4))
 
+
+
+# ------------------------------------------------------------------ closed-form codes, make_head, specs
+@pytest.mark.parametrize("K,d", [(2, 1), (3, 2), (5, 2), (8, 2), (4, 3), (3, 5), (5, 3), (6, 3), (7, 4), (8, 4)])
+def test_closed_form_codes_reach_theorem_3_3(K, d):
+    W = closed_form_code(K, d)
+    assert W.shape == (K, d) and torch.allclose(W.norm(dim=1), torch.ones(K, dtype=torch.float64))
+    assert one_vs_rest_distances(W).min().item() == pytest.approx(softmax_code_optimum(K, d), abs=1e-12)
+    # ... and a Tammes code: the regular polygon, the simplex, or 90 degrees (Rankin) for d + 1 < K <= 2d
+    angle = 360 / K if d == 2 else (math.degrees(math.acos(-1 / (K - 1))) if K <= d + 1 else 90.0)
+    assert one_vs_one_distance(W) == pytest.approx(2 * math.sin(math.radians(angle) / 2), abs=1e-12)
+
+
+def test_closed_form_circle_is_in_angular_order_and_none_beyond_theorem_3_3():
+    angles = torch.atan2(*closed_form_code(6, 2).flip(1).T) % (2 * math.pi)
+    assert torch.allclose(angles, torch.arange(6, dtype=torch.float64) * math.pi / 3, atol=1e-12)
+    assert closed_form_code(10, 3) is None and closed_form_code(3, 1) is None
+
+
+def test_make_code_sources(tmp_path, monkeypatch):
+    assert torch.allclose(make_code("softmax", 4, 3), closed_form_code(4, 3), rtol=0, atol=1e-15)
+    assert torch.allclose(make_code("tammes", 8, 2), closed_form_code(8, 2), rtol=0, atol=1e-15)
+    assert torch.allclose(make_code("etf", 4, 5), simplex_etf(4, 5))
+    calls = []
+
+    def fake_solver(K, d, *, restarts, seed):
+        calls.append((K, d, restarts, seed))
+        return SphericalCode("softmax", torch.randn(K, d, dtype=torch.float64), 0.5, 0.5, [0.5])
+
+    monkeypatch.setattr("kdcollapse.geometry.heads.softmax_code", fake_solver)
+    assert make_code("softmax", 10, 3).shape == (10, 3) and calls == [(10, 3, 8, 0)]  # no closed form: numeric
+    W = torch.randn(5, 3, dtype=torch.float64)
+    np.save(tmp_path / "w.npy", (3 * W).numpy())
+    assert torch.allclose(make_code(str(tmp_path / "w.npy"), 5, 3), F.normalize(W, dim=1))
+    with pytest.raises(KdcollapseError, match=r"code has shape \(5, 3\), but the model needs \(K, d\) = \(5, 4\)"):
+        make_code(str(tmp_path / "w.npy"), 5, 4)
+    with pytest.raises(KdcollapseError, match="unknown code 'cube'"):
+        make_code("cube", 8, 3)
+
+
+def _heads():
+    torch.manual_seed(0)
+    return [CosineHead(3, 4, temperature=0.3), ClassMeanFeatureHead(3, 4, beta=0.7, temperature=0.2),
+            FixedHead(torch.randn(4, 3), [2, 3, 1, 0], temperature=0.5)]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_head_from_spec_rebuilds_each_head(index):
+    head = _heads()[index]
+    if isinstance(head, ClassMeanFeatureHead):
+        head.update(torch.randn(8, 3), torch.arange(8) % 4)
+    spec = head.spec()
+    assert json.loads(json.dumps(spec)) == spec  # stored as JSON in model files
+    rebuilt = head_from_spec(spec, head.state_dict())
+    rebuilt.load_state_dict(head.state_dict())
+    assert type(rebuilt) is type(head) and rebuilt.spec() == spec
+    h = torch.randn(5, 3)
+    assert torch.equal(rebuilt(h), head(h))
+    if isinstance(head, FixedHead):  # rebuilt from its own tensors: loading the state changes nothing
+        fresh = head_from_spec(spec, head.state_dict())
+        assert torch.equal(fresh.weight, head.weight) and torch.equal(fresh.assignment, head.assignment)
+
+
+def test_make_head_and_head_from_spec_reject_bad_input():
+    with pytest.raises(KdcollapseError, match="unknown head 'arc'. Valid choices: cmf, cosine, fixed"):
+        make_head("arc", 3, 4)
+    with pytest.raises(KdcollapseError, match="a fixed head needs a code"):
+        make_head("fixed", 3, 4)
+    with pytest.raises(KdcollapseError, match="needs a \\(K, d\\) tensor head.weight"):
+        head_from_spec({"kind": "cosine"}, {})
+    with pytest.raises(KdcollapseError, match="needs the tensor head.assignment"):
+        head_from_spec({"kind": "fixed"}, {"weight": torch.eye(3)})
+    with pytest.raises(KdcollapseError, match="unknown head kind in the model file 'linear'"):
+        head_from_spec({"kind": "linear"}, {"weight": torch.eye(3)})

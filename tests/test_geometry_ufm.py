@@ -1,4 +1,4 @@
-"""Unconstrained features model (GNC eq. 2 and B.1) and the GNC1-3 helper."""
+"""Unconstrained features model (GNC eq. 2 and B.1) and its GNC1-3 history."""
 
 import math
 
@@ -9,25 +9,26 @@ import torch.nn.functional as F
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum, train_ufm
-from kdcollapse.geometry._ufm import _gnc_metrics, _log_mean_cross_entropy, temperature_continuation
+from kdcollapse.geometry._ufm import _log_mean_cross_entropy, temperature_continuation
+from kdcollapse.metrics.functional import collapse_metrics_from_features
 
 
-def test_gnc_metrics_match_their_definitions():
-    g = torch.Generator().manual_seed(0)
-    K, n, d = 5, 7, 3
-    W = torch.randn(K, d, generator=g, dtype=torch.float64)
-    labels = torch.arange(K).repeat_interleave(n)
-    H = torch.randn(K * n, d, generator=g, dtype=torch.float64) + 3 * W[labels]
-    got = _gnc_metrics(W * 4, H * 2, labels, K)  # scale-free: features and rows are normalised
+def test_history_reports_gnc_metrics_of_kdcollapse_metrics():
+    # One implementation: the UFM logs what kdcollapse.metrics measures, and that is Section 2.2's definition.
+    result = train_ufm(5, 3, 7, temperature=0.5, steps=3, log_every=3, seed=0)
+    K, labels = 5, result.labels
+    expected = collapse_metrics_from_features(result.H, labels, K, result.W)
+    for name in ("gnc1", "gnc2", "gnc3"):
+        assert result.final[name] == pytest.approx(expected[name].item(), rel=1e-12, abs=1e-15)
 
-    h, w = H.numpy(), W.numpy()
+    h, w = result.H.numpy(), result.W.numpy()
     h, w = h / np.linalg.norm(h, axis=1, keepdims=True), w / np.linalg.norm(w, axis=1, keepdims=True)
     means = np.stack([h[labels.numpy() == k].mean(0) for k in range(K)])
-    sigma_w = sum(np.outer(x - means[y], x - means[y]) for x, y in zip(h, labels.numpy())) / (K * n)
+    sigma_w = sum(np.outer(x - means[y], x - means[y]) for x, y in zip(h, labels.numpy())) / len(h)
     sigma_b = sum(np.outer(m, m) for m in means) / K  # uncentred, as written in GNC Section 2.2
-    assert got["gnc1"] == pytest.approx(np.trace(sigma_w @ np.linalg.pinv(sigma_b)) / K, rel=1e-10)
-    assert got["gnc3"] == pytest.approx(np.mean(1 - (w * means).sum(1)), rel=1e-12)
-    assert got["gnc2"] == pytest.approx(one_vs_rest_distances(W).min().item(), abs=1e-12)
+    assert result.final["gnc1"] == pytest.approx(np.trace(sigma_w @ np.linalg.pinv(sigma_b)) / K, rel=1e-8)
+    assert result.final["gnc3"] == pytest.approx(np.mean(1 - (w * means).sum(1)), rel=1e-10)
+    assert result.final["gnc2"] == pytest.approx(one_vs_rest_distances(result.W).min().item(), abs=1e-12)
 
 
 def test_log_mean_cross_entropy_is_exact_and_does_not_underflow():

@@ -29,6 +29,7 @@ class DataConfig:
     eval_batch_size: int = 512
     crop_padding: int = 0  # random crop with this zero padding (pixels); 0 disables
     flip: bool = False  # random horizontal flip
+    classes: list[int] | None = None  # keep only these classes, relabelled 0..K'-1 in this order; None: all
     train_per_class: int | None = None  # balanced training subset (samples per class); None: all
     test_per_class: int | None = None
     num_workers: int = 4  # decoding processes, folder datasets only

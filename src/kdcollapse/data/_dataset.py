@@ -124,6 +124,36 @@ class TensorDataset:
             self.default_augment,
         )
 
+    def select_classes(self, classes: Sequence[int]) -> TensorDataset:
+        """The samples of ``classes`` only, relabelled: class ``classes[i]`` becomes label ``i``.
+
+        Order is kept; ``mean``/``std`` stay those of the whole dataset. E.g. Fashion-MNIST's
+        ``select_classes([2, 4, 7, 9])`` is a 4-class dataset of pullovers, coats, sneakers and ankle boots.
+        """
+        index, labels, names = relabel_classes(self.labels, self.classes, self.name, classes)
+        return TensorDataset(self.inputs[index], labels, names, self.mean, self.std, self.name, self.default_augment)
+
+
+def relabel_classes(
+    labels: torch.Tensor, class_names: list[str], name: str, classes: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Rows of the samples of ``classes`` and their new labels: class ``classes[i]`` becomes label ``i``.
+
+    Returns ``(index, new_labels, new_class_names)``; raises ``DataError`` for fewer than two classes,
+    repeated classes or classes outside ``[0, len(class_names))``.
+    """
+    chosen = [int(c) for c in classes]
+    num_classes = len(class_names)
+    if len(chosen) < 2 or len(set(chosen)) != len(chosen) or not all(0 <= c < num_classes for c in chosen):
+        raise DataError(
+            f"{name}: classes must be at least two distinct class indices in [0, {num_classes}), got {chosen}; "
+            f"the classes are " + ", ".join(f"{i} {c}" for i, c in enumerate(class_names))
+        )
+    new_label = torch.full((num_classes,), -1, dtype=torch.int64)
+    new_label[chosen] = torch.arange(len(chosen))
+    index = torch.nonzero(new_label[labels] >= 0).flatten()
+    return index, new_label[labels[index]], [class_names[c] for c in chosen]
+
 
 def select_subset(
     labels: torch.Tensor,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from kdcollapse.data._dataset import Augment, _check_mean_std, register_dataset, select_subset
+from kdcollapse.data._dataset import Augment, _check_mean_std, register_dataset, relabel_classes, select_subset
 from kdcollapse.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
@@ -76,6 +77,12 @@ class FolderDataset:
         """Same as :meth:`TensorDataset.subset`."""
         index = select_subset(self.labels, self.num_classes, self.name, n_per_class, indices, seed)
         return replace(self, samples=[self.samples[i] for i in index.tolist()])
+
+    def select_classes(self, classes: Sequence[int]) -> FolderDataset:
+        """Same as :meth:`TensorDataset.select_classes`."""
+        index, labels, names = relabel_classes(self.labels, self.classes, self.name, classes)
+        return replace(self, samples=[(self.samples[i][0], y) for i, y in zip(index.tolist(), labels.tolist())],
+                       classes=names)
 
     def decode(self, index: int, train: bool, seed: int) -> torch.Tensor:
         """Image ``index`` as uint8 ``(3, image_size, image_size)``; ``seed`` drives the random crop."""

@@ -11,7 +11,7 @@ from kdcollapse.geometry._bounds import (
     softmax_code_optimum,
     tammes_optimum,
 )
-from kdcollapse.geometry._codes import SphericalCode, simplex_etf, softmax_code, tammes_code
+from kdcollapse.geometry._codes import SphericalCode, closed_form_code, simplex_etf, softmax_code, tammes_code
 from kdcollapse.geometry._distances import (
     NearestPoints,
     nearest_points,
@@ -22,18 +22,31 @@ from kdcollapse.geometry._distances import (
 )
 from kdcollapse.geometry._io import load_matrix, save_code
 from kdcollapse.geometry._ufm import UFMResult, train_ufm
-from kdcollapse.geometry.heads import ClassMeanFeatureHead, CosineHead, FixedHead
+from kdcollapse.geometry.heads import (
+    HEAD_KINDS,
+    ClassMeanFeatureHead,
+    CosineHead,
+    FixedHead,
+    head_from_spec,
+    make_code,
+    make_head,
+)
 
 __all__ = [
     "ClassMeanFeatureHead",
     "CosineHead",
     "FixedHead",
+    "HEAD_KINDS",
     "NearestPoints",
     "SoftmaxCodeBounds",
     "SphericalCode",
     "TAMMES_OPTIMA",
     "UFMResult",
+    "closed_form_code",
+    "head_from_spec",
     "load_matrix",
+    "make_code",
+    "make_head",
     "nearest_points",
     "one_vs_one_distance",
     "one_vs_rest_distances",

@@ -79,6 +79,30 @@ def simplex_etf(num_classes: int, dim: int, *, dtype: torch.dtype = torch.float6
     return W.to(dtype)
 
 
+def closed_form_code(num_classes: int, dim: int, *, dtype: torch.dtype = torch.float64) -> Tensor | None:
+    """An optimal softmax code where GNC Theorem 3.3 gives one in closed form, else None; (K, d) unit rows.
+
+    d = 2: the regular K-gon, rows in angular order (rows k and k + 1 mod K are neighbours);
+    K <= d + 1: the simplex ETF; d + 1 < K <= 2d: e_1, -e_1, e_2, -e_2, ... (K vertices of the
+    cross-polytope). Each is also a Tammes code (maximal minimal angle: the regular polygon, the simplex,
+    and 90 degrees, Rankin's bound for d + 1 < K <= 2d). Softmax codes are not unique; these are one
+    representative of each.
+    """
+    _check_sizes(num_classes, dim)
+    K, d = num_classes, dim
+    if d == 2:
+        angles = 2 * math.pi * torch.arange(K, dtype=torch.float64) / K
+        return torch.stack([angles.cos(), angles.sin()], dim=1).to(dtype)
+    if K <= d + 1:
+        return simplex_etf(K, d, dtype=dtype)
+    if K <= 2 * d:
+        W = torch.zeros(K, d, dtype=dtype)
+        rows = torch.arange(K)
+        W[rows, rows // 2] = 1.0 - 2.0 * (rows % 2).to(dtype)
+        return W
+    return None
+
+
 def softmax_code(
     num_classes: int,
     dim: int,

@@ -11,8 +11,8 @@ minimises tau * log(mean CE), the paper's L_0 of eq. C.2, which has the same min
 does not underflow when the CE is below 1e-300 at small tau. ``optimizer="gd"`` is the paper's plain
 gradient descent on the CE itself (B.1: lr 0.1, divided by 10 every fifth of the run).
 
-GNC1 and GNC3 are computed here from their definitions in Section 2.2 (a private helper, so this
-module stands alone); GNC2 is rho_one-vs-rest of the normalised W, computed exactly.
+GNC1-3 (Section 2.2) come from :mod:`kdcollapse.metrics`, the same code that measures trained networks;
+GNC2 is rho_one-vs-rest of the normalised W, computed exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 from kdcollapse.geometry._bounds import _check_sizes
-from kdcollapse.geometry._distances import one_vs_rest_distances
 
 REGULARIZATIONS = ("sphere", "weight_decay")
 OPTIMIZERS = ("lbfgs", "gd")
@@ -53,26 +52,11 @@ class UFMResult:
 
 
 def _gnc_metrics(W: Tensor, H: Tensor, labels: Tensor, num_classes: int) -> dict[str, float]:
-    """GNC1, GNC2, GNC3 of GNC Section 2.2 on normalised features and classifier rows.
+    """GNC1, GNC2, GNC3 (GNC Section 2.2) of features H with classifier W, from :mod:`kdcollapse.metrics`."""
+    from kdcollapse.metrics.functional import collapse_metrics_from_features  # torchmetrics: import on use
 
-    GNC1 = tr(Sigma_W Sigma_B^+) / K with the uncentred Sigma_B = (1/K) sum_k hbar_k hbar_k^T as
-    written in the paper; GNC2 = rho_one-vs-rest(W) (a distance); GNC3 = (1/K) sum_k (1 - w_k^T hbar_k).
-    The pseudo-inverse discards eigenvalues below max(K, d) * eps * lambda_max.
-    """
-    H = F.normalize(H.detach().double(), dim=1)
-    W = F.normalize(W.detach().double(), dim=1)
-    counts = torch.bincount(labels, minlength=num_classes).double()
-    means = torch.zeros_like(W).index_add_(0, labels, H) / counts[:, None]
-    centred = H - means[labels]
-    sigma_w = centred.T @ centred / len(H)
-    evals, evecs = torch.linalg.eigh(means.T @ means / num_classes)
-    keep = evals > max(W.shape) * torch.finfo(evals.dtype).eps * evals.max()
-    sigma_b_pinv = (evecs[:, keep] / evals[keep]) @ evecs[:, keep].T
-    return {
-        "gnc1": (torch.trace(sigma_w @ sigma_b_pinv) / num_classes).item(),
-        "gnc2": one_vs_rest_distances(W).min().item(),
-        "gnc3": (1 - (W * means).sum(1)).mean().item(),
-    }
+    metrics = collapse_metrics_from_features(H.detach(), labels, num_classes, W.detach())
+    return {name: metrics[name].item() for name in ("gnc1", "gnc2", "gnc3")}
 
 
 def train_ufm(

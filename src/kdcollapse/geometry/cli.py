@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--seed", type=int, default=0)
     sub.set_defaults(func=_run_ufm)
 
+    sub = _add(commands, "heads-report", "report of the GNC heads trained on Fashion-MNIST (Fig. 5, Section 4)", """examples:
+  configs/geometry/run_experiments.sh runs/geometry   # trains every run, then calls this command
+  kdcollapse geometry heads-report --runs runs/geometry --out results/geometry""")
+    sub.add_argument("--runs", type=Path, required=True, help="folder holding heads/ and/or assignment/ runs")
+    sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")
+    sub.set_defaults(func=_run_heads_report)
+
 
 def _add(commands, name: str, description: str, epilog: str) -> argparse.ArgumentParser:
     return commands.add_parser(name, help=description, description=description, epilog=epilog, formatter_class=HelpFormatter)
@@ -152,6 +159,14 @@ def _run_ufm(args: argparse.Namespace) -> int:
 
     path = write_ufm_report(args.out, quick=args.quick, seed=args.seed)
     print(f"wrote {path}")
+    return 0
+
+
+def _run_heads_report(args: argparse.Namespace) -> int:
+    from kdcollapse.geometry._heads_report import write_heads_report
+
+    for path in write_heads_report(args.runs, args.out):
+        print(f"wrote {path}")
     return 0
 
 

@@ -18,15 +18,25 @@ from kdcollapse.models._layers import ConvClassifier, conv_bn
 
 
 class MLP(Classifier):
-    """Flatten, then Linear-ReLU layers of widths ``hidden``; the feature is the last hidden layer."""
+    """Flatten, then Linear-ReLU layers of widths ``hidden``; the feature is the last hidden layer, or, with
+    ``bottleneck``, the output of one more Linear layer of that width without activation (the linear layer
+    the GNC paper inserts before the classifier to set the feature dimension d, App. B.3), so that features
+    can point in every direction (ReLU features lie in the positive orthant)."""
 
-    def __init__(self, num_classes: int, in_features: int, hidden: tuple[int, ...] = (512, 256)):
+    def __init__(
+        self, num_classes: int, in_features: int, hidden: tuple[int, ...] = (512, 256), bottleneck: int | None = None
+    ):
         super().__init__()
         self.in_features = in_features
         layers: list[nn.Module] = []
         for width in hidden:
             layers += [nn.Linear(in_features, width), nn.ReLU(inplace=True)]
             in_features = width
+        if bottleneck is not None:
+            if bottleneck < 1:
+                raise KdcollapseError(f"bottleneck must be a positive width, got {bottleneck}")
+            layers.append(nn.Linear(in_features, bottleneck))
+            in_features = bottleneck
         self.body = nn.Sequential(*layers)
         self._init_head(in_features, num_classes)
 
@@ -58,10 +68,15 @@ class ConvNet(ConvClassifier):
 
 @register_model("mlp")
 def mlp(
-    num_classes: int, in_channels: int = 3, input_size: int = 28, hidden: tuple[int, ...] = (512, 256)
+    num_classes: int,
+    in_channels: int = 3,
+    input_size: int = 28,
+    hidden: tuple[int, ...] = (512, 256),
+    bottleneck: int | None = None,
 ) -> MLP:
-    """MLP on ``in_channels × input_size × input_size`` inputs, 784-512-256 for 28×28 grey images."""
-    return MLP(num_classes, in_channels * input_size**2, tuple(hidden))
+    """MLP on ``in_channels × input_size × input_size`` inputs, 784-512-256 for 28×28 grey images;
+    ``bottleneck=d`` appends a linear d-dimensional feature layer (no activation)."""
+    return MLP(num_classes, in_channels * input_size**2, tuple(hidden), bottleneck)
 
 
 @register_model("convnet_small")

@@ -104,13 +104,18 @@ def model_meta(cfg, dataset, **extra) -> dict:
     """What is needed to rebuild and use a trained model without its run config."""
     return {
         "format": "kdcollapse.model", "version": 1, "model": cfg.model.name, "model_kwargs": cfg.model.kwargs,
-        "num_classes": dataset.num_classes, "in_channels": dataset.in_channels,
+        "num_classes": dataset.num_classes, "classes": list(dataset.classes), "in_channels": dataset.in_channels,
         "input_shape": list(dataset.input_shape), "dataset": cfg.data.name,
         "mean": list(dataset.mean), "std": list(dataset.std), "method": cfg.method.name, **extra,
     }
 
 
 def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
+    """Write the weights and ``meta``; a special head (``kdcollapse.geometry.heads``) adds its ``spec()``
+    as ``meta["head"]``, so that :func:`load_model` can rebuild it."""
+    head = getattr(model, "head", None)
+    if callable(getattr(head, "spec", None)):
+        meta = meta | {"head": head.spec()}
     save_tensors(path, model.state_dict(), meta)
 
 
@@ -140,5 +145,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     if meta.get("num_classes") and num_classes and num_classes != meta["num_classes"]:
         raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
     model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
+    if "head" in meta:  # a special head recorded by save_model
+        from kdcollapse.geometry.heads import head_from_spec
+
+        model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
     load_state(model, state, str(path))
     return model, meta

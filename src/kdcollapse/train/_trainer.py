@@ -122,6 +122,8 @@ class Trainer:
         d = self.cfg.data
         train_set = load_dataset(d.name, "train", root=d.root)
         test_set = load_dataset(d.name, "test", root=d.root)
+        if d.classes is not None:
+            train_set, test_set = train_set.select_classes(d.classes), test_set.select_classes(d.classes)
         if d.train_per_class:
             train_set = train_set.subset(d.train_per_class, seed=self.cfg.seed)
         if d.test_per_class:

@@ -1,0 +1,66 @@
+"""`kdcollapse geometry heads-report` on tiny digits runs: tables, arrangements, figures."""
+
+import math
+import re
+
+import pytest
+import torch
+
+from kdcollapse.cli import main
+from kdcollapse.config import load_config
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.geometry._heads_report import circular_order, opposite_pairs
+from kdcollapse.train import fit, read_metrics
+
+COMMON = ["data.name=digits", "data.batch_size=60", "data.train_per_class=12", "train.progress=false",
+          "schedule.name=constant", "train.epochs=1", "model.name=mlp", "method.name=spherical"]
+
+
+def train(run_dir, *extra):
+    return fit(load_config(None, [*COMMON, f"run_dir={run_dir}", *extra])).run_dir
+
+
+def unit(degrees):
+    return torch.tensor([[math.cos(math.radians(a)), math.sin(math.radians(a))] for a in degrees])
+
+
+def test_circular_order_and_opposite_pairs():
+    W = unit([100, -10, 200, 80])  # counter-clockwise from -180: class 2 (200 = -160), 1, 3, 0
+    assert circular_order(W) == [2, 1, 3, 0]
+    assert opposite_pairs(W) == {frozenset({2, 3}), frozenset({1, 0})}
+    with pytest.raises(KdcollapseError, match="4 class vectors in d = 2"):
+        opposite_pairs(unit([0, 90, 180]))
+
+
+def test_heads_report_on_tiny_runs(tmp_path, capsys):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    wide = "model.kwargs={input_size: 8, hidden: [32], bottleneck: 5}"
+    for head in ("linear", "cmf"):
+        train(runs / "heads" / head / "seed0", wide, f"method.head={head}")
+    flat = ["model.kwargs={input_size: 8, hidden: [32], bottleneck: 2}", "data.classes=[0, 1, 2, 3]",
+            "data.train_per_class=15"]
+    train(runs / "assignment" / "trainable" / "seed0", *flat, "method.head=cosine")
+    for name, assignment in (("A1", "[0, 1, 2, 3]"), ("A3", "[0, 2, 1, 3]")):
+        train(runs / "assignment" / name / "seed0", *flat, "method.head=fixed", "method.code=softmax",
+              f"method.assignment={assignment}")
+
+    assert main(["geometry", "heads-report", "--runs", str(runs), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    heads = (out / "heads.md").read_text()
+    assert "(K, d) = (10, 5): 1.0000 (Thm 3.3, closed form)" in heads
+    for head in ("linear", "cmf"):
+        acc = read_metrics(runs / "heads" / head / "seed0")[-1]["test_acc"]
+        assert f"| {head} | 0 | {acc:.2f} |" in heads
+    assert heads.index("| linear | 0 |") < heads.index("| cmf | 0 |")  # paper order, not alphabetical
+
+    assignment = (out / "assignment.md").read_text()
+    rows = {m[0]: m[1] for m in re.findall(r"^\| (\w+) \| [^|]+ \| ([^|]+) \|", assignment, re.M)}
+    assert rows["A1"].strip() == "0 / 2, 1 / 3 (= A1)"
+    assert rows["A3"].strip() == "0 / 1, 2 / 3 (= A3)"
+    assert re.fullmatch(r"0 / \d, \d / \d( \(= A\d\))?", rows["trainable"].strip())
+    assert "GNC2" in assignment and "seed 0: " in assignment
+    for figure in ("heads_learning_curves.png", "assignment_features.png", "assignment_trainable_seeds.png"):
+        assert (out / figure).stat().st_size > 10_000
+
+    assert main(["geometry", "heads-report", "--runs", str(tmp_path / "out"), "--out", str(tmp_path / "x")]) == 2
+    assert "holds neither heads/ nor assignment/" in capsys.readouterr().err
