@@ -44,3 +44,11 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def shutdown_distributed() -> None:
+    """Wait for every process, then destroy the process group (a no-op for one process). Without it each
+    rank tears down its connections at interpreter exit, and a rank whose peer has already gone can abort."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -44,6 +44,14 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from kdcollapse.train._distributed import shutdown_distributed
+
+    _train(args)
+    shutdown_distributed()  # every rank got here: leave the process group together, not at interpreter exit
+    return 0
+
+
+def _train(args) -> None:
     from kdcollapse.methods import get_method
 
     cfg = _resolve_config(args)
@@ -56,14 +64,13 @@ def _run(args) -> int:
     seeds = _parse_seeds(args.seeds) if args.seeds else None
     if seeds is None:
         _report(_fit(cfg, args))
-        return 0
+        return
     results = []
     for seed in seeds:
         run = dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"))
         results.append(_fit(run, args))
         _report(results[-1])
     _summarise(Path(cfg.run_dir), seeds, results)
-    return 0
 
 
 def _resolve_config(args) -> RunConfig:
