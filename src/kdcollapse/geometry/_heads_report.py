@@ -147,7 +147,8 @@ def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[s
     first = next(iter(group.values()))[0]
     seconds = sum(r["epoch_time_s"] for runs in group.values() for run in runs for r in run.records)
     seeds = sorted({run.seed for runs in group.values() for run in runs})
-    revisions = sorted({str(_run_info(run).get("git_revision")) for runs in group.values() for run in runs})
+    revisions = sorted({_run_info(run).get("git_revision") or "not recorded (run outside a git checkout)"
+                        for runs in group.values() for run in runs})
     return [
         f"# {title}",
         "",
