@@ -175,3 +175,17 @@ def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, em
             torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
     records = read_metrics(tmp_path / "ddp")
     assert records[-1]["ranks_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_torchrun_run_dir_failure_on_rank_0_stops_every_rank(tmp_path, empty_yaml):
+    """The main process cannot create the run directory (its parent is a file): both ranks exit with the
+    error instead of the other rank waiting at a barrier until the process-group timeout."""
+    (tmp_path / "a_file").write_text("")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "kdcollapse", "train", "--config", empty_yaml, *TINY, f"run_dir={tmp_path / 'a_file' / 'run'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("cannot write to run directory") == 1, proc.stderr[-3000:]
+    assert "could not prepare the run directory" in proc.stderr, proc.stderr[-3000:]

@@ -43,7 +43,7 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: b
     Every process checks before any writes: under ``torchrun`` they call this in lock-step, with a
     barrier between the check and the writing.
     """
-    from kdcollapse.train._distributed import barrier
+    from kdcollapse.train._distributed import all_ranks_ok, barrier
 
     run_dir = Path(cfg.run_dir)
     holds_run = (run_dir / "config.yaml").exists()
@@ -55,9 +55,15 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: b
             "replace it, or choose another run_dir"
         )
     barrier()
+    error = None
     if is_main:
-        _write_run_dir(cfg, run_dir, clear=holds_run and not resume, record=not resume)
-    barrier()
+        try:
+            _write_run_dir(cfg, run_dir, clear=holds_run and not resume, record=not resume)
+        except (CheckpointError, OSError) as err:
+            error = err
+    # Every rank learns whether the main process succeeded, so none is left waiting for a failed one.
+    if not all_ranks_ok(error is None):
+        raise error or CheckpointError(f"the main process could not prepare the run directory {run_dir}")
     return run_dir
 
 
