@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every run behind results/distillation/fashion_mnist.md, one after another, seeds interleaved.
-# Usage (repository root): RUNS=/path/to/runs TEACHER=/path/to/teacher_run bash results/distillation/run_fashion_mnist.sh
+# Usage (repository root, package installed: make demo or pip install -e .): RUNS=/path/to/runs TEACHER=/path/to/teacher_run bash results/distillation/run_fashion_mnist.sh
 # TEACHER is the run of `kdcollapse train --config configs/fashion_mnist/teacher.yaml` (convnet, 93.04 %,
 # results/fashion_mnist_teacher/). Protocol: the recipes in configs/fashion_mnist/ on 500 training images
 # per class, 12 epochs; one thread per run.

@@ -14,6 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from kdcollapse.config import load_config
 from kdcollapse.report import markdown_table, plot_curves
 from kdcollapse.train import read_metrics
 
@@ -28,11 +29,10 @@ def finished_runs(root: Path, recipe: str) -> dict[int, list[dict]]:
     """seed -> epoch records of every run of ``recipe`` that reached its last epoch."""
     runs = {}
     for run in sorted((root / recipe).glob("seed*")):
-        records = read_metrics(run) if (run / "metrics.jsonl").is_file() else []
-        config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
-        epochs = next((int(line.split(":")[1]) for line in config.splitlines() if line.strip().startswith("epochs:")),
-                      None)
-        if records and len(records) == epochs:
+        if not (run / "metrics.jsonl").is_file():
+            continue
+        records = read_metrics(run)
+        if records and len(records) == load_config(run / "config.yaml").train.epochs:
             runs[int(run.name.removeprefix("seed"))] = records
     return runs
 
