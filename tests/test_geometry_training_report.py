@@ -1,5 +1,6 @@
 """`kdcollapse geometry heads-report` on tiny digits runs: tables, arrangements, figures."""
 
+import json
 import math
 import re
 
@@ -61,6 +62,14 @@ def test_heads_report_on_tiny_runs(tmp_path, capsys):
     assert "GNC2" in assignment and "seed 0: " in assignment
     for figure in ("heads_learning_curves.png", "assignment_features.png", "assignment_trainable_seeds.png"):
         assert (out / figure).stat().st_size > 10_000
+
+    # The header names the code revision each run recorded, and says when a run recorded none.
+    info_path = runs / "heads" / "cmf" / "seed0" / "run.json"
+    info = json.loads(info_path.read_text())
+    assert f"(run.json): {info['git_revision'] or 'not recorded'}" in heads
+    info_path.write_text(json.dumps({**info, "git_revision": None}))
+    assert main(["geometry", "heads-report", "--runs", str(runs), "--out", str(out)]) == 0
+    assert "not recorded (run outside a git checkout)" in (out / "heads.md").read_text()
 
     assert main(["geometry", "heads-report", "--runs", str(tmp_path / "out"), "--out", str(tmp_path / "x")]) == 2
     assert "holds neither heads/ nor assignment/" in capsys.readouterr().err
