@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kdcollapse.report import markdown_table  # noqa: E402
-from kdcollapse.train import read_metrics  # noqa: E402
+from kdcollapse.runs import read_metrics  # noqa: E402
 
 METHODS = {"natural": "natural training", "trades": "TRADES", "ikl_at": "IKL-AT"}
 PGD, AA = "pgd-20 Linf eps=0.1 last", "autoattack-standard Linf eps=0.1 last"

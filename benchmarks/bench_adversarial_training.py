@@ -91,8 +91,8 @@ def bench_steps(args) -> None:
 
 def bench_evaluation(args) -> None:
     from kdcollapse.adversarial import Normalized, autoattack_standard, pgd_evaluate
-    from kdcollapse.adversarial._run_eval import load_test_images
-    from kdcollapse.train import load_model
+    from kdcollapse.experiments.robust_eval import load_test_images
+    from kdcollapse.runs import load_model
 
     net, meta = load_model(args.run_dir)
     model = Normalized(net, meta["mean"], meta["std"]).eval()

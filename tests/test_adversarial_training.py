@@ -21,7 +21,8 @@ from kdcollapse.methods import build_method
 from kdcollapse.methods._adversarial import WeightPerturbation, eps_schedule
 from kdcollapse.methods.ikl_at import ClassMeanProbabilities
 from kdcollapse.models import count_parameters, create_model
-from kdcollapse.train import Trainer, fit, load_model, load_tensors
+from kdcollapse.train import Trainer, fit
+from kdcollapse.runs import load_model, load_tensors
 
 MEAN, STD = (0.3,), (0.4,)
 # scikit-learn's digits (1×8×8 images, 10 classes): real data, available offline.
@@ -430,8 +431,9 @@ def test_robust_eval_cli_end_to_end(tiny_run, capsys):
 
 
 def test_robust_eval_defaults_to_autoattack_standard(tiny_run, monkeypatch):
-    from kdcollapse.adversarial import _run_eval
+    from kdcollapse.adversarial import _registry
     from kdcollapse.adversarial._evaluate import evaluate_attacks
+    from kdcollapse.experiments import robust_eval
 
     called = {}
 
@@ -439,12 +441,12 @@ def test_robust_eval_defaults_to_autoattack_standard(tiny_run, monkeypatch):
         called.update(norm=norm, eps=eps, n=len(x), lo=x.min().item(), hi=x.max().item())
         return evaluate_attacks(model, x, y, [], norm=norm, eps=eps, batch_size=batch_size, progress=progress)
 
-    monkeypatch.setattr(_run_eval, "autoattack_standard", standard)
-    entries = _run_eval.evaluate_run(tiny_run, eps="8/255", attacks=["standard"], n_examples=20, progress=False)
+    monkeypatch.setattr(_registry, "autoattack_standard", standard)
+    entries = robust_eval.evaluate_run(tiny_run, eps="8/255", attacks=["standard"], n_examples=20, progress=False)
     assert list(entries) == ["autoattack-standard Linf eps=8/255 last"]
     assert called["norm"] == "Linf" and called["eps"] == 8 / 255 and called["n"] == 20
     assert 0 <= called["lo"] and called["hi"] <= 1  # images in [0, 1], not standardised
-    x, _ = _run_eval.load_test_images("digits", n_examples=5)
+    x, _ = robust_eval.load_test_images("digits", n_examples=5)
     assert torch.equal(x, load_dataset("digits", "test").inputs[:5].float() / 255)
 
 
@@ -466,7 +468,7 @@ def test_robust_eval_missing_run_and_non_image_data(tmp_path, capsys):
     assert main(["robust-eval", str(tmp_path / "nowhere")]) == 2
     assert "run directory not found" in capsys.readouterr().err
     assert main(["robust-eval", str(tmp_path)]) == 2
-    assert "holds no model.safetensors" in capsys.readouterr().err
+    assert "holds no config.yaml" in capsys.readouterr().err
     vec = tmp_path / "vec"
     fit(load_config(None, ["data.name=gaussian_mixture", "model.name=mlp", "model.kwargs={input_size: 1}",
                            "train.epochs=1", "train.progress=false", f"run_dir={vec}"]))

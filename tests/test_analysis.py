@@ -14,15 +14,16 @@ from kdcollapse.analysis import (
     EPOCH_KEYS,
     logit_margins,
     logit_matrix_difference,
-    run_split,
+
 )
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.data import make_loader
-from kdcollapse.errors import CheckpointError, ConfigError, DataError, KdcollapseError
+from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.metrics import ncc_accuracy
 from kdcollapse.metrics.functional import collapse_metrics_from_features
-from kdcollapse.train import fit, load_model, load_tensors, read_metrics
+from kdcollapse.train import fit
+from kdcollapse.runs import load_model, load_tensors, read_metrics, run_dataset
 
 TINY = ["data.name=digits", "data.batch_size=64", "data.eval_batch_size=100", "train.progress=false",
         "optim.lr=0.05", "schedule.name=constant", "model.name=mlp", "model.kwargs={input_size: 8, hidden: [32]}"]
@@ -75,7 +76,7 @@ def test_analyze_writes_report_equal_to_a_plain_feature_loop(run, tmp_path):
     assert not (out / "logit_matrices.png").exists() and report["logit_matrices"] == {}  # no teacher
 
     model, _ = load_model(run / "model.safetensors")
-    dataset = run_split(load_config(run / "config.yaml"), "test")
+    dataset = run_dataset(load_config(run / "config.yaml"), "test")
     h, z, y = plain_features(model, dataset)
     expected = collapse_metrics_from_features(h, y, 10, model.head.weight)
     metrics = report["metrics"]
@@ -168,7 +169,7 @@ def test_dual_head_run_reports_both_heads_against_its_teacher(run, dual_head_run
     state = load_tensors(dual_head_run / "checkpoint.safetensors")[0]
     aux = torch.nn.Linear(student.feature_dim, 10)
     aux.load_state_dict({"weight": state["method.aux_head.weight"], "bias": state["method.aux_head.bias"]})
-    dataset = run_split(load_config(dual_head_run / "config.yaml"), "test")
+    dataset = run_dataset(load_config(dual_head_run / "config.yaml"), "test")
     h, z, y = plain_features(student, dataset)
     z_teacher = plain_features(teacher, dataset)[1]
     with torch.no_grad():

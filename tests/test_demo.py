@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from kdcollapse import demo
+from kdcollapse.experiments import demo
 
 
 def test_demo_pipeline_writes_the_report(tmp_path, monkeypatch, capsys):

@@ -13,20 +13,15 @@ from torch import nn
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import (
-    ClassMeanFeatureHead,
-    CosineHead,
-    FixedHead,
     SphericalCode,
     closed_form_code,
-    head_from_spec,
-    make_code,
-    make_head,
     one_vs_one_distance,
     one_vs_rest_distances,
     simplex_etf,
     softmax_code_optimum,
 )
 from kdcollapse.models import Classifier
+from kdcollapse.models.heads import ClassMeanFeatureHead, CosineHead, FixedHead, head_from_spec, make_code, make_head
 
 
 class TinyNet(Classifier):
@@ -176,7 +171,7 @@ def test_make_code_sources(tmp_path, monkeypatch):
         calls.append((K, d, restarts, seed))
         return SphericalCode("softmax", torch.randn(K, d, dtype=torch.float64), 0.5, 0.5, [0.5])
 
-    monkeypatch.setattr("kdcollapse.geometry.heads.softmax_code", fake_solver)
+    monkeypatch.setattr("kdcollapse.models.heads.softmax_code", fake_solver)
     assert make_code("softmax", 10, 3).shape == (10, 3) and calls == [(10, 3, 8, 0)]  # no closed form: numeric
     W = torch.randn(5, 3, dtype=torch.float64)
     np.save(tmp_path / "w.npy", (3 * W).numpy())

@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from kdcollapse.config import load_config, method_config
 from kdcollapse.data import Augment, FolderDataset, load_dataset, make_loader
 from kdcollapse.errors import ConfigError, DataError, KdcollapseError
-from kdcollapse.geometry import ClassMeanFeatureHead, CosineHead, FixedHead, closed_form_code
+from kdcollapse.geometry import closed_form_code
+from kdcollapse.models.heads import ClassMeanFeatureHead, CosineHead, FixedHead
 from kdcollapse.methods import build_method
 from kdcollapse.models import create_model
-from kdcollapse.train import fit, load_model, load_tensors, read_metrics, save_tensors
+from kdcollapse.train import fit
+from kdcollapse.runs import load_model, load_tensors, read_metrics, save_tensors
 from kdcollapse.train._trainer import seed_everything
 
 # digits (K = 10), 12 images per class = 120 in 2 batches of 60: every epoch is exactly two steps.

@@ -10,8 +10,9 @@ import torch
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry._heads_report import circular_order, opposite_pairs
-from kdcollapse.train import fit, read_metrics
+from kdcollapse.experiments.heads_report import circular_order, opposite_pairs
+from kdcollapse.train import fit
+from kdcollapse.runs import read_metrics
 
 COMMON = ["data.name=digits", "data.batch_size=60", "data.train_per_class=12", "train.progress=false",
           "schedule.name=constant", "train.epochs=1", "model.name=mlp", "method.name=spherical"]

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum, train_ufm
-from kdcollapse.geometry._ufm import _log_mean_cross_entropy, temperature_continuation
+from kdcollapse.experiments.ufm import train_ufm
+from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
+from kdcollapse.experiments.ufm import _log_mean_cross_entropy, temperature_continuation
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 
 

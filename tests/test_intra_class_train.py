@@ -14,7 +14,8 @@ from kdcollapse.config import load_config
 from kdcollapse.data import Augment, TensorDataset, augment_batch, make_loader
 from kdcollapse.errors import DataError
 from kdcollapse.losses import kd_loss, rkd_loss
-from kdcollapse.train import Trainer, fit, load_tensors, read_metrics
+from kdcollapse.train import Trainer, fit
+from kdcollapse.runs import load_tensors, read_metrics
 
 
 def images(n: int = 24, classes: int = 3, size: int = 6) -> TensorDataset:

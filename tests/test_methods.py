@@ -18,7 +18,8 @@ from kdcollapse.losses import binary_kl_norm_loss, dkd_loss, ikl_loss, kd_loss
 from kdcollapse.methods import FrozenTeacher, build_method, list_methods
 from kdcollapse.methods._dual_head import align_gradients
 from kdcollapse.models import create_model
-from kdcollapse.train import fit, load_model, load_tensors
+from kdcollapse.train import fit
+from kdcollapse.runs import load_model, load_tensors
 
 K, D = 5, 9  # classes; input values (a 1x3x3 "image" for the mlp)
 DISTILLERS = ["kd", "dkd", "ce_binarykl", "dkl_kd", "dhkd", "dual_head_kd", "ikl_kd"]

@@ -10,8 +10,6 @@ import doctest
 import math
 import os
 import socket
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -68,31 +66,6 @@ def one_vs_rest(weight: np.ndarray) -> np.ndarray:
         )
         out.append(np.linalg.norm(weight[k] - a @ result.x))
     return np.array(out)
-
-
-def scipy_one_vs_rest_distances(weight: torch.Tensor, *, return_certificate: bool = False) -> torch.Tensor:
-    """Stand-in with the signature of ``kdcollapse.geometry.one_vs_rest_distances``."""
-    assert not return_certificate
-    return torch.from_numpy(one_vs_rest(weight.detach().double().cpu().numpy()))
-
-
-def geometry_stand_in() -> types.ModuleType | None:
-    """None when ``kdcollapse.geometry.one_vs_rest_distances`` exists (written on another branch); until
-    then a module holding the scipy reference. The gnc2 tests compare with ``one_vs_rest`` either way."""
-    try:
-        from kdcollapse.geometry import one_vs_rest_distances  # noqa: F401
-    except ImportError:
-        module = types.ModuleType("kdcollapse.geometry")
-        module.one_vs_rest_distances = scipy_one_vs_rest_distances
-        return module
-    return None
-
-
-@pytest.fixture
-def geometry(monkeypatch):
-    module = geometry_stand_in()
-    if module is not None:
-        monkeypatch.setitem(sys.modules, "kdcollapse.geometry", module)
 
 
 def make_features(counts, dim, *, seed, spread=3.0, offset=0.0, dtype=torch.float64):
@@ -184,7 +157,7 @@ CASES = {"balanced": ([30] * 5, 8), "imbalanced": ([5, 40, 12, 3, 25, 9], 4)}
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_metrics_match_reference(case, geometry):
+def test_metrics_match_reference(case):
     counts, dim = CASES[case]
     num_classes = len(counts)
     h, y, _ = make_features(counts, dim, seed=1)
@@ -221,7 +194,7 @@ def simplex_etf(num_classes: int, dim: int) -> torch.Tensor:
     return etf / etf.norm(dim=1, keepdim=True)
 
 
-def test_fully_collapsed_features_attain_every_bound(geometry):
+def test_fully_collapsed_features_attain_every_bound():
     num_classes, dim = 4, 6
     etf = simplex_etf(num_classes, dim)
     y = torch.arange(num_classes).repeat(7)
@@ -249,7 +222,7 @@ def circle(num_classes: int) -> torch.Tensor:
         (torch.cat([torch.eye(3), -torch.eye(3)[:2]]), 1.0),  # d + 1 < K <= 2d, cross-polytope vertices
     ],
 )
-def test_gnc2_of_known_softmax_codes(weight, optimum, geometry):
+def test_gnc2_of_known_softmax_codes(weight, optimum):
     num_classes, dim = weight.shape
     h, y, _ = make_features([6] * num_classes, dim, seed=3)
     m = collapse_metrics(stream(h, y, num_classes), weight.double())
@@ -452,7 +425,7 @@ def test_bad_batches_are_rejected(features, labels, message):
     assert int(stats.class_counts.sum()) == 0  # nothing was accumulated
 
 
-def test_bad_configurations_are_rejected(geometry):
+def test_bad_configurations_are_rejected():
     with pytest.raises(KdcollapseError, match="num_classes >= 2"):
         FeatureStatistics(1, 4)
     with pytest.raises(KdcollapseError, match="feature_dim"):
@@ -495,7 +468,7 @@ def test_bad_configurations_are_rejected(geometry):
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_docstring_and_docs_examples_run(geometry):
+def test_docstring_and_docs_examples_run():
     from kdcollapse.metrics import _collapse, _linalg, _ncc, _statistics, _transfer, functional
 
     for module in (_collapse, _linalg, _ncc, _statistics, _transfer, functional):
@@ -527,9 +500,6 @@ def _phases(n: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    module = geometry_stand_in()
-    if module is not None:
-        sys.modules["kdcollapse.geometry"] = module
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         h, y, w = _distributed_data()
@@ -547,7 +517,7 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_gloo_processes_equal_one_process(tmp_path, geometry):
+def test_two_gloo_processes_equal_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

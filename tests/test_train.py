@@ -14,7 +14,8 @@ from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import Method, register_method
-from kdcollapse.train import fit, load_model, load_tensors, read_metrics
+from kdcollapse.train import fit
+from kdcollapse.runs import load_model, load_tensors, read_metrics
 from kdcollapse.train import TrainingDiverged
 
 # scikit-learn's digits: 8x8 grey images, always available offline.

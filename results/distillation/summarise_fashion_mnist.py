@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kdcollapse.config import load_config
 from kdcollapse.report import markdown_table, plot_curves
-from kdcollapse.train import read_metrics
+from kdcollapse.runs import read_metrics
 
 TABLE = {"student": "vanilla student (CE only)", "kd": "KD", "dkd": "DKD", "dhkd": "DHKD (global alignment)",
          "ikl_kd": "IKL-KD"}

@@ -23,7 +23,7 @@ import torch
 from kdcollapse.data import load_dataset, make_loader
 from kdcollapse.methods.intra_class_teacher import intra_inter_distances
 from kdcollapse.metrics.functional import collapse_metrics_from_features
-from kdcollapse.train import load_model, read_metrics
+from kdcollapse.runs import load_model, read_metrics
 
 LAMBDAS = ("0", "0.01", "0.03", "0.1", "1")  # 1 is outside the paper's range [0.01, 0.03]
 SEEDS = (0, 1, 2)

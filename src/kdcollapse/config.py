@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from kdcollapse.errors import ConfigError
+from kdcollapse.methods import get_method
 
 
 @dataclass
@@ -143,8 +144,6 @@ def config_from_dict(data: dict) -> RunConfig:
 
 def method_config(section: dict):
     """Type the ``method:`` section with the chosen method's ``Config`` dataclass."""
-    from kdcollapse.methods import get_method
-
     section = dict(section)
     name = section.pop("name", "vanilla")
     config_cls = get_method(name).Config

@@ -21,11 +21,12 @@ from kdcollapse.adversarial._evaluate import (
 from kdcollapse.adversarial._fab import fab_attack, project_onto_hyperplane_in_box
 from kdcollapse.adversarial._losses import dlr_loss, dlr_targeted_loss, margin
 from kdcollapse.adversarial._pgd import pgd_attack, trades_attack
-from kdcollapse.adversarial._run_eval import evaluate_run, load_test_images
+from kdcollapse.adversarial._registry import AttackSetting, get_attack, list_attacks, register_attack
 from kdcollapse.adversarial._square import square_attack, square_p_schedule
 
 __all__ = [
     "NORMS",
+    "AttackSetting",
     "AttackStage",
     "Normalized",
     "RobustEvaluation",
@@ -37,15 +38,16 @@ __all__ = [
     "dlr_loss",
     "dlr_targeted_loss",
     "evaluate_attacks",
-    "evaluate_run",
     "fab_attack",
-    "load_test_images",
+    "get_attack",
+    "list_attacks",
     "lp_norm",
     "margin",
     "parse_eps",
     "pgd_attack",
     "pgd_evaluate",
     "project_onto_hyperplane_in_box",
+    "register_attack",
     "square_attack",
     "square_p_schedule",
     "trades_attack",

@@ -13,7 +13,7 @@ from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins, logit_m
 from kdcollapse.analysis._plots import plot_logit_matrices, plot_margins, plot_spectra, plot_tsne
 from kdcollapse.analysis._pass import SplitPass, classifier_weight, feature_pass, split_metrics
 from kdcollapse.analysis._sample import ClassReservoir
-from kdcollapse.analysis._source import Subject, load_run, load_weights, run_split
+from kdcollapse.analysis._source import Subject, load_run, load_weights
 
 __all__ = [
     "EPOCH_KEYS",
@@ -39,7 +39,6 @@ __all__ = [
     "plot_margins",
     "plot_spectra",
     "plot_tsne",
-    "run_split",
     "split_metrics",
     "tsne",
 ]

@@ -10,9 +10,8 @@ Memory: O(K d + d^2) statistics, one float per sample for the margins, and at mo
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +22,7 @@ from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
+from kdcollapse.models import evaluating
 
 DEFAULT_SAMPLE_SIZE = 20_000  # feature rows kept for t-SNE and nearest-class-mean, over all classes
 
@@ -41,21 +41,6 @@ class SplitPass:
     @property
     def num_samples(self) -> int:
         return self.labels.numel()
-
-
-@contextlib.contextmanager
-def evaluating(modules: Iterable[nn.Module]) -> Iterator[None]:
-    """Eval mode and no gradients inside; every module's previous mode is restored afterwards."""
-    modules = list(modules)
-    modes = [m.training for m in modules]
-    try:
-        for m in modules:
-            m.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        for m, mode in zip(modules, modes):
-            m.train(mode)
 
 
 def sample_per_class(sample_size: int, num_classes: int) -> int:

@@ -1,5 +1,7 @@
-"""Classifier geometry (GNC paper): exact one-vs-rest distances, softmax and Tammes codes, bounds,
-unconstrained-features-model experiments and unit-norm classifier heads.
+"""Classifier geometry (GNC paper), the mathematics alone: exact one-vs-rest distances, softmax and Tammes
+codes, their bounds, and code files. The unit-norm classifier heads built on these codes are in
+:mod:`kdcollapse.models.heads`; the unconstrained-features-model experiments in
+:mod:`kdcollapse.experiments.ufm`.
 
 All distances are Euclidean distances between unit vectors (not squared); see docs/geometry.md.
 """
@@ -21,32 +23,14 @@ from kdcollapse.geometry._distances import (
     unit_rows,
 )
 from kdcollapse.geometry._io import load_matrix, save_code
-from kdcollapse.geometry._ufm import UFMResult, train_ufm
-from kdcollapse.geometry.heads import (
-    HEAD_KINDS,
-    ClassMeanFeatureHead,
-    CosineHead,
-    FixedHead,
-    head_from_spec,
-    make_code,
-    make_head,
-)
 
 __all__ = [
-    "ClassMeanFeatureHead",
-    "CosineHead",
-    "FixedHead",
-    "HEAD_KINDS",
     "NearestPoints",
     "SoftmaxCodeBounds",
     "SphericalCode",
     "TAMMES_OPTIMA",
-    "UFMResult",
     "closed_form_code",
-    "head_from_spec",
     "load_matrix",
-    "make_code",
-    "make_head",
     "nearest_points",
     "one_vs_one_distance",
     "one_vs_rest_distances",
@@ -58,6 +42,5 @@ __all__ = [
     "softmax_code_optimum",
     "tammes_code",
     "tammes_optimum",
-    "train_ufm",
     "unit_rows",
 ]

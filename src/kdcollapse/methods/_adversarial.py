@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from kdcollapse.adversarial import Normalized, parse_eps, trades_attack
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.methods._base import Method
-from kdcollapse.train._distributed import all_reduce_sum
+from kdcollapse.distributed import all_reduce_sum
 
 
 @dataclass

@@ -14,7 +14,7 @@ class Distiller(Method):
     """A :class:`Method` that learns from a :class:`FrozenTeacher` over the same ``num_classes`` labels.
 
     The trainer already refuses a teacher trained on another dataset or label space
-    (``train/_teacher.py``); this check covers methods built directly with ``build_method``.
+    (``runs/_teacher.py``); this check covers methods built directly with ``build_method``.
     """
 
     needs_teacher = True

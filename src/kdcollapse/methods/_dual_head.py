@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kdcollapse.methods._distill import Distiller, check_config
-from kdcollapse.train._distributed import all_reduce_sum
+from kdcollapse.distributed import all_reduce_sum
 
 AUX_HIDDEN = 200  # hidden width of the non-linear auxiliary head (DHKD App. F)
 

@@ -18,7 +18,7 @@ from kdcollapse.errors import ConfigError
 from kdcollapse.losses import ikl_at_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._adversarial import AdversarialConfig, AdversarialTraining
-from kdcollapse.train._distributed import all_reduce_sum
+from kdcollapse.distributed import all_reduce_sum
 
 
 class ClassMeanProbabilities:

@@ -11,7 +11,7 @@ from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.losses import ikl_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
-from kdcollapse.train._distributed import all_reduce_sum
+from kdcollapse.distributed import all_reduce_sum
 
 
 @register_method("ikl_kd")

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.distributed import all_reduce_sum
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import intra_class_contrastive_loss
 from kdcollapse.methods import Method, register_method
@@ -194,8 +195,6 @@ class IntraClassTeacher(Method):
         self._stats = torch.zeros_like(self._stats)
 
     def on_epoch_end(self, epoch: int) -> None:
-        from kdcollapse.train._distributed import all_reduce_sum  # kdcollapse.train imports the methods
-
         all_reduce_sum(self._stats)
 
     def epoch_metrics(self) -> dict[str, float]:

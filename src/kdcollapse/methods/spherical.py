@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kdcollapse.errors import ConfigError
-from kdcollapse.geometry.heads import ClassMeanFeatureHead, make_head
+from kdcollapse.models.heads import ClassMeanFeatureHead, make_head
 from kdcollapse.methods import Method, register_method
 from kdcollapse.methods._distill import check_config
 

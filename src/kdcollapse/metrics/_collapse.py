@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
 from kdcollapse.metrics._linalg import psd_pinv, symmetric_from_upper
 
 if TYPE_CHECKING:
@@ -148,8 +149,6 @@ def _generalized(unit: Scatter, rtol: float) -> dict[str, Tensor]:
 
 def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020), GNC2 and GNC3 (GNC paper)."""
-    from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
-
     optimum = softmax_code_optimum(*weight.shape)
 
     num_classes, dim = weight.shape

@@ -12,7 +12,7 @@ from torch import nn
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.models._base import Classifier
+from kdcollapse.models._base import Classifier, evaluating
 
 _MODELS: Registry[Callable[..., Classifier]] = Registry("model")
 register_model = _MODELS.register
@@ -48,4 +48,4 @@ def count_parameters(model: nn.Module) -> int:
 # Importing the family modules registers their models.
 from kdcollapse.models import _families  # noqa: E402,F401
 
-__all__ = ["Classifier", "create_model", "list_models", "register_model", "count_parameters"]
+__all__ = ["Classifier", "evaluating", "create_model", "list_models", "register_model", "count_parameters"]

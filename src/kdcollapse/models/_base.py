@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import nn
 
@@ -34,3 +37,18 @@ class Classifier(nn.Module):
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.feature_dim, num_classes)
+
+
+@contextlib.contextmanager
+def evaluating(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Eval mode and no gradients inside; every module's previous mode is restored afterwards."""
+    modules = list(modules)
+    modes = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)

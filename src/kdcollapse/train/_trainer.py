@@ -23,14 +23,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from kdcollapse.config import RunConfig
-from kdcollapse.data import Augment, load_dataset, make_loader
+from kdcollapse.analysis import epoch_collapse_metrics
+from kdcollapse.data import Augment, make_loader
+from kdcollapse.distributed import all_reduce_sum, barrier, init_distributed, resolve_device
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.methods import build_method, get_method
 from kdcollapse.models import create_model
-from kdcollapse.train import _checkpoint as ckpt
-from kdcollapse.train._distributed import DistEnv, all_reduce_sum, barrier, init_distributed
-from kdcollapse.train._run_dir import MetricsLog, prepare_run_dir
-from kdcollapse.train._teacher import load_teacher
+from kdcollapse.runs import MetricsLog, load_teacher, prepare_run_dir, run_dataset
+from kdcollapse.runs import _checkpoint as ckpt
 
 
 class TrainingDiverged(KdcollapseError):
@@ -49,19 +49,6 @@ class RunResult:
 def fit(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> RunResult:
     """Train ``cfg.method`` on ``cfg.data`` into ``cfg.run_dir``; continue it when ``resume``."""
     return Trainer(cfg, resume=resume, overwrite=overwrite).run()
-
-
-def resolve_device(name: str, dist_env: DistEnv) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device asks for CUDA but no GPU is available; use train.device=cpu")
-        if device.index is None:
-            device = torch.device("cuda", dist_env.local_rank)
-        torch.cuda.set_device(device)
-    return device
 
 
 def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
@@ -91,7 +78,7 @@ class Trainer:
         self.cfg = cfg
         self.dist = init_distributed("cuda" if "cuda" in cfg.train.device or (
             cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu")
-        self.device = resolve_device(cfg.train.device, self.dist)
+        self.device = resolve_device(cfg.train.device, self.dist.local_rank, option="train.device")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=False)
             torch.backends.cudnn.benchmark = False
@@ -120,14 +107,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------- setup
     def _build_data(self) -> None:
         d = self.cfg.data
-        train_set = load_dataset(d.name, "train", root=d.root)
-        test_set = load_dataset(d.name, "test", root=d.root)
-        if d.classes is not None:
-            train_set, test_set = train_set.select_classes(d.classes), test_set.select_classes(d.classes)
-        if d.train_per_class:
-            train_set = train_set.subset(d.train_per_class, seed=self.cfg.seed)
-        if d.test_per_class:
-            test_set = test_set.subset(d.test_per_class, seed=self.cfg.seed)
+        train_set, test_set = run_dataset(self.cfg, "train"), run_dataset(self.cfg, "test")
         expected = self.cfg.model.num_classes
         if expected is not None and expected != train_set.num_classes:
             raise ConfigError(
@@ -252,8 +232,6 @@ class Trainer:
         (see ``kdcollapse.analysis.epoch_collapse_metrics``)."""
         if not self.dist.is_main:
             return {}
-        from kdcollapse.analysis import epoch_collapse_metrics
-
         return epoch_collapse_metrics(self.cfg, epoch, self.method.student, self.train_set, self.test_set)
 
     def _autocast(self):

@@ -27,7 +27,7 @@ _DISTILL_EXAMPLES = """examples:
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter
 
     for name, examples, text in (
         ("train", _TRAIN_EXAMPLES, "Train a model (any method; teachers use method `vanilla`)."),
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from kdcollapse.train._distributed import shutdown_distributed
+    from kdcollapse.distributed import shutdown_distributed
 
     _train(args)
     shutdown_distributed()  # every rank got here: leave the process group together, not at interpreter exit

@@ -14,10 +14,16 @@ from pathlib import Path
 
 import torch
 
+from kdcollapse.analysis import AnalyzeOptions, analyze, load_run
 from kdcollapse.config import load_config
+from kdcollapse.data import load_dataset
 from kdcollapse.errors import DataError
+from kdcollapse.models import count_parameters
+from kdcollapse.report import markdown_table, plot_curves
+from kdcollapse.runs import Run
+from kdcollapse.train import fit
 
-_EXAMPLES = """examples:
+EXAMPLES = """examples:
   kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
   kdcollapse demo --out /tmp/demo --data digits
 """
@@ -65,8 +71,6 @@ _DESCRIPTION = {
 
 
 def choose_dataset(requested: str | None = None) -> str:
-    from kdcollapse.data import load_dataset
-
     if requested:
         return requested
     try:
@@ -76,26 +80,7 @@ def choose_dataset(requested: str | None = None) -> str:
         return "digits"
 
 
-def register(subparsers) -> None:
-    from kdcollapse.cli import HelpFormatter
-
-    p = subparsers.add_parser(
-        "demo", help="Teacher, student and distilled students on real data, with a report (minutes on a CPU).",
-        description=__doc__, epilog=_EXAMPLES, formatter_class=HelpFormatter,
-    )
-    p.add_argument("--out", default="runs/demo", help="directory for the runs and report.md")
-    p.add_argument("--data", choices=sorted(PLANS), help="dataset (default: fashion_mnist if found, else digits)")
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    run_demo(Path(args.out), args.data)
-    return 0
-
-
 def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: int, *extra: str):
-    from kdcollapse.train import fit
-
     cfg = load_config(None, [
         f"run_dir={out / name}", f"data.name={plan.dataset}", f"model.name={model}", f"method.name={method}",
         f"train.epochs={epochs}", *plan.overrides, *extra,
@@ -107,11 +92,6 @@ def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: 
 
 def run_demo(out: Path, dataset: str | None = None) -> Path:
     """Train the plan's teacher, student baseline and distilled students; write ``out/report.md``."""
-    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run
-    from kdcollapse.models import count_parameters
-    from kdcollapse.report import markdown_table, plot_curves
-    from kdcollapse.train import load_model, read_metrics
-
     requested, dataset = dataset, choose_dataset(dataset)
     plan = PLANS[dataset]
     note = " (Fashion-MNIST not found: apt-get install dataset-fashion-mnist)" if requested is None and \
@@ -128,10 +108,11 @@ def run_demo(out: Path, dataset: str | None = None) -> Path:
     started = time.perf_counter()
     for name, (label, model, method, epochs, extra) in runs.items():
         result, seconds = _run(name, out, plan, model, method, epochs, *extra)
-        params = count_parameters(load_model(result.run_dir)[0])
+        run = Run(result.run_dir)
+        params = count_parameters(run.model()[0])
         rows.append([label, model, f"{params:,}", method, epochs, f"{result.best_acc:.2f}",
                      f"{result.last_acc:.2f}", f"{seconds:.0f}"])
-        curves[label] = read_metrics(result.run_dir)
+        curves[label] = run.metrics()
         subject = load_run(result.run_dir, "test", device=torch.device("cpu"))
         report = analyze(subject, Path(result.run_dir) / "analysis_test", AnalyzeOptions(
             progress=False, tsne_per_class=200 if label in ("teacher", "dhkd") else 0))

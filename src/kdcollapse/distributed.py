@@ -1,4 +1,5 @@
-"""Process-group setup for ``torchrun`` and the few collectives the trainer needs."""
+"""Where work runs: the device resolver, process-group setup for ``torchrun`` and the few collectives the
+trainer and the methods need."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from kdcollapse.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -62,3 +65,22 @@ def shutdown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, option: str = "device") -> torch.device:
+    """``auto`` → ``cuda`` when a GPU is present, else ``cpu``; a bare ``cuda`` → this process's GPU
+    (``local_rank``) made current. ``option`` names the setting in the error for CUDA without a GPU.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{option} asks for CUDA but no GPU is available; use {option}=cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device

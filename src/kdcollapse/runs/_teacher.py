@@ -7,7 +7,7 @@ from pathlib import Path
 from kdcollapse.config import TeacherConfig
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.methods import FrozenTeacher
-from kdcollapse.train._checkpoint import load_model
+from kdcollapse.runs._checkpoint import load_model
 
 
 def load_teacher(cfg: TeacherConfig, dataset) -> FrozenTeacher:

@@ -1,8 +1,8 @@
-"""The ``kdcollapse`` command line: a thin shell over the library.
+"""The ``kdcollapse`` command line: a thin shell over the library, one module per command.
 
-Each command group lives beside the code it drives (``kdcollapse/<area>/cli.py``) and exposes
-``register(subparsers)``, which adds its parser(s) and sets ``func`` to a function of the parsed args
-returning an exit status.
+Each module ``kdcollapse/cli/<command>.py`` exposes ``register(subparsers)``, which adds its parser(s) and
+sets ``func`` to a function of the parsed args returning an exit status. The library never imports from
+here.
 """
 
 from __future__ import annotations
@@ -12,22 +12,19 @@ import importlib
 import sys
 
 from kdcollapse import __version__
+from kdcollapse.cli._common import HelpFormatter
 from kdcollapse.errors import KdcollapseError
 
 # Order is the order in `kdcollapse --help`.
 _COMMAND_MODULES = [
-    "kdcollapse.demo",
-    "kdcollapse.train.cli",
-    "kdcollapse.data.cli",
-    "kdcollapse.models.cli",
-    "kdcollapse.geometry.cli",
-    "kdcollapse.analysis.cli",
-    "kdcollapse.adversarial.cli",
+    "kdcollapse.cli.demo",
+    "kdcollapse.cli.train",
+    "kdcollapse.cli.data",
+    "kdcollapse.cli.models",
+    "kdcollapse.cli.geometry",
+    "kdcollapse.cli.analyze",
+    "kdcollapse.cli.robust_eval",
 ]
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the examples in epilogs as written and shows defaults."""
 
 
 def build_parser() -> argparse.ArgumentParser:

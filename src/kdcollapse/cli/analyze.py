@@ -36,7 +36,7 @@ _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci",
 
 def register(subparsers) -> None:
     from kdcollapse.analysis._analyze import AnalyzeOptions
-    from kdcollapse.cli import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter
 
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
     p = subparsers.add_parser("analyze", help=text, description=text + " One streaming pass over the data.",
@@ -89,14 +89,9 @@ def _adder(parser):
 
 
 def _device(name: str):
-    import torch
+    from kdcollapse.distributed import resolve_device
 
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device asks for CUDA but no GPU is available; use --device cpu")
-    return device
+    return resolve_device(name, option="--device")
 
 
 def _int_list(text: str | None, what: str) -> list[int] | None:
@@ -158,7 +153,7 @@ def _yaml_mapping(text: str | None) -> dict:
 
 def _plot(args: argparse.Namespace) -> int:
     from kdcollapse.report import plot_curves
-    from kdcollapse.train import read_metrics
+    from kdcollapse.runs import read_metrics
 
     runs = {}
     labels = args.labels.split(",") if args.labels else _labels([Path(d) for d in args.run_dirs])

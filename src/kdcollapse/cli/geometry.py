@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from kdcollapse.cli import HelpFormatter
+from kdcollapse.cli._common import HelpFormatter
 from kdcollapse.geometry._bounds import softmax_code_bounds, softmax_code_optimum, tammes_optimum
 from kdcollapse.geometry._codes import SphericalCode, softmax_code, tammes_code
 from kdcollapse.geometry._distances import nearest_points
@@ -103,7 +103,7 @@ def _run_code(args: argparse.Namespace) -> int:
         out = save_code(code, args.out or Path(f"{kind}_K{args.classes}_d{args.dim}.safetensors"))
         print(f"saved {out}")
         if args.dim in (2, 3):
-            from kdcollapse.geometry._plots import plot_code  # matplotlib only when drawing
+            from kdcollapse.experiments._plots import plot_code  # matplotlib only when drawing
 
             value = f"rho={code.one_vs_rest:.6g}" if code.kind == "softmax" else f"min angle={code.min_angle:.6g} deg"
             title = f"{code.kind} code K={args.classes} d={args.dim}: {value}"
@@ -155,7 +155,7 @@ def _run_distance(args: argparse.Namespace) -> int:
 
 
 def _run_ufm(args: argparse.Namespace) -> int:
-    from kdcollapse.geometry._ufm_report import write_ufm_report
+    from kdcollapse.experiments.ufm_report import write_ufm_report
 
     path = write_ufm_report(args.out, quick=args.quick, seed=args.seed)
     print(f"wrote {path}")
@@ -163,7 +163,7 @@ def _run_ufm(args: argparse.Namespace) -> int:
 
 
 def _run_heads_report(args: argparse.Namespace) -> int:
-    from kdcollapse.geometry._heads_report import write_heads_report
+    from kdcollapse.experiments.heads_report import write_heads_report
 
     for path in write_heads_report(args.runs, args.out):
         print(f"wrote {path}")

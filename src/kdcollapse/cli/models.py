@@ -10,7 +10,7 @@ _EXAMPLES = """examples:
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter
 
     p = subparsers.add_parser("models", help="List the registered models with parameter counts.",
                               description="List the registered models (shell-style PATTERN) with their "

@@ -10,7 +10,7 @@ from kdcollapse.errors import DataError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from kdcollapse.cli import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter
 
     data = subparsers.add_parser(
         "data",

@@ -15,6 +15,7 @@ import torch
 
 from kdcollapse import __version__
 from kdcollapse.config import RunConfig, save_config
+from kdcollapse.distributed import all_ranks_ok, barrier
 from kdcollapse.errors import CheckpointError, ConfigError
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
@@ -43,8 +44,6 @@ def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: b
     Every process checks before any writes: under ``torchrun`` they call this in lock-step, with a
     barrier between the check and the writing.
     """
-    from kdcollapse.train._distributed import all_ranks_ok, barrier
-
     run_dir = Path(cfg.run_dir)
     holds_run = (run_dir / "config.yaml").exists()
     if resume and not (run_dir / "checkpoint.safetensors").exists():

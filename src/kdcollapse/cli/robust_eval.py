@@ -17,8 +17,10 @@ AutoAttack standard.
 
 def register(subparsers) -> None:
     from kdcollapse.adversarial._common import NORMS
-    from kdcollapse.adversarial._run_eval import ATTACKS, STANDARD_BUDGET, WEIGHTS
-    from kdcollapse.cli import HelpFormatter
+    from kdcollapse.adversarial import list_attacks
+    from kdcollapse.adversarial._registry import STANDARD_BUDGET
+    from kdcollapse.experiments.robust_eval import DEFAULT_ATTACKS, WEIGHTS
+    from kdcollapse.cli._common import HelpFormatter
 
     text = "Clean and robust accuracy of a trained run under AutoAttack (standard) and PGD-k."
     p = subparsers.add_parser("robust-eval", help=text, description=text, epilog=_EXAMPLES,
@@ -28,8 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--eps", default="8/255", help="radius in [0, 1] pixel units: a number or a fraction")
     p.add_argument("--n-examples", type=int, metavar="N", help="evaluate the first N test images; all of them without it")
     p.add_argument("--batch-size", type=int, default=500, metavar="B")
-    p.add_argument("--attacks", default=",".join(ATTACKS), metavar="LIST",
-                   help=f"comma-separated, from: {', '.join(ATTACKS)} (standard = AutoAttack)")
+    p.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS), metavar="LIST",
+                   help=f"comma-separated, from: {', '.join(list_attacks())} (standard = AutoAttack)")
     p.add_argument("--pgd-steps", type=int, default=20, metavar="K", help="steps of PGD-k (step 2.5·eps/K)")
     p.add_argument("--weights", choices=tuple(WEIGHTS), default="last",
                    help="model.safetensors (last epoch) or best.safetensors")
@@ -48,13 +50,10 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    import torch
+    from kdcollapse.distributed import resolve_device
+    from kdcollapse.experiments.robust_eval import RESULT_JSON, RESULT_MD, evaluate_run
 
-    from kdcollapse.adversarial._run_eval import RESULT_JSON, RESULT_MD, evaluate_run
-
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(args.device, option="--device")
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     entries = evaluate_run(
         args.run_dir, norm=args.norm, eps=args.eps, attacks=attacks, n_examples=args.n_examples,

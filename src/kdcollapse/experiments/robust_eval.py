@@ -11,33 +11,26 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kdcollapse.adversarial._common import Normalized, check_count, parse_eps
-from kdcollapse.adversarial._evaluate import (
-    RobustEvaluation,
-    autoattack_chain,
-    autoattack_standard,
-    evaluate_attacks,
-    pgd_evaluate,
-)
-from kdcollapse.adversarial._losses import require_classes
+from kdcollapse.adversarial import AttackSetting, Normalized, get_attack, list_attacks, parse_eps
+from kdcollapse.adversarial._common import check_count
+from kdcollapse.adversarial._registry import STANDARD_BUDGET
+from kdcollapse.adversarial._evaluate import RobustEvaluation
+from kdcollapse.data import TensorDataset, load_dataset
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
+from kdcollapse.runs import Run
 
-ATTACKS = ("standard", "pgd")
-WEIGHTS = {"last": "model.safetensors", "best": "best.safetensors"}
-STANDARD_BUDGET = {"n_iter": 100, "n_targets": 9, "n_queries": 5000}
+DEFAULT_ATTACKS = ("standard", "pgd")
+WEIGHTS = {"last": "model", "best": "best"}
 RESULT_JSON, RESULT_MD = "robust_eval.json", "robust_eval.md"
 
 
-def load_test_images(dataset: str, root: str | None = None, n_examples: int | None = None) -> tuple[Tensor, Tensor]:
-    """The first ``n_examples`` (default: all) test images of ``dataset`` as float32 (N, C, H, W) in
-    [0, 1] (the stored uint8 pixels / 255) and their int64 labels."""
-    from kdcollapse.data import TensorDataset, load_dataset
-
-    data = load_dataset(dataset, "test", root=root)
+def test_images(data, n_examples: int | None = None) -> tuple[Tensor, Tensor]:
+    """The first ``n_examples`` (default: all) images of a dataset as float32 (N, C, H, W) in [0, 1] (the
+    stored uint8 pixels / 255) and their int64 labels."""
     if not isinstance(data, TensorDataset) or data.inputs.dtype != torch.uint8 or data.inputs.ndim != 4:
         kind = f"{data.inputs.dtype} inputs of shape {tuple(data.input_shape)}" if isinstance(data, TensorDataset) \
             else "image files decoded on the fly"
-        raise KdcollapseError(f"robust evaluation attacks uint8 images scaled to [0, 1]; dataset {dataset!r} "
+        raise KdcollapseError(f"robust evaluation attacks uint8 images scaled to [0, 1]; dataset {data.name!r} "
                               f"holds {kind}")
     if n_examples is not None:
         check_count("n_examples", n_examples)
@@ -45,12 +38,9 @@ def load_test_images(dataset: str, root: str | None = None, n_examples: int | No
     return data.inputs[:n].float() / 255, data.labels[:n].clone()
 
 
-def _run_data_root(run_dir: Path) -> str | None:
-    """``data.root`` of the run's config.yaml, if it has one."""
-    from kdcollapse.config import read_yaml
-
-    config = run_dir / "config.yaml"
-    return (read_yaml(config).get("data") or {}).get("root") if config.is_file() else None
+def load_test_images(dataset: str, root: str | None = None, n_examples: int | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`test_images` of the whole test split of a registered dataset."""
+    return test_images(load_dataset(dataset, "test", root=root), n_examples)
 
 
 def evaluate_run(
@@ -58,7 +48,7 @@ def evaluate_run(
     *,
     norm: str = "Linf",
     eps: float | str = "8/255",
-    attacks: Sequence[str] = ATTACKS,
+    attacks: Sequence[str] = DEFAULT_ATTACKS,
     n_examples: int | None = None,
     batch_size: int = 500,
     pgd_steps: int = 20,
@@ -70,26 +60,22 @@ def evaluate_run(
     progress: bool = True,
 ) -> dict[str, dict]:
     """Evaluate the run's model (``model.safetensors``, or ``best.safetensors`` with ``weights="best"``)
-    on the first ``n_examples`` test images under ``attacks``: ``"standard"`` (AutoAttack standard, or
-    the same chain with ``aa_budget`` = {n_iter, n_targets, n_queries} when given, named
-    ``autoattack-reduced``) and ``"pgd"`` (PGD-``pgd_steps``). Inputs are the dataset's images in [0, 1];
-    the model file's mean/std go inside the model (:class:`Normalized`).
+    on the first ``n_examples`` test images of the run (its ``data.classes`` and test subset) under each
+    registered evaluation in ``attacks`` (``kdcollapse.adversarial.list_attacks()``): ``"standard"``
+    (AutoAttack standard, or the same chain with ``aa_budget`` = {n_iter, n_targets, n_queries} when given,
+    named ``autoattack-reduced``) and ``"pgd"`` (PGD-``pgd_steps``). Inputs are the images in [0, 1]; the
+    model file's mean/std go inside the model (:class:`Normalized`).
 
     Writes ``robust_eval.json`` (entries keyed by attack, norm, ε and weights; earlier entries with
     other keys are kept) and ``robust_eval.md`` into the run directory; returns the new entries.
     """
-    from kdcollapse.train import load_model
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run directory not found: {run_dir}")
+    run = Run(run_dir)
     if weights not in WEIGHTS:
         raise KdcollapseError(unknown_choice("weights", weights, tuple(WEIGHTS)))
     for name in attacks:
-        if name not in ATTACKS:
-            raise KdcollapseError(unknown_choice("attack", name, ATTACKS))
+        get_attack(name)
     if not attacks:
-        raise KdcollapseError(f"no attack chosen; choose from {', '.join(ATTACKS)}")
+        raise KdcollapseError(f"no attack chosen; choose from {', '.join(list_attacks())}")
     eps_value = parse_eps(eps, norm=norm, name="eps")
     budget = {**STANDARD_BUDGET, **(aa_budget or {})}
     for key, value in budget.items():
@@ -97,36 +83,28 @@ def evaluate_run(
             raise KdcollapseError(unknown_choice("AutoAttack budget", key, tuple(STANDARD_BUDGET)))
         check_count(key, value)
     check_count("pgd_steps", pgd_steps)
-    model_file = run_dir / WEIGHTS[weights]
+    model_file = run.dir / f"{WEIGHTS[weights]}.safetensors"
     if not model_file.is_file():
-        raise CheckpointError(f"{run_dir} holds no {model_file.name} (has the run finished an epoch?)")
-    net, meta = load_model(model_file, device=device)
+        raise CheckpointError(f"{run.dir} holds no {model_file.name} (has the run finished an epoch?)")
+    net, meta = run.model(WEIGHTS[weights], device)
     if "dataset" not in meta or "mean" not in meta:
         raise CheckpointError(f"{model_file} carries no dataset metadata (dataset, mean, std); it was not "
                               "written by `kdcollapse train`")
     model = Normalized(net, meta["mean"], meta["std"]).to(device).eval()
-    x, y = load_test_images(meta["dataset"], data_root or _run_data_root(run_dir), n_examples)
+    if data_root is not None:
+        run.config.data.root = data_root
+    x, y = test_images(run.dataset("test"), n_examples)
     x, y = x.to(device), y.to(device)
-    common = dict(norm=norm, batch_size=batch_size, progress=progress)
+    setting = AttackSetting(eps=eps_value, norm=norm, seed=seed, batch_size=batch_size, progress=progress,
+                            pgd_steps=pgd_steps, aa_budget=budget, num_classes=int(meta["num_classes"]))
     entries = {}
     for name in attacks:
         start = time.perf_counter()
-        if name == "pgd":
-            label = f"pgd-{pgd_steps}"
-            result = pgd_evaluate(model, x, y, eps=eps_value, steps=pgd_steps, seed=seed, **common)
-        elif budget == STANDARD_BUDGET:
-            label = "autoattack-standard"
-            result = autoattack_standard(model, x, y, eps=eps_value, seed=seed, **common)
-        else:
-            label = "autoattack-reduced"
-            require_classes(int(meta["num_classes"]), 4, "AutoAttack (its APGD-T)")
-            chain = autoattack_chain(norm, eps_value, **budget,
-                                     generator=torch.Generator(device=x.device).manual_seed(seed))
-            result = evaluate_attacks(model, x, y, chain, eps=eps_value, **common)
+        label, result, used = get_attack(name)(model, x, y, setting)
         entries[f"{label} {norm} eps={eps} {weights}"] = _entry(
             result, label=label, eps=eps, meta=meta, model_file=model_file.name, seed=seed,
-            seconds=time.perf_counter() - start, budget=budget if name == "standard" else {"steps": pgd_steps})
-    _write(run_dir, entries)
+            seconds=time.perf_counter() - start, budget=used)
+    _write(run.dir, entries)
     return entries
 
 

@@ -17,6 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
+from kdcollapse.models import create_model
+from kdcollapse.models.heads import head_from_spec
 
 _META_KEY = "kdcollapse"
 
@@ -111,7 +113,7 @@ def model_meta(cfg, dataset, **extra) -> dict:
 
 
 def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
-    """Write the weights and ``meta``; a special head (``kdcollapse.geometry.heads``) adds its ``spec()``
+    """Write the weights and ``meta``; a special head (``kdcollapse.models.heads``) adds its ``spec()``
     as ``meta["head"]``, so that :func:`load_model` can rebuild it."""
     head = getattr(model, "head", None)
     if callable(getattr(head, "spec", None)):
@@ -126,8 +128,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     ``path`` is a ``model.safetensors`` file (or a run directory holding one). A plain safetensors file
     without kdcollapse metadata needs ``model_name`` and ``num_classes`` (and ``in_channels``).
     """
-    from kdcollapse.models import create_model
-
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -146,8 +146,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
         raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
     model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
     if "head" in meta:  # a special head recorded by save_model
-        from kdcollapse.geometry.heads import head_from_spec
-
         model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
     load_state(model, state, str(path))
     return model, meta

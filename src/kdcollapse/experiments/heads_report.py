@@ -25,13 +25,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kdcollapse.config import RunConfig, load_config
-from kdcollapse.data import load_dataset, make_loader
+from kdcollapse.config import RunConfig
+from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry._bounds import softmax_code_optimum
 from kdcollapse.geometry._codes import softmax_code, tammes_code
-from kdcollapse.geometry._plots import plot_features_2d, plot_learning_curves
+from kdcollapse.experiments._plots import plot_features_2d, plot_learning_curves
 from kdcollapse.models import Classifier
+from kdcollapse.runs import Run
 
 ORDER = ("linear", "cosine", "cmf", "trainable", "A1", "A2", "A3")  # table order; other names follow, sorted
 
@@ -43,11 +44,18 @@ class TrainedRun:
 
     name: str
     seed: int
-    path: Path
-    cfg: RunConfig
+    run: Run
     model: Classifier
     classes: list[str]
     records: list[dict]
+
+    @property
+    def path(self) -> Path:
+        return self.run.dir
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.run.config
 
     @property
     def test_acc(self) -> float:
@@ -74,14 +82,12 @@ def write_heads_report(runs: str | Path, out: str | Path) -> list[Path]:
 
 def load_runs(root: Path) -> dict[str, list[TrainedRun]]:
     """Every ``root/<name>/seed<N>`` run, grouped by name (sorted), seeds ascending."""
-    from kdcollapse.train import load_model, read_metrics
-
     groups: dict[str, list[TrainedRun]] = {}
     for model_file in sorted(root.glob("*/seed*/model.safetensors"), key=lambda p: (_rank(p.parts[-3]), _seed(p))):
-        run_dir = model_file.parent
-        model, meta = load_model(run_dir)
-        run = TrainedRun(run_dir.parent.name, _seed(model_file), run_dir, load_config(run_dir / "config.yaml"),
-                         model.eval(), meta["classes"], read_metrics(run_dir))
+        opened = Run(model_file.parent)
+        model, meta = opened.model()
+        run = TrainedRun(opened.dir.parent.name, _seed(model_file), opened, model.eval(), meta["classes"],
+                         opened.metrics())
         groups.setdefault(run.name, []).append(run)
     if not groups:
         raise KdcollapseError(f"no runs under {root} (expected <name>/seed<N>/model.safetensors)")
@@ -98,11 +104,8 @@ def _seed(model_file: Path) -> int:
 
 @torch.no_grad()
 def features(run: TrainedRun, split: str) -> tuple[Tensor, Tensor]:
-    """``forward_features`` of the whole ``split`` of the run's dataset (with its class selection), labels."""
-    data = run.cfg.data
-    dataset = load_dataset(data.name, split, root=data.root)
-    if data.classes is not None:
-        dataset = dataset.select_classes(data.classes)
+    """``forward_features`` of ``split`` as the run saw it (its class selection and subsets), labels."""
+    dataset = run.run.dataset(split)
     loader = make_loader(dataset, 1000, train=False, device="cpu", seed=0)
     pairs = [(run.model.forward_features(x), y) for x, y in loader]
     return torch.cat([h for h, _ in pairs]), torch.cat([y for _, y in pairs])

@@ -1,0 +1,13 @@
+"""Run directories: their files (``config.yaml``, ``run.json``, ``metrics.jsonl``, safetensors checkpoints)
+and ``Run``, which opens one and gives back its config, its data exactly as training saw it, its model,
+teacher and extra heads. The trainer, ``analyze``, ``robust-eval``, the reports and the demo all go through
+here. See docs/training.md."""
+
+from kdcollapse.runs._checkpoint import load_model, load_tensors, save_model, save_tensors
+from kdcollapse.runs._data import check_split, run_dataset
+from kdcollapse.runs._run import Run, check_inputs, load_model_file
+from kdcollapse.runs._run_dir import MetricsLog, prepare_run_dir, read_metrics
+from kdcollapse.runs._teacher import load_teacher
+
+__all__ = ["MetricsLog", "Run", "check_inputs", "check_split", "load_model", "load_model_file", "load_teacher",
+           "load_tensors", "prepare_run_dir", "read_metrics", "run_dataset", "save_model", "save_tensors"]

@@ -1,0 +1,128 @@
+"""``Run``: one object for a finished or running ``kdcollapse train``/``distill`` run directory."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kdcollapse.config import RunConfig, load_config
+from kdcollapse.data import make_loader
+from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
+from kdcollapse.methods import FrozenTeacher, build_method
+from kdcollapse.models import create_model, evaluating
+from kdcollapse.runs import _checkpoint as ckpt
+from kdcollapse.runs._data import check_split, run_dataset
+from kdcollapse.runs._run_dir import read_metrics
+from kdcollapse.runs._teacher import load_teacher
+
+MODEL_FILES = {"model": "model.safetensors", "best": "best.safetensors"}
+
+
+class Run:
+    """A run directory: its config, its data exactly as training saw it (``data.classes``, subsets), its
+    model (last or best), its teacher and the extra trainable heads of its method.
+
+    >>> Run("no/such/dir")
+    Traceback (most recent call last):
+    kdcollapse.errors.CheckpointError: run directory not found: no/such/dir
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        if not self.dir.is_dir():
+            raise CheckpointError(f"run directory not found: {self.dir}")
+        if not (self.dir / "config.yaml").is_file():
+            raise CheckpointError(
+                f"{self.dir} holds no config.yaml, so it is not a `kdcollapse train` run directory"
+            )
+
+    @cached_property
+    def config(self) -> RunConfig:
+        return load_config(self.dir / "config.yaml")
+
+    def dataset(self, split: str, per_class: int | None = None):
+        """Split ``split`` as the run saw it (see :func:`kdcollapse.runs.run_dataset`)."""
+        return run_dataset(self.config, split, per_class)
+
+    def metrics(self) -> list[dict]:
+        """The per-epoch records of ``metrics.jsonl``."""
+        return read_metrics(self.dir)
+
+    def model(self, which: str = "model", device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+        """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) saved epoch."""
+        if which not in MODEL_FILES:
+            raise KdcollapseError(f"unknown model file {which!r}; valid: {', '.join(MODEL_FILES)}")
+        return ckpt.load_model(self.dir / MODEL_FILES[which], device)
+
+    def teacher(self, dataset=None, device: str | torch.device = "cpu") -> nn.Module | None:
+        """The run's frozen teacher (``None`` for a run trained without one)."""
+        cfg = self.config
+        if not (cfg.teacher.checkpoint or cfg.teacher.weights):
+            return None
+        return load_teacher(cfg.teacher, dataset or self.dataset("test")).model.to(device)
+
+    def heads(self, model: nn.Module, meta: dict, device: str | torch.device = "cpu") -> dict[str, nn.Module]:
+        """Trainable heads of the method beyond the student (a dual-head student's ``aux``), with the weights
+        of the same epoch as ``model``."""
+        path = self.dir / "checkpoint.safetensors"
+        if not path.is_file():
+            return {}
+        tensors, state_meta = ckpt.load_tensors(path, device=device)
+        if not any(k.startswith("method.aux_head.") for k in tensors):
+            return {}
+        if state_meta.get("epoch") != meta.get("epoch"):
+            raise CheckpointError(
+                f"{self.dir}: model.safetensors is from epoch {meta.get('epoch')} but checkpoint.safetensors "
+                f"(which holds the auxiliary head) from epoch {state_meta.get('epoch')}"
+            )
+        # The method is rebuilt only to recover its auxiliary head; a stand-in teacher satisfies its checks.
+        classes = meta["num_classes"]
+        stand_in = FrozenTeacher(create_model(meta["model"], classes, meta.get("in_channels", 3),
+                                              **meta.get("model_kwargs", {})))
+        method = build_method(self.config.method, model, num_classes=classes, teacher=stand_in).to(device)
+        ckpt.load_state(method, ckpt.split_prefix(tensors, "method."), str(path))
+        return {"aux": method.aux_head}
+
+
+def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):
+    """``(model, meta)`` from a run directory or safetensors file, checked against ``dataset``'s label space
+    and input shape. Files written by kdcollapse carry the model name and options; a bare file needs
+    ``name``."""
+    path = Path(path)
+    file = path / "model.safetensors" if path.is_dir() else path
+    tensors, meta = ckpt.load_tensors(file, device=device)
+    name = name or meta.get("model")
+    if name is None:
+        raise CheckpointError(f"{file} carries no kdcollapse metadata; give the model name (--model NAME)")
+    if meta.get("model") and meta["model"] != name:
+        raise CheckpointError(f"{file} holds a '{meta['model']}', not a '{name}'")
+    if meta.get("num_classes") and meta["num_classes"] != dataset.num_classes:
+        raise CheckpointError(
+            f"{file} holds a {meta['num_classes']}-class model; dataset '{dataset.name}' has "
+            f"{dataset.num_classes} classes"
+        )
+    options = {**meta.get("model_kwargs", {}), **(kwargs or {})}
+    network = create_model(name, dataset.num_classes, in_channels=dataset.in_channels, **options).to(device)
+    ckpt.load_state(network, tensors, str(file))
+    check_inputs(network, dataset, name)
+    return network, meta
+
+
+def check_inputs(model: nn.Module, dataset, name: str) -> None:
+    """Raise a clear error if ``model`` cannot take the dataset's inputs (tried on one sample)."""
+    device = next(model.parameters()).device
+    x, _ = next(iter(make_loader(dataset.subset(indices=[0]), 1, train=False, device=device, seed=0)))
+    try:
+        with evaluating([model]):
+            model(x)
+    except (RuntimeError, KdcollapseError) as err:
+        raise DataError(
+            f"model '{name}' cannot take the inputs of dataset '{dataset.name}' (shape "
+            f"{tuple(dataset.input_shape)}): {str(err).splitlines()[0]}"
+        ) from None
+
+
+__all__ = ["Run", "check_inputs", "check_split", "load_model_file", "run_dataset"]

@@ -1,0 +1,37 @@
+"""The package's layering (pyproject.toml, [tool.importlinter]) holds: no module imports from a layer above
+its own, function-level imports included, so there is no import cycle between top-level parts
+(docs/ARCHITECTURE.md)."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_layers_contract_is_kept(capsys):
+    pytest.importorskip("importlinter", reason="import-linter is a dev dependency (pip install -e '.[dev]')")
+    from importlinter.cli import lint_imports
+
+    status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    assert status == 0, capsys.readouterr().out
+
+
+def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch, capsys):
+    """The check can fail: a copy of the package in which a metric imports the trainer breaks the contract."""
+    pytest.importorskip("importlinter")
+    import shutil
+    import sys
+
+    from importlinter.cli import lint_imports
+
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "kdcollapse", copy / "kdcollapse", ignore=shutil.ignore_patterns("__pycache__"))
+    bad = copy / "kdcollapse" / "metrics" / "_upward.py"
+    bad.write_text("from kdcollapse.train import fit  # noqa: F401\n")
+    monkeypatch.syspath_prepend(str(copy))
+    for name in [m for m in sys.modules if m == "kdcollapse" or m.startswith("kdcollapse.")]:
+        monkeypatch.delitem(sys.modules, name)
+    status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    assert status != 0
+    assert "kdcollapse.metrics._upward -> kdcollapse.train" in capsys.readouterr().out

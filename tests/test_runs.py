@@ -1,0 +1,79 @@
+"""``kdcollapse.runs``: a run directory opened as training saw it, and the ``data.classes`` regression through
+every command that reads a run (analyze, robust-eval, the heads report, ``Run`` itself)."""
+
+import json
+
+import pytest
+import torch
+
+from kdcollapse.cli import main
+from kdcollapse.config import load_config
+from kdcollapse.errors import CheckpointError
+from kdcollapse.runs import Run, run_dataset
+from kdcollapse.train import Trainer, fit
+
+CLASSES = [1, 3, 5, 7]
+SUBSET = ["data.name=digits", "data.batch_size=32", "data.train_per_class=20", "data.test_per_class=10",
+          "train.progress=false", "optim.lr=0.05", "schedule.name=constant", "model.name=mlp",
+          "model.kwargs={input_size: 8, hidden: [16]}", "train.epochs=1", f"data.classes={CLASSES}"]
+
+
+@pytest.fixture(scope="module")
+def subset_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "heads" / "linear" / "seed0"
+    fit(load_config(None, [*SUBSET, f"run_dir={run_dir}"]))
+    return run_dir
+
+
+def test_run_gives_the_data_the_trainer_saw(subset_run, tmp_path):
+    run = Run(subset_run)
+    cfg = load_config(None, [*SUBSET, f"run_dir={tmp_path / 'again'}"])
+    trainer = Trainer(cfg)
+    for split, seen in (("train", trainer.train_set), ("test", trainer.test_set)):
+        mine = run.dataset(split)
+        assert mine.num_classes == len(CLASSES) == seen.num_classes
+        assert torch.equal(mine.inputs, seen.inputs) and torch.equal(mine.labels, seen.labels)
+        assert sorted(mine.labels.unique().tolist()) == [0, 1, 2, 3]  # relabelled in the order given
+    assert torch.equal(run_dataset(cfg, "test", per_class=3).labels.bincount(), torch.full((4,), 3))
+
+
+def test_run_model_teacher_heads_and_metrics(subset_run):
+    run = Run(subset_run)
+    model, meta = run.model()
+    assert model.num_classes == 4 and meta["epoch"] == 1
+    best, _ = run.model("best")
+    assert best.num_classes == 4
+    assert run.teacher() is None and run.heads(model, meta) == {}
+    assert [r["epoch"] for r in run.metrics()] == [1]
+    with pytest.raises(Exception, match="unknown model file 'last'.*model, best"):
+        run.model("last")
+
+
+def test_run_refuses_what_is_not_a_run(tmp_path):
+    with pytest.raises(CheckpointError, match="run directory not found"):
+        Run(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="holds no config.yaml"):
+        Run(tmp_path)
+
+
+def test_analyze_a_run_trained_on_a_subset_of_classes(subset_run, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(subset_run), "--split", "test", "--out", str(out), "--no-progress",
+                 "--tsne-per-class", "0"]) == 0
+    metrics = json.loads((out / "analysis.json").read_text())
+    assert metrics["num_classes"] == 4 and metrics["num_samples"] == 40
+
+
+def test_robust_eval_a_run_trained_on_a_subset_of_classes(subset_run, capsys):
+    assert main(["robust-eval", str(subset_run), "--eps", "0.1", "--attacks", "pgd", "--pgd-steps", "2",
+                 "--no-progress"]) == 0
+    entry = json.loads((subset_run / "robust_eval.json").read_text())["pgd-2 Linf eps=0.1 last"]
+    assert entry["examples"] == "first 40 test images"  # 4 classes x 10: the run's test set, not the whole split
+
+
+def test_heads_report_features_of_a_run_trained_on_a_subset_of_classes(subset_run):
+    from kdcollapse.experiments.heads_report import features, load_runs
+
+    run = load_runs(subset_run.parent.parent)["linear"][0]
+    h, y = features(run, "test")
+    assert h.shape == (40, 16) and sorted(y.unique().tolist()) == [0, 1, 2, 3]
