@@ -96,7 +96,8 @@ def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
 
     The VCI paper (Sec. 4.3, Fig. 2) plots the Sigma_B and Sigma_T spectra to show why Tr(Sigma_T^+ Sigma_B)
     is stable where Tr(Sigma_W Sigma_B^+) is not: Sigma_B has at most K - 1 non-zero eigenvalues and
-    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter.
+    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter. Sigma_B here is
+    the one VCI uses, the sample's Sigma_B^pi = Sigma_T - Sigma_W (module docstring), for any ``convention``.
     """
     with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
         raw = scatter(stats, unit=False)
