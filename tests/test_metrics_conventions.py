@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_metrics import make_features, reference_metrics, stream
 
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, ncc_accuracy
 from kdcollapse.metrics.functional import collapse_metrics_from_features
-from test_metrics import make_features, reference_metrics, stream
 
 CONVENTIONS = ("papyan", "prior")
 IMBALANCED = [20, 500, 37, 120, 60, 300, 25, 80, 200, 45]  # K = 10, 20-500 samples per class
