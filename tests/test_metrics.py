@@ -1,7 +1,8 @@
 """Tests of kdcollapse.metrics against slow, obviously-correct references and the papers' identities.
 
 The references (numpy/scipy, every feature in memory) are written straight from the definitions in
-SPEC Sec. 4 with the empirical class prior pi_k = n_k / N documented in kdcollapse/metrics/_collapse.py.
+SPEC Sec. 4, under either convention for imbalanced classes documented in kdcollapse/metrics/_collapse.py
+(tests/test_metrics_conventions.py: perfect collapse, continuity, pinned values, feature dtypes).
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def make_features(counts, dim, *, seed, spread=3.0, offset=0.0, dtype=torch.floa
     return (means[labels] + noise + offset).to(dtype), labels, means
 
 
-def reference_metrics(features, labels, num_classes, weight=None) -> dict[str, float]:
+def reference_metrics(features, labels, num_classes, weight=None, convention="papyan") -> dict[str, float]:
+    """Every metric from its definition; ``convention`` picks Sigma_B's class weights and centre (NC1,
+    fuzziness, squared distance, GNC1): 1/K about the mean of class means, or pi_k about the sample mean."""
     h = np.asarray(features, dtype=np.float64)
     y = np.asarray(labels)
     n, dim = h.shape
@@ -88,8 +91,11 @@ def reference_metrics(features, labels, num_classes, weight=None) -> dict[str, f
     prior = np.bincount(y, minlength=num_classes) / n
     means = np.stack([h[y == k].mean(0) for k in k_all])
     mu_g = h.mean(0)
+    mu_bar = means.mean(0)  # the centre of the class means, where NC2 / NC3 put the simplex ETF's centre
+    weights, centre = (prior, mu_g) if convention == "prior" else (np.full(num_classes, 1 / num_classes), mu_bar)
     within = sum(np.outer(h[i] - means[y[i]], h[i] - means[y[i]]) for i in range(n)) / n
-    between = sum(prior[k] * np.outer(means[k] - mu_g, means[k] - mu_g) for k in k_all)
+    between = sum(weights[k] * np.outer(means[k] - centre, means[k] - centre) for k in k_all)
+    sample_between = sum(prior[k] * np.outer(means[k] - mu_g, means[k] - mu_g) for k in k_all)  # VCI's
     total = sum(np.outer(h[i] - mu_g, h[i] - mu_g) for i in range(n)) / n
     onehot = np.eye(num_classes)[y]
     design = np.hstack([h - mu_g, np.ones((n, 1))])  # same minimum as [h, 1] (the intercept absorbs mu_g)
@@ -97,26 +103,26 @@ def reference_metrics(features, labels, num_classes, weight=None) -> dict[str, f
     out = {
         "nc1": np.trace(within @ pinv(between)) / num_classes,
         "fuzziness": np.trace(within @ pinv(between)),
-        "vci": 1 - np.trace(pinv(total) @ between) / min(dim, num_classes - 1),
+        "vci": 1 - np.trace(pinv(total) @ sample_between) / min(dim, num_classes - 1),
         "linear_probe_mse": np.sum((design @ coef - onehot) ** 2) / (2 * n),
-        "squared_distance": sum(np.sum((h[i] - means[y[i]]) ** 2) for i in range(n))
-        / sum((y == k).sum() * np.sum((means[k] - mu_g) ** 2) for k in k_all),
+        "squared_distance": sum(np.sum((h[i] - means[y[i]]) ** 2) for i in range(n)) / n
+        / sum(weights[k] * np.sum((means[k] - centre) ** 2) for k in k_all),
     }
     u = h / np.linalg.norm(h, axis=1, keepdims=True)
     cos_distance = 1 - u @ u.T
     d_within = np.mean([cos_distance[np.ix_(y == k, y == k)].mean() for k in k_all])
     d_total = np.mean([[cos_distance[np.ix_(y == j, y == k)].mean() for k in k_all] for j in k_all])
     out["cosine_within"], out["class_separation"] = d_within, 1 - d_within / d_total
-    out["nc2_equinorm"], out["nc2_equiangle"] = equinorm_equiangle(means - mu_g)
+    out["nc2_equinorm"], out["nc2_equiangle"] = equinorm_equiangle(means - mu_bar)
     unit_means = np.stack([u[y == k].mean(0) for k in k_all])
     unit_within = sum(np.outer(u[i] - unit_means[y[i]], u[i] - unit_means[y[i]]) for i in range(n)) / n
-    unit_between = sum(prior[k] * np.outer(unit_means[k], unit_means[k]) for k in k_all)
+    unit_between = sum(weights[k] * np.outer(unit_means[k], unit_means[k]) for k in k_all)  # uncentred
     out["gnc1"] = np.trace(unit_within @ pinv(unit_between)) / num_classes
     if weight is not None:
         w = np.asarray(weight, dtype=np.float64)
         w_unit = w / np.linalg.norm(w, axis=1, keepdims=True)
         out["nc2_equinorm_w"], out["nc2_equiangle_w"] = equinorm_equiangle(w)
-        m = means - mu_g
+        m = means - mu_bar
         out["nc3"] = np.sum((w / np.linalg.norm(w) - m / np.linalg.norm(m)) ** 2)
         out["gnc2"] = one_vs_rest(w_unit).min()
         out["gnc3"] = np.mean([1 - w_unit[k] @ unit_means[k] for k in k_all])
@@ -156,24 +162,27 @@ CASES = {"balanced": ([30] * 5, 8), "imbalanced": ([5, 40, 12, 3, 25, 9], 4)}
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("convention", ["papyan", "prior"])
 @pytest.mark.parametrize("case", CASES)
-def test_metrics_match_reference(case):
+def test_metrics_match_reference(case, convention):
     counts, dim = CASES[case]
     num_classes = len(counts)
     h, y, _ = make_features(counts, dim, seed=1)
     w = torch.randn(num_classes, dim, dtype=torch.float64)
-    ours = collapse_metrics(stream(h, y, num_classes), w)
-    expected = reference_metrics(h, y, num_classes, w)
+    ours = collapse_metrics(stream(h, y, num_classes, convention=convention), w)
+    expected = reference_metrics(h, y, num_classes, w, convention)
     ranks = {"rank_between", "rank_total", "rank_between_unit", "vci_rank", "gnc2_optimum"}
     assert set(ours) == set(expected) | ranks
-    assert_same_metrics(ours, expected, rel=1e-9, names=[n for n in expected if n != "gnc2"])
+    assert_same_metrics(ours, expected, rel=1e-10, names=[n for n in expected if n != "gnc2"])
     assert float(ours["gnc2"]) == pytest.approx(expected["gnc2"], rel=1e-7)
     assert int(ours["rank_between"]) == min(dim, num_classes - 1) == int(ours["vci_rank"])
     assert int(ours["rank_total"]) == dim
     assert int(ours["rank_between_unit"]) == min(dim, num_classes)
     assert float(ours["gnc2_optimum"]) == softmax_code_optimum(num_classes, dim)  # the geometry's closed form
-    # Without a classifier, compute() gives the same feature metrics.
-    assert_same_metrics(stream(h, y, num_classes).compute(), expected, rel=1e-9, names=FEATURE_METRICS)
+    # Without a classifier, compute() gives the same feature metrics; the convention can be given late.
+    assert_same_metrics(stream(h, y, num_classes, convention=convention).compute(), expected, 1e-10, FEATURE_METRICS)
+    late = collapse_metrics(stream(h, y, num_classes), convention=convention)
+    assert_same_metrics(late, expected, rel=1e-10, names=FEATURE_METRICS)
 
 
 def test_linear_probe_mse_is_theorem_5_1_and_vci_respects_theorem_5_2():
@@ -443,10 +452,10 @@ def test_bad_configurations_are_rejected():
         collapse_metrics(stats, torch.zeros(3, 4))
     with pytest.raises(KdcollapseError, match="NaN or inf"):
         collapse_metrics(stats, torch.full((4, 3), float("nan")))
-    with pytest.raises(KdcollapseError, match="would discard every eigenvalue"):
-        half = FeatureStatistics(2, 600)
-        half.update(torch.randn(4, 600, dtype=torch.bfloat16), torch.tensor([0, 1, 0, 1]))
-        half.compute()
+    with pytest.raises(KdcollapseError, match="unknown convention 'uniform'; choose one of papyan, prior"):
+        FeatureStatistics(3, 4, convention="uniform")
+    with pytest.raises(KdcollapseError, match="unknown convention 'balanced'"):
+        collapse_metrics(stats, convention="balanced")
     with pytest.raises(KdcollapseError, match="takes a FeatureStatistics or its metric_state, not list"):
         stats.merge_state([1, 2])
     with pytest.raises(KdcollapseError, match=r"of \(K, d\) = \(5, 3\) into \(4, 3\)"):

@@ -1,22 +1,25 @@
 r"""Collapse metrics (NC1-NC3, VCI, GNC1-GNC3, ...) as functions of ``FeatureStatistics`` states.
 
-Class prior. The papers state their covariances for balanced classes (n samples per class). Here every
-covariance uses the empirical class prior :math:`\pi_k = n_k/N`:
+Conventions (docs/metrics.md, "Conventions"). Every covariance below is exact for the samples held; the
+papers write them for balanced classes (n samples per class), and class imbalance forces a choice:
 
-.. math::
-    \mu_G = \textstyle\sum_k \pi_k \mu_k,\quad
-    \Sigma_W = \tfrac1N \sum_i (h_i-\mu_{y_i})(\cdot)^\top,\quad
-    \Sigma_B = \sum_k \pi_k (\mu_k-\mu_G)(\cdot)^\top,\quad
-    \Sigma_T = \tfrac1N \sum_i (h_i-\mu_G)(\cdot)^\top = \Sigma_W + \Sigma_B .
+- VCI and the linear-probe MSE use the covariances of the sample, under the empirical class prior
+  :math:`\pi_k = n_k/N`: :math:`\mu_G = \frac1N\sum_i h_i`, :math:`\Sigma_W = \frac1N \sum_i
+  (h_i-\mu_{y_i})(\cdot)^\top`, :math:`\Sigma_B^\pi = \sum_k \pi_k (\mu_k-\mu_G)(\cdot)^\top` and
+  :math:`\Sigma_T = \frac1N\sum_i (h_i-\mu_G)(\cdot)^\top = \Sigma_W + \Sigma_B^\pi`, on which VCI
+  Thm 5.1, 5.2 and Cor. 5.4 rest.
+- NC1, fuzziness, squared distance and GNC1 use :math:`\Sigma_W` (the average over samples, as Papyan
+  et al.'s :math:`\mathrm{Ave}_{i,c}`) against a between-class covariance chosen by ``convention``:
+  ``"papyan"`` (default) counts every class once, :math:`\Sigma_B = \frac1K\sum_k (\mu_k-\bar\mu)(\cdot)^\top`
+  about the mean of the class means :math:`\bar\mu = \frac1K\sum_k\mu_k`; ``"prior"`` uses
+  :math:`\Sigma_B^\pi`.
+- The class-level metrics (NC2, NC3, cosine distances, GNC3) count each class once and centre on
+  :math:`\bar\mu`, the centre of a simplex ETF, so perfectly collapsed features score 0 for any class sizes.
 
-With balanced classes :math:`\pi_k = 1/K` and these are exactly SPEC Sec. 4 and the papers' definitions.
-With imbalanced classes it is the only weighting that (i) is a function of one global second moment
-(a class-uniform Sigma_W would need K separate d x d moments) and (ii) keeps Sigma_T = Sigma_W + Sigma_B,
-on which VCI Thm 5.2 and Cor. 5.4 rest. ``linear_probe_mse`` is the exact minimum of the probe loss
-:math:`\frac1{2N}\sum_i \lVert W h_i + b - e_{y_i}\rVert^2` for any prior,
-:math:`\tfrac12\,[1 - \sum_k \pi_k^2 - \sum_k \pi_k^2 (\mu_k-\mu_G)^\top \Sigma_T^\dagger (\mu_k-\mu_G)]`,
-which is VCI Thm 5.1 when :math:`\pi_k = 1/K`. The class-level metrics (cosine distances, NC2, NC3, GNC3)
-count each class once, as in their papers.
+With balanced classes :math:`\bar\mu = \mu_G`, :math:`\Sigma_B = \Sigma_B^\pi` and both conventions are the
+papers' definitions. ``linear_probe_mse`` is the exact minimum of :math:`\frac1{2N}\sum_i \lVert W h_i + b -
+e_{y_i}\rVert^2` for any prior, :math:`\tfrac12\,[1 - \sum_k \pi_k^2 - \sum_k \pi_k^2 (\mu_k-\mu_G)^\top
+\Sigma_T^\dagger (\mu_k-\mu_G)]` (VCI Thm 5.1 when :math:`\pi_k = 1/K`).
 """
 
 from __future__ import annotations
@@ -37,15 +40,22 @@ if TYPE_CHECKING:
     from kdcollapse.metrics._statistics import FeatureStatistics
 
 
+CONVENTIONS = ("papyan", "prior")
+# Level of the test that counts GNC1's mean-of-class-means direction (see ``_generalized``): the chance of
+# counting an offset that is pure sampling noise.
+OFFSET_TEST_LEVEL = 1e-6
+
+
 @dataclass(frozen=True)
 class Scatter:
     """Class means and covariances of one feature map under the empirical class prior (float64)."""
 
+    counts: Tensor  # (K,) n_k
     prior: Tensor  # (K,) pi_k = n_k / N
     class_means: Tensor  # (K, d) mu_k
-    global_mean: Tensor  # (d,) mu_G
+    centred: Tensor  # (K, d) mu_k - mu_G, formed about the shift (no cancellation far from the origin)
     within: Tensor  # (d, d) Sigma_W
-    between: Tensor  # (d, d) Sigma_B
+    between: Tensor  # (d, d) Sigma_B^pi
     total: Tensor  # (d, d) Sigma_T
 
 
@@ -61,7 +71,24 @@ def scatter(stats: FeatureStatistics, *, unit: bool) -> Scatter:
     centred = means - mean
     total = symmetric_from_upper(getattr(stats, prefix + "moment")) / n.sum() - torch.outer(mean, mean)
     between = (centred * prior[:, None]).mT @ centred
-    return Scatter(prior, means + shift, mean + shift, total - between, between, total)
+    return Scatter(n, prior, means + shift, centred, total - between, between, total)
+
+
+def class_weights(sc: Scatter, convention: str) -> Tensor:
+    """The weight of each class in Sigma_B: 1/K (``"papyan"``) or the class prior pi_k (``"prior"``)."""
+    return sc.prior if convention == "prior" else torch.full_like(sc.prior, 1 / sc.prior.numel())
+
+
+def between_class(sc: Scatter, convention: str) -> Tensor:
+    """Sigma_B of the NC1 family: sum_k w_k (mu_k - m)(mu_k - m)^T about m = sum_k w_k mu_k (w_k above)."""
+    weights = class_weights(sc, convention)
+    centred = sc.centred - weights @ sc.centred
+    return (centred * weights[:, None]).mT @ centred
+
+
+def class_centred(sc: Scatter) -> Tensor:
+    """mu_k minus the mean of the class means, the rows NC2 and NC3 compare with a simplex ETF."""
+    return sc.centred - sc.centred.mean(0)
 
 
 def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
@@ -70,7 +97,8 @@ def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
 
     The VCI paper (Sec. 4.3, Fig. 2) plots the Sigma_B and Sigma_T spectra to show why Tr(Sigma_T^+ Sigma_B)
     is stable where Tr(Sigma_W Sigma_B^+) is not: Sigma_B has at most K - 1 non-zero eigenvalues and
-    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter.
+    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter. Sigma_B here is
+    the one VCI uses, the sample's Sigma_B^pi = Sigma_T - Sigma_W (module docstring), for any ``convention``.
     """
     with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
         raw = scatter(stats, unit=False)
@@ -92,24 +120,29 @@ def _checked_counts(stats: FeatureStatistics) -> Tensor:
     return counts
 
 
-def _variability(raw: Scatter, rtol: float) -> dict[str, Tensor]:
+def _fuzziness(within: Tensor, between: Tensor, rtol: float | None) -> tuple[Tensor, int]:
+    """Tr(Sigma_W Sigma_B^+) and the rank kept; nan when Sigma_B is 0 (every class mean at the centre)."""
+    between_pinv, rank = psd_pinv(between, rtol=rtol)
+    if rank == 0:
+        return torch.tensor(math.nan, dtype=torch.float64), 0
+    return (within * between_pinv).sum(), rank  # both symmetric
+
+
+def _variability(raw: Scatter, rtol: float | None, convention: str) -> dict[str, Tensor]:
     """NC1 / fuzziness (Papyan et al. 2020), VCI and the linear-probe MSE (VCI paper Def. 5.3, Thm 5.1),
     squared distance (Hui et al. 2022, VCI paper eq. 4)."""
     num_classes, dim = raw.prior.numel(), raw.total.shape[0]
-    between_pinv, rank_between = psd_pinv(raw.between, rtol=rtol)
-    fuzziness = (raw.within * between_pinv).sum()  # Tr(Sigma_W Sigma_B^+), both symmetric
-    if rank_between == 0:  # every class mean at mu_G: undefined
-        fuzziness = torch.tensor(math.nan, dtype=torch.float64)
+    between = between_class(raw, convention)
+    fuzziness, rank_between = _fuzziness(raw.within, between, rtol)
     total_pinv, rank_total = psd_pinv(raw.total, rtol=rtol)
-    centred = raw.class_means - raw.global_mean
-    explained = ((centred @ total_pinv) * centred).sum(1)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
+    explained = ((raw.centred @ total_pinv) * raw.centred).sum(1)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
     vci_rank = min(dim, num_classes - 1)  # rank(Sigma_B) as the VCI paper takes it (Sec. 5)
     return {
         "nc1": fuzziness / num_classes,
         "fuzziness": fuzziness,
-        "vci": 1 - (raw.prior * explained).sum() / vci_rank,  # Tr(S_T^+ S_B) = sum_k pi_k explained_k
+        "vci": 1 - (raw.prior * explained).sum() / vci_rank,  # Tr(S_T^+ S_B^pi) = sum_k pi_k explained_k
         "linear_probe_mse": 0.5 * (1 - raw.prior.square().sum() - (raw.prior.square() * explained).sum()),
-        "squared_distance": raw.within.trace() / raw.between.trace(),
+        "squared_distance": raw.within.trace() / between.trace(),
         "rank_between": torch.tensor(rank_between),
         "rank_total": torch.tensor(rank_total),
         "vci_rank": torch.tensor(vci_rank),
@@ -136,23 +169,55 @@ def _equinorm_equiangle(vectors: Tensor) -> tuple[Tensor, Tensor]:
     return norms.std() / norms.mean(), (cosines + 1 / (num_classes - 1)).abs().mean()
 
 
-def _generalized(unit: Scatter, rtol: float) -> dict[str, Tensor]:
-    r"""GNC1 (GNC paper Sec. 2.2) on unit features, with the paper's uncentred
-    :math:`\Sigma_B = \sum_k \pi_k \bar h_k \bar h_k^\top` (= (1/K) sum_k for balanced classes)."""
-    between = (unit.class_means * unit.prior[:, None]).mT @ unit.class_means
-    between_pinv, rank = psd_pinv(between, rtol=rtol)
-    return {
-        "gnc1": (unit.within * between_pinv).sum() / unit.prior.numel(),
-        "rank_between_unit": torch.tensor(rank),
-    }
+def _generalized(unit: Scatter, rtol: float | None, convention: str) -> dict[str, Tensor]:
+    r"""GNC1 (GNC paper Sec. 2.2) on unit features, with the paper's uncentred Sigma_B, except for the one
+    direction it adds that sampling noise explains.
+
+    With :math:`\bar h = \sum_k w_k \bar h_k` (w_k from ``class_weights``), the paper's
+    :math:`\sum_k w_k \bar h_k \bar h_k^\top = \Sigma_B^c + \bar h \bar h^\top`, :math:`\Sigma_B^c` centred
+    on :math:`\bar h`. Its range exceeds that of :math:`\Sigma_B^c` only by :math:`r`, the part of
+    :math:`\bar h` outside it. When the class means sum to zero (a simplex ETF), the population r is 0 and
+    the sample's r is the class means' sampling noise; inverting it would divide Sigma_W by its own noise
+    and make GNC1 jump from 0 to O(n) at any noise. So r is counted only when a Hotelling test rejects
+    "r is noise" at level ``OFFSET_TEST_LEVEL`` (``_offset_is_noise``); otherwise Sigma_B uses
+    :math:`\bar h - r`. Where the class means' offset is real (e.g. non-negative ReLU features) or
+    :math:`\Sigma_B^c` has full rank (K > d), this is the paper's matrix exactly.
+    """
+    weights = class_weights(unit, convention)
+    offset = weights @ unit.class_means
+    centred = unit.class_means - offset
+    centred_between = (centred * weights[:, None]).mT @ centred
+    pinv, _ = psd_pinv(centred_between, rtol=rtol)
+    outside_range = torch.eye(offset.numel(), dtype=offset.dtype, device=offset.device) - pinv @ centred_between
+    outside = outside_range @ offset
+    if _offset_is_noise(outside, outside_range, unit, weights, rtol):
+        offset = offset - outside
+    fuzziness, rank = _fuzziness(unit.within, centred_between + torch.outer(offset, offset), rtol)
+    return {"gnc1": fuzziness / unit.prior.numel(), "rank_between_unit": torch.tensor(rank)}
+
+
+def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights: Tensor, rtol) -> bool:
+    """Whether Hotelling's T^2 test keeps "``outside`` is the sampling noise of sum_k w_k mean_k" at level
+    ``OFFSET_TEST_LEVEL``, on the subspace ``projector`` maps onto, with the pooled within-class covariance
+    (Cov(sum_k w_k mean_k) = sum_k w_k^2 / n_k * Sigma, Sigma estimated with N - K degrees of freedom)."""
+    from scipy.special import fdtrc  # the F distribution's survival function; import on use
+
+    samples, num_classes = float(unit.counts.sum()), unit.counts.numel()
+    dof = samples - num_classes
+    scale = float((weights.square() / unit.counts).sum()) * samples / max(dof, 1.0)
+    noise_pinv, rank = psd_pinv(scale * projector @ unit.within @ projector.mT, rtol=rtol)
+    if rank == 0 or dof - rank + 1 <= 0:
+        return False  # no noise to explain it, or too few samples to tell: keep the paper's matrix
+    t_squared = float(outside @ noise_pinv @ outside)
+    f_statistic = t_squared * (dof - rank + 1) / (dof * rank)
+    return float(fdtrc(rank, dof - rank + 1, f_statistic)) > OFFSET_TEST_LEVEL
 
 
 def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020), GNC2 and GNC3 (GNC paper)."""
     optimum = softmax_code_optimum(*weight.shape)
 
-    num_classes, dim = weight.shape
-    centred = raw.class_means - raw.global_mean
+    centred = class_centred(raw)
     unit_weight = F.normalize(weight, dim=1)
     equinorm, equiangle = _equinorm_equiangle(weight)
     distances = one_vs_rest_distances(unit_weight).to(torch.float64)
@@ -166,21 +231,25 @@ def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor
     }
 
 
+def check_convention(convention: str) -> str:
+    """``convention`` if it is one of ``CONVENTIONS``, else a ``KdcollapseError`` naming the choices."""
+    if convention not in CONVENTIONS:
+        raise KdcollapseError(f"unknown convention {convention!r}; choose one of {', '.join(CONVENTIONS)}")
+    return convention
+
+
 def metrics_from_statistics(
-    stats: FeatureStatistics, classifier_weight: Tensor | None = None, rtol: float | None = None
+    stats: FeatureStatistics,
+    classifier_weight: Tensor | None = None,
+    rtol: float | None = None,
+    convention: str | None = None,
 ) -> dict[str, Tensor]:
     """``collapse_metrics`` on the states as they are (no cross-process sync); ``compute()`` uses it."""
-    rtol = rtol if rtol is not None else stats.rtol
-    if rtol is None:
-        rtol = stats.feature_dim * float(stats.feature_eps)
-        if rtol >= 1:
-            raise KdcollapseError(
-                f"the default rtol = d * eps of the features' dtype = {rtol:.3g} would discard every "
-                "eigenvalue (half-precision features?); pass rtol= explicitly or update with float32 features"
-            )
+    rtol = rtol if rtol is not None else stats.rtol  # None: d * eps(float64), the states' dtype
+    convention = check_convention(convention if convention is not None else stats.convention)
     raw, unit = scatter(stats, unit=False), scatter(stats, unit=True)
-    equinorm, equiangle = _equinorm_equiangle(raw.class_means - raw.global_mean)
-    out = {**_variability(raw, rtol), **_cosine(unit.class_means), **_generalized(unit, rtol)}
+    equinorm, equiangle = _equinorm_equiangle(class_centred(raw))
+    out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means), **_generalized(unit, rtol, convention)}
     out |= {"nc2_equinorm": equinorm, "nc2_equiangle": equiangle}
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
@@ -196,23 +265,27 @@ def metrics_from_statistics(
 
 
 def collapse_metrics(
-    stats: FeatureStatistics, classifier_weight: Tensor | None = None, *, rtol: float | None = None
+    stats: FeatureStatistics,
+    classifier_weight: Tensor | None = None,
+    *,
+    rtol: float | None = None,
+    convention: str | None = None,
 ) -> dict[str, Tensor]:
     r"""Every collapse metric of the features summarised by ``stats`` (0-d float64 tensors; ranks int64).
 
     Gathers the states across processes first, like ``stats.compute()`` (all ranks must call it).
 
-    Features h (class prior: see the module docstring):
+    Features h (Sigma_B, Sigma_B^pi, the mean of class means mu_bar: see the module docstring):
 
     - ``nc1`` :math:`= \frac1K \mathrm{Tr}(\Sigma_W\Sigma_B^\dagger)`, ``fuzziness`` = K nc1
       (Papyan et al. 2020).
-    - ``vci`` :math:`= 1 - \mathrm{Tr}(\Sigma_T^\dagger\Sigma_B)/\min(d, K-1)` (VCI paper Def. 5.3).
+    - ``vci`` :math:`= 1 - \mathrm{Tr}(\Sigma_T^\dagger\Sigma_B^\pi)/\min(d, K-1)` (VCI paper Def. 5.3).
     - ``linear_probe_mse``: min over W, b of the least-squares probe loss (VCI paper Thm 5.1).
     - ``squared_distance`` :math:`= \mathrm{Tr}\,\Sigma_W / \mathrm{Tr}\,\Sigma_B`
       (Hui et al. 2022; VCI eq. 4).
     - ``cosine_within`` and ``class_separation`` (Kornblith et al. 2021).
-    - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_G (Papyan et al. 2020).
-    - ``gnc1`` on L2-normalised features (GNC paper Sec. 2.2).
+    - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_bar (Papyan et al. 2020).
+    - ``gnc1`` on L2-normalised features (GNC paper Sec. 2.2; its rank rule: ``_generalized``).
     - ``rank_between``, ``rank_total``, ``rank_between_unit``: ranks kept by the pseudo-inverses of Sigma_B,
       Sigma_T and the GNC Sigma_B; ``vci_rank`` = min(d, K-1).
 
@@ -220,12 +293,14 @@ def collapse_metrics(
 
     - ``nc2_equinorm_w``, ``nc2_equiangle_w`` of the rows w_k;
       ``nc3`` :math:`= \lVert W/\lVert W\rVert_F - \tilde M/\lVert\tilde M\rVert_F\rVert_F^2`, rows of
-      :math:`\tilde M` the mu_k - mu_G (Papyan et al. 2020).
+      :math:`\tilde M` the mu_k - mu_bar (Papyan et al. 2020).
     - ``gnc2`` :math:`= \min_k \mathrm{dist}(\hat w_k, \mathrm{conv}\{\hat w_j\}_{j\ne k})` of the unit rows
       (GNC Def. 2.1, a distance) and ``gnc2_optimum``, its maximum for (K, d) where known (nan otherwise).
     - ``gnc3`` :math:`= \frac1K\sum_k (1 - \hat w_k^\top \bar h_k)`, h_k the class means of unit features.
 
-    ``rtol`` overrides the pseudo-inverse threshold (default ``d * eps`` of the features' dtype).
+    ``rtol`` overrides the pseudo-inverse threshold (default ``d * eps`` of float64, the dtype the states
+    accumulate in whatever the features' dtype), ``convention`` (``"papyan"`` or ``"prior"``) the Sigma_B
+    of NC1, fuzziness, squared distance and GNC1; both default to the ``stats``' own.
     """
     with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
-        return metrics_from_statistics(stats, classifier_weight, rtol)
+        return metrics_from_statistics(stats, classifier_weight, rtol, convention)

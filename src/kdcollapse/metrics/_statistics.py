@@ -12,7 +12,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics._collapse import metrics_from_statistics, scatter
+from kdcollapse.metrics._collapse import check_convention, metrics_from_statistics, scatter
 
 # (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
 _GROUPS = (("shift", "class_sums", "moment"), ("unit_shift", "unit_class_sums", "unit_moment"))
@@ -109,7 +109,10 @@ class FeatureStatistics(Metric):
         num_classes: K.
         feature_dim: d.
         rtol: eigenvalues at or below ``rtol * lambda_max`` are dropped in every pseudo-inverse; default
-            ``d * eps`` of the features' dtype (the widest eps seen by ``update``).
+            ``d * eps`` of float64, the dtype of the states: bf16, fp16 and float32 features are widened
+            to float64 before any arithmetic, so their metrics are those of the same values in float64.
+        convention: ``"papyan"`` (default) or ``"prior"``, the Sigma_B of NC1, fuzziness, squared distance
+            and GNC1 (module docstring of ``kdcollapse.metrics._collapse``; docs/metrics.md).
         kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
 
     >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
@@ -118,7 +121,7 @@ class FeatureStatistics(Metric):
     >>> stats.class_counts.tolist()
     [2, 1, 1]
     >>> round(float(stats.compute()["nc1"]), 6)
-    0.002604
+    0.00293
     """
 
     is_differentiable = False
@@ -133,10 +136,15 @@ class FeatureStatistics(Metric):
     unit_shift: Tensor
     unit_class_sums: Tensor
     unit_moment: Tensor
-    feature_eps: Tensor
 
     def __init__(
-        self, num_classes: int, feature_dim: int, *, rtol: float | None = None, **kwargs: Any
+        self,
+        num_classes: int,
+        feature_dim: int,
+        *,
+        rtol: float | None = None,
+        convention: str = "papyan",
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not isinstance(num_classes, int) or num_classes < 2:
@@ -146,6 +154,7 @@ class FeatureStatistics(Metric):
         if rtol is not None and not 0.0 <= rtol < 1.0:
             raise KdcollapseError(f"rtol must lie in [0, 1), got {rtol}")
         self.num_classes, self.feature_dim, self.rtol = num_classes, feature_dim, rtol
+        self.convention = check_convention(convention)
         k, d, f64 = num_classes, feature_dim, torch.float64
         self.add_state("class_counts", torch.zeros(k, dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
@@ -154,7 +163,6 @@ class FeatureStatistics(Metric):
         self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
         self.add_state("unit_class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
         self.add_state("unit_moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
-        self.add_state("feature_eps", torch.zeros((), dtype=f64), dist_reduce_fx="max")
 
     def update(self, features: Tensor, labels: Tensor) -> None:
         """Add a batch: ``features`` ``(B, d)`` (any float dtype), ``labels`` ``(B,)`` in ``[0, K)``."""
@@ -171,7 +179,15 @@ class FeatureStatistics(Metric):
             z -= getattr(self, shift)  # in place: both are this call's own copies
             getattr(self, class_sums).index_add_(0, labels, z)
             _add_gram(getattr(self, moment), z)
-        self.feature_eps = self.feature_eps.clamp(min=torch.finfo(features.dtype).eps)
+
+    def _apply(self, fn: Any, exclude_state: Any = "") -> FeatureStatistics:
+        """Move the states with the module (``.to(device)``, ``.cuda()``) but keep their dtypes whatever
+        ``.to(dtype)``, ``.half()`` or ``set_dtype`` ask: half-precision sums of squares lose the metrics."""
+
+        def move(tensor: Tensor) -> Tensor:
+            return tensor.to(fn(tensor.new_empty(0)).device)
+
+        return super()._apply(move, exclude_state)
 
     def compute(self) -> dict[str, Tensor]:
         """The collapse metrics without a classifier; see :func:`~kdcollapse.metrics.collapse_metrics`."""
@@ -211,7 +227,6 @@ class FeatureStatistics(Metric):
             setattr(self, class_sums, getattr(self, class_sums) + sums)
             setattr(self, moment, getattr(self, moment) + second)
         self.class_counts = self.class_counts + other["class_counts"]
-        self.feature_eps = torch.maximum(self.feature_eps, other["feature_eps"])
         self._computed = None  # torchmetrics' cached compute() result is stale now
 
     def sync(

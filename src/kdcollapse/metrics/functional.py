@@ -17,19 +17,23 @@ def collapse_metrics_from_features(
     classifier_weight: Tensor | None = None,
     *,
     rtol: float | None = None,
+    convention: str = "papyan",
 ) -> dict[str, Tensor]:
     """:func:`~kdcollapse.metrics.collapse_metrics` of an ``(N, d)`` feature tensor with ``(N,)`` labels.
 
-    One ``FeatureStatistics.update`` on the whole tensor; no cross-process sync.
+    One ``FeatureStatistics.update`` on the whole tensor; no cross-process sync. ``rtol`` and
+    ``convention`` as in ``FeatureStatistics``.
 
     >>> import torch
     >>> h = torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]])
     >>> m = collapse_metrics_from_features(h, torch.tensor([0, 0, 1, 2]), num_classes=3)
     >>> round(float(m["nc1"]), 6), int(m["rank_between"])
-    (0.002604, 2)
+    (0.00293, 2)
     """
     check_batch(features, labels, num_classes, None)
-    stats = FeatureStatistics(num_classes, features.shape[1], rtol=rtol, sync_on_compute=False)
+    stats = FeatureStatistics(
+        num_classes, features.shape[1], rtol=rtol, convention=convention, sync_on_compute=False
+    )
     stats.to(features.device).update(features, labels)
     return collapse_metrics(stats, classifier_weight)
 
