@@ -16,6 +16,7 @@ from kdcollapse.data._dataset import (
     load_dataset,
     register_dataset,
     search_paths,
+    split_validation,
 )
 from kdcollapse.data._download import download_dataset, download_file, verify_file
 from kdcollapse.data._folder import FolderDataset
@@ -39,5 +40,6 @@ __all__ = [
     "make_loader",
     "register_dataset",
     "search_paths",
+    "split_validation",
     "verify_file",
 ]

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kdcollapse.data._folder import FolderDataset
 
 SPLITS = ("train", "test")
+D = TypeVar("D")  # a TensorDataset or a FolderDataset
 
 
 def derive_seed(*keys: int) -> int:
@@ -183,6 +184,33 @@ def select_subset(
     starts = torch.cumsum(counts, 0) - counts
     picks = (starts[:, None] + torch.arange(n_per_class)).reshape(-1)
     return torch.sort(by_class[picks]).values
+
+
+VAL_SPLIT_KEY = 0x76616C  # "val" in ASCII: the validation draw's key, far from any epoch number
+
+
+def split_validation(dataset: D, val_per_class: int, seed: int) -> tuple[D, D | None]:
+    """``(train, val)``: ``val_per_class`` samples of every class, drawn with ``derive_seed(seed,
+    VAL_SPLIT_KEY)``, and every other sample; ``(dataset, None)`` when ``val_per_class`` is 0.
+
+    The two are disjoint and both keep the original order; a training subset (``train_per_class``) is
+    then drawn from ``train`` only. Raises ``DataError`` if a class would keep no training sample.
+    """
+    if not isinstance(val_per_class, int) or isinstance(val_per_class, bool) or val_per_class < 0:
+        raise DataError(f"val_per_class must be an int >= 0, got {val_per_class!r}")
+    if val_per_class == 0:
+        return dataset, None
+    counts = torch.bincount(dataset.labels, minlength=dataset.num_classes)
+    if val_per_class >= int(counts.min()):
+        raise DataError(
+            f"{dataset.name}: val_per_class={val_per_class} leaves no training sample in the smallest class "
+            f"({int(counts.min())} samples); use at most {int(counts.min()) - 1}"
+        )
+    val_index = select_subset(dataset.labels, dataset.num_classes, dataset.name, val_per_class, None,
+                              derive_seed(seed, VAL_SPLIT_KEY))
+    keep = torch.ones(len(dataset), dtype=torch.bool)
+    keep[val_index] = False
+    return dataset.subset(indices=torch.nonzero(keep).flatten()), dataset.subset(indices=val_index)
 
 
 def _check_mean_std(name: str, mean: Sequence[float], std: Sequence[float], channels: int) -> None:
