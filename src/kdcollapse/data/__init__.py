@@ -23,7 +23,7 @@ from kdcollapse.data._folder import FolderDataset
 from kdcollapse.data._loader import Loader, augment_batch, make_loader
 
 # Importing the dataset modules registers their datasets.
-from kdcollapse.data import _cifar, _idx, _synthetic  # noqa: E402,F401  isort: skip
+from kdcollapse.data import _cifar, _idx, _pairs, _synthetic  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "Augment",

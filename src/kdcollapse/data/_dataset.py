@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -61,7 +62,9 @@ class TensorDataset:
     ``inputs``: uint8 ``(N, C, H, W)`` images or float32 ``(N, D)`` vectors; ``labels``: int64 ``(N,)``
     in ``[0, num_classes)``; ``mean`` / ``std``: per-channel normalisation in [0, 1] units (one value
     broadcasts over all channels; vector data uses ``(0.0,)`` / ``(1.0,)``, i.e. no normalisation);
-    ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``.
+    ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``;
+    ``superclasses`` / ``superclass``: optional coarser groups, their names and each class's group index
+    (``fashion_mnist_pairs``: the left item).
     """
 
     inputs: torch.Tensor
@@ -71,6 +74,8 @@ class TensorDataset:
     std: tuple[float, ...]
     name: str
     default_augment: Augment = field(default_factory=Augment)
+    superclasses: list[str] | None = None
+    superclass: list[int] | None = None
 
     def __post_init__(self) -> None:
         x, y = self.inputs, self.labels
@@ -89,6 +94,7 @@ class TensorDataset:
                 f"got range [{int(y.min())}, {int(y.max())}]"
             )
         _check_mean_std(self.name, self.mean, self.std, self.in_channels)
+        _check_superclasses(self.name, self.superclasses, self.superclass, len(self.classes))
 
     @property
     def num_classes(self) -> int:
@@ -120,10 +126,7 @@ class TensorDataset:
         ``n_per_class`` samples or an index is out of range.
         """
         index = select_subset(self.labels, self.num_classes, self.name, n_per_class, indices, seed)
-        return TensorDataset(
-            self.inputs[index], self.labels[index], list(self.classes), self.mean, self.std, self.name,
-            self.default_augment,
-        )
+        return dataclasses.replace(self, inputs=self.inputs[index], labels=self.labels[index])
 
     def select_classes(self, classes: Sequence[int]) -> TensorDataset:
         """The samples of ``classes`` only, relabelled: class ``classes[i]`` becomes label ``i``.
@@ -132,7 +135,9 @@ class TensorDataset:
         ``select_classes([2, 4, 7, 9])`` is a 4-class dataset of pullovers, coats, sneakers and ankle boots.
         """
         index, labels, names = relabel_classes(self.labels, self.classes, self.name, classes)
-        return TensorDataset(self.inputs[index], labels, names, self.mean, self.std, self.name, self.default_augment)
+        superclass = None if self.superclass is None else [self.superclass[int(c)] for c in classes]
+        return dataclasses.replace(self, inputs=self.inputs[index], labels=labels, classes=names,
+                                   superclass=superclass)
 
 
 def relabel_classes(
@@ -213,6 +218,13 @@ def split_validation(dataset: D, val_per_class: int, seed: int) -> tuple[D, D | 
     return dataset.subset(indices=torch.nonzero(keep).flatten()), dataset.subset(indices=val_index)
 
 
+def _check_superclasses(name: str, names: list[str] | None, of_class: list[int] | None, num_classes: int) -> None:
+    if (names is None) != (of_class is None):
+        raise DataError(f"{name}: give both superclasses and superclass, or neither")
+    if of_class is not None and (len(of_class) != num_classes or not all(0 <= g < len(names) for g in of_class)):
+        raise DataError(f"{name}: superclass needs one index in [0, {len(names)}) per class ({num_classes})")
+
+
 def _check_mean_std(name: str, mean: Sequence[float], std: Sequence[float], channels: int) -> None:
     if len(mean) not in (1, channels) or len(std) != len(mean):
         raise DataError(f"{name}: mean/std need 1 or {channels} values each, got {len(mean)} and {len(std)}")
@@ -229,7 +241,8 @@ class DatasetEntry:
 
     ``load(root, split, **options)`` builds a split from the directory ``root`` (``None`` for datasets
     that need no files); ``markers`` are paths relative to a root, any of which shows the dataset is
-    there; ``system_paths`` are searched after the standard places; ``get`` says how to obtain it.
+    there; ``system_paths`` are searched after the standard places; ``get`` says how to obtain it;
+    ``files_of`` names a dataset whose places are searched too (a dataset derived from its files).
     """
 
     name: str
@@ -238,6 +251,7 @@ class DatasetEntry:
     markers: tuple[str, ...] = ()
     system_paths: tuple[str, ...] = ()
     get: str = ""
+    files_of: str = ""
 
     @property
     def needs_files(self) -> bool:
@@ -254,11 +268,12 @@ def register_dataset(
     markers: Sequence[str] = (),
     system_paths: Sequence[str] = (),
     get: str = "",
+    files_of: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``load(root, split, **options)`` under ``name`` (decorator)."""
 
     def decorator(load: Callable[..., Any]) -> Callable[..., Any]:
-        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get)
+        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get, files_of)
         _DATASETS.register(name)(entry)
         return load
 
@@ -284,7 +299,10 @@ def search_paths(name: str) -> list[Path]:
     if os.environ.get("KDCOLLAPSE_DATA"):
         paths.append(Path(os.environ["KDCOLLAPSE_DATA"]) / name)
     paths += [Path.cwd() / "data" / name, Path.home() / ".cache" / "kdcollapse" / name]
-    return paths + [Path(p) for p in entry.system_paths]
+    paths += [Path(p) for p in entry.system_paths]
+    if entry.files_of:
+        paths += [p for p in search_paths(entry.files_of) if p not in paths]
+    return paths
 
 
 def default_download_root(name: str) -> Path:
