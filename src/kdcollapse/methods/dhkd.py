@@ -7,9 +7,9 @@ from typing import Literal
 
 from kdcollapse.losses import binary_kl_norm_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods.ce_binarykl import official_form_hint
 from kdcollapse.methods._distill import check_config
 from kdcollapse.methods._dual_head import DualHead, DualHeadConfig
+from kdcollapse.methods.ce_binarykl import official_form_hint
 
 
 @register_method("dhkd")
