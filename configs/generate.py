@@ -1,13 +1,13 @@
 """Write every distillation recipe under configs/ from the tables below.
 
-    python configs/generate.py          # (re)write configs/cifar100, configs/imagenet, configs/fashion_mnist
+    python configs/generate.py          # (re)write configs/cifar100, imagenet, fashion_mnist, fashion_mnist_pairs
     python configs/generate.py --check  # exit 1 if a committed recipe differs from this script's output
 
 One row per teacher -> student pair; the methods' official hyperparameters are filled in here, once,
 so the recipes cannot drift apart. Each file names the paper number it should reproduce in its header.
 Sources: DHKD paper Tables 1-4, App. F, J (Table 11); DKL paper Tables 3, 5; mdistiller's DKD configs;
-the official DKL/IKL code (see docs/distillation.md). configs/fashion_mnist/teacher.yaml is hand-written
-and is the base of the Fashion-MNIST student recipes.
+the official DKL/IKL code (see docs/distillation.md). configs/fashion_mnist/teacher.yaml and
+configs/fashion_mnist_pairs/teacher.yaml are hand-written and are the bases of their student recipes.
 """
 
 from __future__ import annotations
@@ -213,19 +213,30 @@ FMNIST_METHODS = {
 }
 
 
-def fmnist_recipes() -> dict[Path, str]:
-    base = yaml.safe_load((ROOT / "fashion_mnist" / "teacher.yaml").read_text())
+def fmnist_recipes(area: str = "fashion_mnist", prefix: str = "fmnist", stems=tuple(FMNIST_METHODS),
+                   title: str = "Fashion-MNIST", results: str = "results/distillation/.") -> dict[Path, str]:
+    base = yaml.safe_load((ROOT / area / "teacher.yaml").read_text())
     out = {}
-    for stem, (method, line) in FMNIST_METHODS.items():
-        body = {**base, "run_dir": f"runs/fmnist_{stem}", "model": {"name": "convnet_small"}, "method": method}
+    for stem in stems:
+        method, line = FMNIST_METHODS[stem]
+        body = {**base, "run_dir": f"runs/{prefix}_{stem}", "model": {"name": "convnet_small"}, "method": method}
         if method["name"] != "vanilla":
-            body["teacher"] = {"checkpoint": "runs/fmnist_teacher"}
+            body["teacher"] = {"checkpoint": f"runs/{prefix}_teacher"}
         command = "train" if method["name"] == "vanilla" else "distill"
-        header = [f"Fashion-MNIST, convnet -> convnet_small: {line}",
-                  "Schedule and augmentation as configs/fashion_mnist/teacher.yaml; results: results/distillation/.",
-                  f"kdcollapse {command} --config configs/fashion_mnist/{stem}.yaml --seeds 0,1,2"]
-        out[Path("fashion_mnist") / f"{stem}.yaml"] = render(header, order(body))
+        header = [f"{title}, convnet -> convnet_small: {line}",
+                  f"Schedule and augmentation as configs/{area}/teacher.yaml; results: {results}",
+                  f"kdcollapse {command} --config configs/{area}/{stem}.yaml --seeds 0,1,2"]
+        out[Path(area) / f"{stem}.yaml"] = render(header, order(body))
     return out
+
+
+# The 100-class task (docs/data.md); configs/fashion_mnist_pairs/teacher.yaml is hand-written, as above.
+PAIRS_STEMS = ("student", "kd", "dkd", "dhkd", "ikl_kd", "dual_head_kd", "ce_binarykl", "binarykl_only")
+
+
+def pairs_recipes() -> dict[Path, str]:
+    return fmnist_recipes("fashion_mnist_pairs", "fmnist_pairs", PAIRS_STEMS, "Fashion-MNIST pairs (100 classes)",
+                          "none yet (issue 13).")
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -244,7 +255,7 @@ def render(header: list[str], body: dict) -> str:
 
 def recipes() -> dict[Path, str]:
     """Every generated recipe: path relative to configs/ -> file text."""
-    return cifar_recipes() | imagenet_recipes() | fmnist_recipes()
+    return cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,8 +196,8 @@ def write_jpeg(path: Path, size: tuple[int, int], seed: int) -> np.ndarray:
 
 
 def test_registry_lists_every_dataset():
-    expected = {"fashion_mnist", "mnist", "cifar10", "cifar100", "imagenet", "tiny_imagenet", "image_folder",
-                "digits", "gaussian_mixture"}  # fmt: skip
+    expected = {"fashion_mnist", "fashion_mnist_pairs", "mnist", "cifar10", "cifar100", "imagenet", "tiny_imagenet",
+                "image_folder", "digits", "gaussian_mixture"}  # fmt: skip
     assert set(list_datasets()) == expected
     assert list_datasets("cifar*") == ["cifar10", "cifar100"]
 

@@ -14,8 +14,8 @@ from kdcollapse.config import load_config
 from test_methods import digits_teacher  # noqa: F401  (a fixture)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-AREAS = ("cifar100", "imagenet", "fashion_mnist")
-HAND_WRITTEN = {Path("fashion_mnist/teacher.yaml")}
+AREAS = ("cifar100", "imagenet", "fashion_mnist", "fashion_mnist_pairs")
+HAND_WRITTEN = {Path("fashion_mnist/teacher.yaml"), Path("fashion_mnist_pairs/teacher.yaml")}
 
 
 def generator():
@@ -100,3 +100,16 @@ def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, digits_t
     records = [json.loads(line) for line in (tmp_path / stem / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in records]
     assert losses == pytest.approx(PINNED[stem], rel=1e-5)
+
+
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").exists(),
+                    reason="Fashion-MNIST not in /usr/share/datasets/fashion-mnist")
+def test_fashion_mnist_pairs_teacher_and_dhkd_recipes_run_on_the_real_pairs(tmp_path):
+    tiny = ["data.train_per_class=2", "data.test_per_class=1", "model.name=mlp",
+            "model.kwargs={input_size: [28, 56], hidden: [16]}", "train.epochs=1", "train.progress=false"]
+    area = CONFIGS / "fashion_mnist_pairs"
+    assert main(["train", "--config", str(area / "teacher.yaml"), *tiny, f"run_dir={tmp_path / 't'}"]) == 0
+    assert main(["distill", "--config", str(area / "dhkd.yaml"), *tiny, f"run_dir={tmp_path / 's'}",
+                 f"teacher.checkpoint={tmp_path / 't'}", "method.binary_kl_form=official"]) == 0
+    (record,) = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert record["selected_on"] == "val" and {"val_acc", "test_acc", "train_binary_kl_norm"} <= record.keys()

@@ -77,3 +77,13 @@ def test_heads_report_features_of_a_run_trained_on_a_subset_of_classes(subset_ru
     run = load_runs(subset_run.parent.parent)["linear"][0]
     h, y = features(run, "test")
     assert h.shape == (40, 16) and sorted(y.unique().tolist()) == [0, 1, 2, 3]
+
+
+def test_run_gives_the_validation_split_the_trainer_saw(tmp_path):
+    cfg = load_config(None, [*SUBSET, "data.val_per_class=5", f"run_dir={tmp_path / 'val'}"])
+    trainer = Trainer(cfg)
+    val = run_dataset(cfg, "val")
+    assert torch.equal(val.inputs, trainer.val_set.inputs) and torch.equal(val.labels, trainer.val_set.labels)
+    assert val.labels.bincount().tolist() == [5, 5, 5, 5]
+    with pytest.raises(Exception, match="no validation split"):
+        run_dataset(load_config(None, SUBSET), "val")

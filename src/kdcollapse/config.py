@@ -33,7 +33,12 @@ class DataConfig:
     classes: list[int] | None = None  # keep only these classes, relabelled 0..K'-1 in this order; None: all
     train_per_class: int | None = None  # balanced training subset (samples per class); None: all
     test_per_class: int | None = None
+    val_per_class: int = 0  # validation samples per class, carved from the training split; 0: none
     num_workers: int = 4  # decoding processes, folder datasets only
+
+    def __post_init__(self) -> None:
+        if self.val_per_class < 0:
+            raise ConfigError(f"data.val_per_class must be >= 0 (0: no validation split), got {self.val_per_class}")
 
 
 @dataclass

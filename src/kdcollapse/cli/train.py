@@ -102,8 +102,12 @@ def _fit(cfg: RunConfig, args):
 
 
 def _report(result) -> None:
-    print(f"{result.run_dir}: best test accuracy {result.best_acc:.2f}% (epoch {result.best_epoch}), "
-          f"last {result.last_acc:.2f}% after {result.epochs} epochs")
+    if result.selected_on == "val":
+        best = (f"test accuracy {result.best_acc:.2f}% at the best validation accuracy "
+                f"{result.best_val_acc:.2f}% (epoch {result.best_epoch})")
+    else:
+        best = f"best test accuracy {result.best_acc:.2f}% (epoch {result.best_epoch}, chosen on the test set)"
+    print(f"{result.run_dir}: {best}, last {result.last_acc:.2f}% after {result.epochs} epochs")
 
 
 def _summarise(run_dir: Path, seeds: list[int], results) -> None:

@@ -16,13 +16,14 @@ from kdcollapse.data._dataset import (
     load_dataset,
     register_dataset,
     search_paths,
+    split_validation,
 )
 from kdcollapse.data._download import download_dataset, download_file, verify_file
 from kdcollapse.data._folder import FolderDataset
 from kdcollapse.data._loader import Loader, augment_batch, make_loader
 
 # Importing the dataset modules registers their datasets.
-from kdcollapse.data import _cifar, _idx, _synthetic  # noqa: E402,F401  isort: skip
+from kdcollapse.data import _cifar, _idx, _pairs, _synthetic  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "Augment",
@@ -39,5 +40,6 @@ __all__ = [
     "make_loader",
     "register_dataset",
     "search_paths",
+    "split_validation",
     "verify_file",
 ]

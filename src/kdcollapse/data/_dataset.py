@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from kdcollapse.data._folder import FolderDataset
 
 SPLITS = ("train", "test")
+D = TypeVar("D")  # a TensorDataset or a FolderDataset
 
 
 def derive_seed(*keys: int) -> int:
@@ -60,7 +62,9 @@ class TensorDataset:
     ``inputs``: uint8 ``(N, C, H, W)`` images or float32 ``(N, D)`` vectors; ``labels``: int64 ``(N,)``
     in ``[0, num_classes)``; ``mean`` / ``std``: per-channel normalisation in [0, 1] units (one value
     broadcasts over all channels; vector data uses ``(0.0,)`` / ``(1.0,)``, i.e. no normalisation);
-    ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``.
+    ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``;
+    ``superclasses`` / ``superclass``: optional coarser groups, their names and each class's group index
+    (``fashion_mnist_pairs``: the left item).
     """
 
     inputs: torch.Tensor
@@ -70,6 +74,8 @@ class TensorDataset:
     std: tuple[float, ...]
     name: str
     default_augment: Augment = field(default_factory=Augment)
+    superclasses: list[str] | None = None
+    superclass: list[int] | None = None
 
     def __post_init__(self) -> None:
         x, y = self.inputs, self.labels
@@ -88,6 +94,7 @@ class TensorDataset:
                 f"got range [{int(y.min())}, {int(y.max())}]"
             )
         _check_mean_std(self.name, self.mean, self.std, self.in_channels)
+        _check_superclasses(self.name, self.superclasses, self.superclass, len(self.classes))
 
     @property
     def num_classes(self) -> int:
@@ -119,10 +126,7 @@ class TensorDataset:
         ``n_per_class`` samples or an index is out of range.
         """
         index = select_subset(self.labels, self.num_classes, self.name, n_per_class, indices, seed)
-        return TensorDataset(
-            self.inputs[index], self.labels[index], list(self.classes), self.mean, self.std, self.name,
-            self.default_augment,
-        )
+        return dataclasses.replace(self, inputs=self.inputs[index], labels=self.labels[index])
 
     def select_classes(self, classes: Sequence[int]) -> TensorDataset:
         """The samples of ``classes`` only, relabelled: class ``classes[i]`` becomes label ``i``.
@@ -131,7 +135,9 @@ class TensorDataset:
         ``select_classes([2, 4, 7, 9])`` is a 4-class dataset of pullovers, coats, sneakers and ankle boots.
         """
         index, labels, names = relabel_classes(self.labels, self.classes, self.name, classes)
-        return TensorDataset(self.inputs[index], labels, names, self.mean, self.std, self.name, self.default_augment)
+        superclass = None if self.superclass is None else [self.superclass[int(c)] for c in classes]
+        return dataclasses.replace(self, inputs=self.inputs[index], labels=labels, classes=names,
+                                   superclass=superclass)
 
 
 def relabel_classes(
@@ -185,6 +191,40 @@ def select_subset(
     return torch.sort(by_class[picks]).values
 
 
+VAL_SPLIT_KEY = 0x76616C  # "val" in ASCII: the validation draw's key, far from any epoch number
+
+
+def split_validation(dataset: D, val_per_class: int, seed: int) -> tuple[D, D | None]:
+    """``(train, val)``: ``val_per_class`` samples of every class, drawn with ``derive_seed(seed,
+    VAL_SPLIT_KEY)``, and every other sample; ``(dataset, None)`` when ``val_per_class`` is 0.
+
+    The two are disjoint and both keep the original order; a training subset (``train_per_class``) is
+    then drawn from ``train`` only. Raises ``DataError`` if a class would keep no training sample.
+    """
+    if not isinstance(val_per_class, int) or isinstance(val_per_class, bool) or val_per_class < 0:
+        raise DataError(f"val_per_class must be an int >= 0, got {val_per_class!r}")
+    if val_per_class == 0:
+        return dataset, None
+    counts = torch.bincount(dataset.labels, minlength=dataset.num_classes)
+    if val_per_class >= int(counts.min()):
+        raise DataError(
+            f"{dataset.name}: val_per_class={val_per_class} leaves no training sample in the smallest class "
+            f"({int(counts.min())} samples); use at most {int(counts.min()) - 1}"
+        )
+    val_index = select_subset(dataset.labels, dataset.num_classes, dataset.name, val_per_class, None,
+                              derive_seed(seed, VAL_SPLIT_KEY))
+    keep = torch.ones(len(dataset), dtype=torch.bool)
+    keep[val_index] = False
+    return dataset.subset(indices=torch.nonzero(keep).flatten()), dataset.subset(indices=val_index)
+
+
+def _check_superclasses(name: str, names: list[str] | None, of_class: list[int] | None, num_classes: int) -> None:
+    if (names is None) != (of_class is None):
+        raise DataError(f"{name}: give both superclasses and superclass, or neither")
+    if of_class is not None and (len(of_class) != num_classes or not all(0 <= g < len(names) for g in of_class)):
+        raise DataError(f"{name}: superclass needs one index in [0, {len(names)}) per class ({num_classes})")
+
+
 def _check_mean_std(name: str, mean: Sequence[float], std: Sequence[float], channels: int) -> None:
     if len(mean) not in (1, channels) or len(std) != len(mean):
         raise DataError(f"{name}: mean/std need 1 or {channels} values each, got {len(mean)} and {len(std)}")
@@ -201,7 +241,8 @@ class DatasetEntry:
 
     ``load(root, split, **options)`` builds a split from the directory ``root`` (``None`` for datasets
     that need no files); ``markers`` are paths relative to a root, any of which shows the dataset is
-    there; ``system_paths`` are searched after the standard places; ``get`` says how to obtain it.
+    there; ``system_paths`` are searched after the standard places; ``get`` says how to obtain it;
+    ``files_of`` names a dataset whose places are searched too (a dataset derived from its files).
     """
 
     name: str
@@ -210,6 +251,7 @@ class DatasetEntry:
     markers: tuple[str, ...] = ()
     system_paths: tuple[str, ...] = ()
     get: str = ""
+    files_of: str = ""
 
     @property
     def needs_files(self) -> bool:
@@ -226,11 +268,12 @@ def register_dataset(
     markers: Sequence[str] = (),
     system_paths: Sequence[str] = (),
     get: str = "",
+    files_of: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``load(root, split, **options)`` under ``name`` (decorator)."""
 
     def decorator(load: Callable[..., Any]) -> Callable[..., Any]:
-        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get)
+        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get, files_of)
         _DATASETS.register(name)(entry)
         return load
 
@@ -256,7 +299,10 @@ def search_paths(name: str) -> list[Path]:
     if os.environ.get("KDCOLLAPSE_DATA"):
         paths.append(Path(os.environ["KDCOLLAPSE_DATA"]) / name)
     paths += [Path.cwd() / "data" / name, Path.home() / ".cache" / "kdcollapse" / name]
-    return paths + [Path(p) for p in entry.system_paths]
+    paths += [Path(p) for p in entry.system_paths]
+    if entry.files_of:
+        paths += [p for p in search_paths(entry.files_of) if p not in paths]
+    return paths
 
 
 def default_download_root(name: str) -> Path:

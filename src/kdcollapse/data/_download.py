@@ -100,6 +100,8 @@ NOT_DOWNLOADABLE = {
     "digits": "digits is bundled with scikit-learn; there is nothing to download.",
     "gaussian_mixture": "gaussian_mixture is generated on the fly; there is nothing to download.",
     "image_folder": "image_folder reads any folder you point --root at; there is nothing to download.",
+    "fashion_mnist_pairs": "fashion_mnist_pairs is built from Fashion-MNIST's files when loaded; "
+                           "run `kdcollapse data download fashion_mnist` instead.",
 }
 
 _CHUNK = 1 << 20

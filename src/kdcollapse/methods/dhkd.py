@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from kdcollapse.losses import binary_kl_norm_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._distill import check_config
 from kdcollapse.methods._dual_head import DualHead, DualHeadConfig
+from kdcollapse.methods.ce_binarykl import official_form_hint
 
 
 @register_method("dhkd")
@@ -18,7 +20,9 @@ class DHKD(DualHead):
     when it opposes the CE gradient (see :class:`~kdcollapse.methods._dual_head.DualHead`).
     Official recipes: CIFAR-100 τ = 2, alpha ∈ {0.5, 1, 2} (0.1 for res56→res20 and res110→res32),
     alignment on, ``aux_head: mlp`` across architectures; ImageNet alpha 0.1, linear head, no
-    alignment, ``distill_until: 50`` of 100 epochs. Logged parts: ``ce``, ``binary_kl_norm`` (weighted).
+    alignment, ``distill_until: 50`` of 100 epochs. ``binary_kl_form: official`` uses the official
+    clamped BinaryKL-Norm (inf in float32 once z_s − z_t exceeds ≈ 16.6·τ). Logged parts: ``ce``,
+    ``binary_kl_norm`` (weighted).
     """
 
     distill_name = "binary_kl_norm"
@@ -27,10 +31,17 @@ class DHKD(DualHead):
     class Config(DualHeadConfig):
         alpha: float = 1.0  # BinaryKL-Norm weight
         temperature: float = 2.0  # τ
+        binary_kl_form: Literal["stable", "official"] = "stable"  # official: the official float32 clamp
 
         def __post_init__(self):
             super().__post_init__()
             check_config(self, positive=("temperature",), non_negative=("alpha",))
 
+    @property
+    def divergence_hint(self) -> str | None:
+        cfg = self.config
+        return official_form_hint(cfg.binary_kl_form, cfg.temperature, "an auxiliary-head logit minus the teacher's")
+
     def distill_loss(self, aux_logits, teacher_logits, y):
-        return self.config.alpha * binary_kl_norm_loss(aux_logits, teacher_logits, self.config.temperature)
+        cfg = self.config
+        return cfg.alpha * binary_kl_norm_loss(aux_logits, teacher_logits, cfg.temperature, form=cfg.binary_kl_form)

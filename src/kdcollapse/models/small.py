@@ -70,13 +70,15 @@ class ConvNet(ConvClassifier):
 def mlp(
     num_classes: int,
     in_channels: int = 3,
-    input_size: int = 28,
+    input_size: int | tuple[int, int] = 28,
     hidden: tuple[int, ...] = (512, 256),
     bottleneck: int | None = None,
 ) -> MLP:
-    """MLP on ``in_channels × input_size × input_size`` inputs, 784-512-256 for 28×28 grey images;
+    """MLP on ``in_channels × input_size × input_size`` inputs (``input_size=(H, W)`` for non-square ones,
+    e.g. ``(28, 56)`` for ``fashion_mnist_pairs``), 784-512-256 for 28×28 grey images;
     ``bottleneck=d`` appends a linear d-dimensional feature layer (no activation)."""
-    return MLP(num_classes, in_channels * input_size**2, tuple(hidden), bottleneck)
+    height, width = (input_size, input_size) if isinstance(input_size, int) else input_size
+    return MLP(num_classes, in_channels * height * width, tuple(hidden), bottleneck)
 
 
 @register_model("convnet_small")

@@ -40,10 +40,23 @@ class TrainingDiverged(KdcollapseError):
 @dataclass
 class RunResult:
     run_dir: Path
-    best_acc: float  # best test accuracy (%) over evaluated epochs
+    best_acc: float  # test accuracy (%) of the selected ("best") epoch
     best_epoch: int  # 1-based
     last_acc: float  # test accuracy (%) after the last epoch
     epochs: int
+    best_val_acc: float | None = None  # validation accuracy (%) of the best epoch, if the run has a val split
+    selected_on: str = "test"  # the split whose accuracy chose the best epoch: "val", or "test" without one
+
+
+def select_best(record: dict, best_acc: float, best_val_acc: float | None) -> tuple[str, bool]:
+    """Which split chooses "best" and whether this evaluated epoch beats the best so far.
+
+    Validation accuracy when the run has a validation split (``val_acc`` in the record), else test
+    accuracy — kept for runs without one, but a choice made on the test set is not a validated one.
+    """
+    if "val_acc" in record:
+        return "val", record["val_acc"] > (best_val_acc if best_val_acc is not None else 0.0)
+    return "test", record["test_acc"] > best_acc
 
 
 def fit(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> RunResult:
@@ -94,6 +107,7 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
         )
         self.start_epoch, self.best_acc, self.best_epoch, self.last_acc = 0, 0.0, 0, float("nan")
+        self.best_val_acc, self.last_val_acc = None, None
         if resume:
             self._load_checkpoint()
         self.log = MetricsLog(self.run_dir, start_epoch=self.start_epoch, enabled=self.dist.is_main,
@@ -108,6 +122,7 @@ class Trainer:
     def _build_data(self) -> None:
         d = self.cfg.data
         train_set, test_set = run_dataset(self.cfg, "train"), run_dataset(self.cfg, "test")
+        self.val_set = run_dataset(self.cfg, "val") if d.val_per_class else None
         expected = self.cfg.model.num_classes
         if expected is not None and expected != train_set.num_classes:
             raise ConfigError(
@@ -121,8 +136,10 @@ class Trainer:
             augment=Augment(crop_padding=d.crop_padding, flip=d.flip), rank=self.dist.rank,
             world_size=self.dist.world_size, views=get_method(self.cfg.method.name).views, **common,
         )
-        # Evaluation runs on the main process only, over the whole test set.
+        # Evaluation runs on the main process only, over the whole test (and validation) set, unaugmented.
         self.test_loader = make_loader(test_set, d.eval_batch_size, train=False, seed=0, **common)
+        self.val_loader = None if self.val_set is None else make_loader(
+            self.val_set, d.eval_batch_size, train=False, seed=0, **common)
 
     def _build_method(self) -> None:
         cfg = self.cfg
@@ -156,6 +173,7 @@ class Trainer:
             "format": "kdcollapse.checkpoint", "version": 1, "epoch": epoch, "seed": self.cfg.seed,
             "model": self.cfg.model.name, "method": self.cfg.method.name, "dataset": self.cfg.data.name,
             "best_acc": self.best_acc, "best_epoch": self.best_epoch, "last_acc": self.last_acc,
+            "best_val_acc": self.best_val_acc, "selected_on": "test" if self.val_set is None else "val",
         }
 
     def _save_checkpoint(self, epoch: int, improved: bool) -> None:
@@ -167,7 +185,8 @@ class Trainer:
         tensors |= {f"extra.{k}": v for k, v in self.method.extra_state().items()}
         meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest}
         ckpt.save_tensors(self.run_dir / "checkpoint.safetensors", tensors, meta)
-        model_meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc)
+        model_meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc,
+                                     val_acc=self.last_val_acc)
         model = self.method.inference_model()
         ckpt.save_model(self.run_dir / "model.safetensors", model, model_meta)
         if improved:
@@ -189,6 +208,7 @@ class Trainer:
         )
         self.start_epoch = meta["epoch"]
         self.best_acc, self.best_epoch, self.last_acc = meta["best_acc"], meta["best_epoch"], meta["last_acc"]
+        self.best_val_acc = meta.get("best_val_acc")
 
     # ---------------------------------------------------------------------------------- loop
     def run(self) -> RunResult:
@@ -204,10 +224,10 @@ class Trainer:
             improved = False
             if self.dist.is_main and (last or (epoch + 1) % cfg.train.eval_every == 0):
                 record |= self._evaluate()
-                self.last_acc = record["test_acc"]
-                improved = self.last_acc > self.best_acc
+                self.last_acc, self.last_val_acc = record["test_acc"], record.get("val_acc")
+                record["selected_on"], improved = select_best(record, self.best_acc, self.best_val_acc)
                 if improved:
-                    self.best_acc, self.best_epoch = self.last_acc, epoch + 1
+                    self.best_acc, self.best_val_acc, self.best_epoch = self.last_acc, self.last_val_acc, epoch + 1
             record |= self._extra_epoch_metrics(epoch)
             if self.dist.enabled:
                 record["ranks_in_sync"] = self._ranks_in_sync()
@@ -215,7 +235,8 @@ class Trainer:
             self._save_checkpoint(epoch + 1, improved)
             barrier()
         self.log.close()
-        return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs)
+        return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs,
+                         self.best_val_acc, "test" if self.val_set is None else "val")
 
     @torch.no_grad()
     def _ranks_in_sync(self) -> bool:
@@ -300,17 +321,25 @@ class Trainer:
             where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
             kept = (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
                     else "no checkpoint had been written yet")
+            hint = getattr(self.method, "divergence_hint", None)
             raise TrainingDiverged(
                 f"the training loss became {loss_sum.item()} at or before {where}; {kept}. "
-                "Lower optim.lr, set optim.grad_clip, or check the data"
+                + (f"{hint}. " if hint else "") + "Lower optim.lr, set optim.grad_clip, or check the data"
             )
 
-    @torch.no_grad()
     def _evaluate(self) -> dict:
+        """``test_acc``/``test_loss``, and ``val_acc``/``val_loss`` when the run has a validation split."""
+        record = self._evaluate_split(self.test_loader, "test")
+        if self.val_loader is not None:
+            record |= self._evaluate_split(self.val_loader, "val")
+        return record
+
+    @torch.no_grad()
+    def _evaluate_split(self, loader, split: str) -> dict:
         self.method.eval()
         correct = torch.zeros((), device=self.device, dtype=torch.float64)
         loss = torch.zeros((), device=self.device, dtype=torch.float64)
-        for x, y in self.test_loader:
+        for x, y in loader:
             if self.cfg.train.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             with self._autocast():
@@ -318,5 +347,5 @@ class Trainer:
             loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         self.method.train()
-        n = len(self.test_set)
-        return {"test_acc": 100 * correct.item() / n, "test_loss": loss.item() / n}
+        n = len(loader.dataset)
+        return {f"{split}_acc": 100 * correct.item() / n, f"{split}_loss": loss.item() / n}
