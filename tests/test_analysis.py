@@ -264,7 +264,7 @@ def test_weights_file_mode_and_model_mismatch(run, tmp_path, capsys):
 def test_bad_input_errors(run, tmp_path, capsys):
     cases = [
         (["analyze", str(tmp_path / "missing")], "run directory not found"),
-        (["analyze", str(run), "--split", "dev"], "unknown split 'dev'. Valid choices: train, val, test"),
+        (["analyze", str(run), "--split", "dev"], "unknown split 'dev'. Valid choices: test, train, val"),
         (["analyze", str(run), "--split", "val"], "this run has no validation split"),
         (["analyze", str(tmp_path)], "holds no config.yaml"),
         (["analyze", str(run), "--model", "mlp"], "either RUN_DIR or --model"),
