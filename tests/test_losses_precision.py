@@ -2,7 +2,7 @@
 
 The reference is the same loss on the same bf16/fp16-rounded values upcast to float64 (the float64
 path is itself tested against slow references in test_losses*.py), so the only difference left is
-the precision of the computation. Computing in the input dtype, as before, was off by 30-550 %.
+the precision of the computation. Computing in the input dtype, as before, was off by up to 201 %.
 """
 
 import pytest
@@ -51,11 +51,15 @@ def _check(loss_fn, inputs, dtype):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("k", [10, 1000, 32000])  # K² tables: 8 MB at K = 1000
+@pytest.mark.parametrize("student_near_teacher", [False, True], ids=["far", "near"])
 @pytest.mark.parametrize("name", LOGIT_LOSSES)
-def test_logit_losses_in_half_precision_match_float64(name, k, dtype):
+def test_logit_losses_in_half_precision_match_float64(name, student_near_teacher, k, dtype):
+    """"near" (student = teacher + small noise, as late in distillation) is where computing in bf16
+    failed worst: KD and DKD −201 % at K = 32,000, BinaryKL-Norm +70-84 %."""
     torch.manual_seed(k)
     n = 4 if k == 32000 else 8
-    student, teacher = 3 * torch.randn(n, k), 3 * torch.randn(n, k)
+    teacher = 3 * torch.randn(n, k)
+    student = teacher + (0.3 if student_near_teacher else 3.0) * torch.randn(n, k)
     if k == 32000 and name in ("ikl_class_weights", "ikl_at"):
         pytest.skip("a K×K class-weight table at K = 32,000 is 8 GB; K = 1000 covers the path")
     y, table = torch.randint(0, k, (n,)), (_table(k) if k <= 1000 else None)
