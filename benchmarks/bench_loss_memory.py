@@ -4,9 +4,10 @@ Peak memory is read from PyTorch's own CPU allocator through the profiler
 (``torch.profiler.profile(profile_memory=True)``): every tensor allocation and free inside the
 profiled block is an instant event with its size in bytes (negative for a free), so the largest
 running sum of those sizes, in order, is the peak extra memory of the block. (The events' own
-"Total Allocated" field is not used: it carries over between profiling sessions in one process.) Unlike the
-resident set (VmHWM), it counts tensors only — no allocator caching, page-fault granularity or
-other threads' memory — and unlike ``tracemalloc`` it sees the C++ allocations torch makes. The
+"Total Allocated" field is not used: it carries over between profiling sessions in one process.)
+Unlike the resident set (VmHWM), it counts tensors only — no allocator caching, page-fault
+granularity or other threads' memory — and unlike ``tracemalloc`` it sees the C++ allocations
+torch makes. The
 inputs are allocated before the block, so they are not counted; the student's gradient
 (N × V in the input dtype, kept after backward) is. Every case runs in this one process, the
 teacher has no gradient, and ratios are against ``kd_loss`` on the same inputs.
@@ -141,8 +142,8 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
         "and recompute each chunk in the backward pass, writing its gradient into one preallocated "
         "tensor; what is left at the peak is the gradient and one chunk's temporaries. bfloat16 "
         "inputs are upcast to float32 inside each chunk (unchunked: whole), so their peak includes "
-        "float32 copies of the logits. The other jobs on the shared machine inflate absolute times; "
-        "ratios compare calls in one process.",
+        "float32 copies of the logits. The other jobs on the shared machine inflate absolute "
+        "times; ratios compare calls in one process.",
         "",
     ])
 

@@ -55,7 +55,8 @@ def validating(validate: bool | None) -> bool:
 
 def check_reduction(reduction: str) -> None:
     if reduction not in REDUCTIONS:
-        raise KdcollapseError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+        raise KdcollapseError(f"reduction must be one of {', '.join(REDUCTIONS)}, "
+                              f"got {reduction!r}")
 
 
 def accumulation_dtype(*xs: Tensor) -> torch.dtype:
@@ -76,7 +77,7 @@ def slice_vocab(named: Mapping[str, Tensor], vocab_size: int | None) -> dict[str
     return {name: x[..., :vocab_size] for name, x in named.items()}
 
 
-def _check_mask(mask: object, lead: tuple[int, ...]) -> Tensor:
+def check_mask(mask: object, lead: tuple[int, ...]) -> Tensor:
     if (not isinstance(mask, Tensor) or tuple(mask.shape) != lead
             or mask.dtype.is_floating_point or mask.dtype.is_complex):
         raise KdcollapseError(f"mask must be a bool or integer (0/1) tensor of shape {lead}, "
@@ -84,7 +85,7 @@ def _check_mask(mask: object, lead: tuple[int, ...]) -> Tensor:
     return mask
 
 
-def _check_target(target: object, lead: tuple[int, ...]) -> Tensor:
+def check_target(target: object, lead: tuple[int, ...]) -> Tensor:
     if (not isinstance(target, Tensor) or target.dtype.is_floating_point
             or target.dtype == torch.bool):
         raise KdcollapseError(f"target must be an integer tensor of class indices, got "
@@ -119,11 +120,10 @@ class Samples:
         backward pass, so no (N, K) intermediate of ``fn`` is ever held: peak memory beyond the
         inputs and their gradients is that of one chunk. Values are the unchunked ones.
         """
-        rows = self.logits[0].shape[0]
-        if chunk_size is None or chunk_size >= rows:
-            return fn(*(x.to(self.dtype) for x in self.logits), *extra)
-        if not (isinstance(chunk_size, int) and chunk_size > 0):
+        if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
             raise KdcollapseError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        if chunk_size is None or chunk_size >= self.logits[0].shape[0]:
+            return fn(*(x.to(self.dtype) for x in self.logits), *extra)
         return _RowChunks.apply(fn, self.dtype, chunk_size, len(self.logits), *self.logits, *extra)
 
     def reduce(self, values: Tensor, reduction: str) -> Tensor:
@@ -161,13 +161,14 @@ def logit_samples(named: Mapping[str, Tensor], target: Tensor | None = None,
         if x.shape[:-1] == first.shape[:-1] and x.shape[-1] != num_classes:
             raise KdcollapseError(
                 f"class counts differ: {first_name} has K = {num_classes} classes, {name} has "
-                f"K = {x.shape[-1]} (padded vocabularies: pass vocab_size= to use the first classes)")
+                f"K = {x.shape[-1]} (padded vocabularies: pass vocab_size= to use the first "
+                f"classes)")
         if x.shape != first.shape:
             raise KdcollapseError(
                 f"shapes differ: {first_name} {tuple(first.shape)} vs {name} {tuple(x.shape)}")
-    keep = None if mask is None else _check_mask(mask, lead).bool()
+    keep = None if mask is None else check_mask(mask, lead).bool()
     if target is not None:
-        labelled = _check_target(target, lead) != ignore_index
+        labelled = check_target(target, lead) != ignore_index
         keep = labelled if keep is None else keep & labelled
     flat = [x.reshape(-1, num_classes) for x in named.values()]
     flat_target = None if target is None else target.reshape(-1)

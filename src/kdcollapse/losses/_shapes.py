@@ -45,9 +45,9 @@ def check_values(named: Mapping[str, Tensor], target: Tensor | None = None, num_
     ``keep`` (bool, the positions that count) is set, an integer ``mask`` all 0/1, and ``keep``
     selecting at least one position. Returns whether ``keep`` selects every position.
 
-    Finiteness is read off one sum per tensor (a NaN or inf anywhere makes the sum NaN or inf), which
-    is a single pass without a temporary, several times cheaper than ``isfinite(x).all()``; a sum
-    that is non-finite only through overflow is re-checked element by element.
+    Finiteness is read off one sum per tensor (a NaN or inf anywhere makes the sum NaN or inf),
+    which is a single pass without a temporary, several times cheaper than ``isfinite(x).all()``;
+    a sum that is non-finite only through overflow is re-checked element by element.
     """
     flags = [torch.isfinite(x.detach().sum()) for x in named.values()]
     messages = [f"{name} contains NaN or inf" for name in named]

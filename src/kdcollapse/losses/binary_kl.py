@@ -23,7 +23,8 @@ def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *
     """τ² · mean_b Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]), t = z_t/τ, s = z_s/τ (DHKD eq. 1).
 
     Each class is a binary problem; the KL is summed over classes and averaged over samples.
-    Shapes: (B, K) or (B, T, K) logits, optional (B, T) bool or 0/1 ``mask``. ∂/∂s_k = σ(s_k) − σ(t_k).
+    Shapes: (B, K) or (B, T, K) logits, optional (B, T) bool or 0/1 ``mask``.
+    ∂/∂s_k = σ(s_k) − σ(t_k).
     LLM options and precision: ``docs/losses.md``.
     """
     check_positive("temperature", temperature)

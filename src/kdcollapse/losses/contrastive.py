@@ -54,4 +54,6 @@ def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: 
         negative_logits = negative_logits.masked_fill(~negative_mask, float("-inf"))
     logits = torch.cat([positive_logit, negative_logits], dim=-1)
     values = torch.logsumexp(logits, dim=-1) - positive_logit.squeeze(-1)
-    return {"mean": values.mean, "sum": values.sum, "none": lambda: values}[reduction]()
+    if reduction == "none":
+        return values
+    return values.mean() if reduction == "mean" else values.sum()

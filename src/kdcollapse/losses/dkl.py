@@ -53,7 +53,7 @@ def weighted_pairwise_sq(a: Tensor, w: Tensor) -> Tensor:
 
 def _decoupled(diff: Tensor, weights: Tensor, soft_labels: Tensor, log_probs: Tensor,
                mse_weight: float, ce_weight: float) -> Tensor:
-    """mse_weight·¼·Σ_jk w_j w_k (diff_j − diff_k)² − ce_weight·Σ_j soft_j log p_j per row."""
+    """Per row: mse_weight·¼·Σ_jk w_j w_k (diff_j − diff_k)² − ce_weight·Σ_j soft_j log p_j."""
     wmse = 0.25 * weighted_pairwise_sq(diff, weights)
     ce = -(soft_labels * log_probs).sum(-1)
     return mse_weight * wmse + ce_weight * ce

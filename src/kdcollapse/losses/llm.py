@@ -7,7 +7,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._reduce import IGNORE_INDEX, _check_mask, _check_target
+from kdcollapse.losses._reduce import IGNORE_INDEX, check_mask, check_target
 from kdcollapse.losses._shapes import check_tensor
 
 
@@ -41,8 +41,8 @@ def shift_for_causal_lm(student_logits: Tensor, teacher_logits: Tensor | None, l
         if tuple(teacher_logits.shape[:-1]) != lead:
             raise KdcollapseError(f"teacher_logits must have the student's (B, T) = {lead}, got "
                                   f"shape {tuple(teacher_logits.shape)}")
-    keep = _check_target(labels, lead)[:, 1:] != ignore_index
+    keep = check_target(labels, lead)[:, 1:] != ignore_index
     if mask is not None:
-        keep = keep & _check_mask(mask, lead)[:, 1:].bool()
+        keep = keep & check_mask(mask, lead)[:, 1:].bool()
     teacher = None if teacher_logits is None else teacher_logits[:, :-1]
     return CausalLMBatch(student_logits[:, :-1], teacher, labels[:, 1:], keep)

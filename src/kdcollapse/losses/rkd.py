@@ -56,6 +56,7 @@ def rkd_loss(student_embeddings: Tensor, teacher_embeddings: Tensor, distance_we
     if reduction == "mean":
         return (distance_weight * F.smooth_l1_loss(dist_s, dist_t, beta=1.0)
                 + angle_weight * F.smooth_l1_loss(angle_s, angle_t, beta=1.0))
-    per_anchor = (distance_weight * F.smooth_l1_loss(dist_s, dist_t, reduction="none").mean(-1)
-                  + angle_weight * F.smooth_l1_loss(angle_s, angle_t, reduction="none").mean((-2, -1)))
+    distance = F.smooth_l1_loss(dist_s, dist_t, reduction="none").mean(-1)
+    angle = F.smooth_l1_loss(angle_s, angle_t, reduction="none").mean((-2, -1))
+    per_anchor = distance_weight * distance + angle_weight * angle
     return per_anchor.sum() if reduction == "sum" else per_anchor
