@@ -68,7 +68,7 @@ def test_every_logit_loss_rejects_bad_input(name):
         loss_fn(bad, a, y, None)
     with pytest.raises(KdcollapseError, match="2 or 3 dimensions"):
         loss_fn(a[0], c[0], y, None)
-    with pytest.raises(KdcollapseError, match="mask must be a bool tensor of shape"):
+    with pytest.raises(KdcollapseError, match=r"mask must be a bool or integer \(0/1\) tensor of shape"):
         loss_fn(a, c, y, torch.ones(4))
     with pytest.raises(KdcollapseError, match="mask selects no positions"):
         loss_fn(a, c, y, torch.zeros(4, dtype=torch.bool))
@@ -132,16 +132,16 @@ def test_specific_errors():
 # --- wrappers ---------------------------------------------------------------------------------
 
 WRAPPERS = {
-    "KDLoss": (L.kd_loss, ["temperature"]),
-    "DKDLoss": (L.dkd_loss, ["alpha", "beta", "temperature"]),
-    "BinaryKLLoss": (L.binary_kl_loss, ["temperature"]),
-    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature"]),
-    "DKLLoss": (L.dkl_loss, ["alpha", "beta"]),
-    "IKLLoss": (L.ikl_loss, ["mse_weight", "ce_weight", "temperature"]),
-    "IntraClassContrastiveLoss": (L.intra_class_contrastive_loss, ["temperature"]),
-    "RKDLoss": (L.rkd_loss, ["distance_weight", "angle_weight"]),
-    "TRADESLoss": (L.trades_loss, ["beta"]),
-    "IKLATLoss": (L.ikl_at_loss, ["mse_weight", "ce_weight"]),
+    "KDLoss": (L.kd_loss, ["temperature", "reduction"]),
+    "DKDLoss": (L.dkd_loss, ["alpha", "beta", "temperature", "ignore_index", "reduction"]),
+    "BinaryKLLoss": (L.binary_kl_loss, ["temperature", "reduction"]),
+    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature", "reduction"]),
+    "DKLLoss": (L.dkl_loss, ["alpha", "beta", "reduction"]),
+    "IKLLoss": (L.ikl_loss, ["mse_weight", "ce_weight", "temperature", "ignore_index", "reduction"]),
+    "IntraClassContrastiveLoss": (L.intra_class_contrastive_loss, ["temperature", "reduction"]),
+    "RKDLoss": (L.rkd_loss, ["distance_weight", "angle_weight", "reduction"]),
+    "TRADESLoss": (L.trades_loss, ["beta", "ignore_index", "reduction"]),
+    "IKLATLoss": (L.ikl_at_loss, ["mse_weight", "ce_weight", "ignore_index", "reduction"]),
 }
 
 

@@ -1,17 +1,21 @@
 """Distillation losses: pure functions of tensors, each with a thin ``nn.Module`` wrapper.
 
-Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool ``mask``; every unmasked
-position is one sample. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
-:class:`kdcollapse.errors.KdcollapseError`. Formulas and references: ``docs/losses.md``.
+Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool or 0/1 ``mask``; every
+kept position (mask set, label not ``ignore_index``) is one sample. Half-precision inputs accumulate
+in float32. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
+:class:`kdcollapse.errors.KdcollapseError`; ``validation(False)`` turns the value checks off.
+Formulas, options and references: ``docs/losses.md``.
 """
 
 from kdcollapse.losses._module import LossModule, loss_module
+from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
+from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
 from kdcollapse.losses.rkd import rkd_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
@@ -30,4 +34,5 @@ __all__ = [
     "intra_class_contrastive_loss", "rkd_loss", "trades_loss", "ikl_at_loss",
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
+    "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
 ]

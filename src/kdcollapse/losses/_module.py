@@ -1,7 +1,8 @@
 """Thin ``nn.Module`` wrappers generated from the pure loss functions.
 
-A wrapper stores a loss function's numeric hyperparameters (the arguments with int/float defaults)
-and forwards everything else: ``KDLoss(temperature=2.0)(student, teacher, mask=m)`` is
+A wrapper stores a loss function's hyperparameters (the arguments with int/float/str defaults:
+weights, temperature, ``ignore_index``, ``reduction``) and forwards everything else:
+``KDLoss(temperature=2.0)(student, teacher, mask=m)`` is
 ``kd_loss(student, teacher, temperature=2.0, mask=m)``.
 """
 
@@ -39,10 +40,10 @@ def loss_module(name: str, loss_fn: Callable[..., Tensor]) -> type[LossModule]:
     """A ``LossModule`` subclass ``name`` whose constructor takes ``loss_fn``'s hyperparameters."""
     hyper = [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
              for p in inspect.signature(loss_fn).parameters.values()
-             if isinstance(p.default, (int, float)) and not isinstance(p.default, bool)]
+             if isinstance(p.default, (int, float, str)) and not isinstance(p.default, bool)]
     signature = inspect.Signature(hyper)
-    doc = f"Module form of :func:`{loss_fn.__name__}`: ``{name}{signature}``.\n\n" + inspect.cleandoc(
-        loss_fn.__doc__ or "")
+    doc = (f"Module form of :func:`{loss_fn.__name__}`: ``{name}{signature}``.\n\n"
+           + inspect.cleandoc(loss_fn.__doc__ or ""))
     return type(name, (LossModule,), {
         "loss_fn": staticmethod(loss_fn), "hyperparameters": signature, "__doc__": doc,
         "__module__": __package__,  # where the wrappers are bound, so pickling finds them

@@ -1,4 +1,4 @@
-"""Input validation shared by the losses, and the flattening of (B, T, K) logits to samples.
+"""Input validation shared by the losses (the selection of samples is in ``_reduce``).
 
 Every check that needs a value from the device (finiteness, label range, an empty mask) is gathered
 into one tensor and read back once, so validating a loss call costs one host synchronisation (two for
@@ -40,63 +40,36 @@ def check_positive(name: str, value: float) -> None:
 
 
 def check_values(named: Mapping[str, Tensor], target: Tensor | None = None, num_classes: int = 0,
-                 mask: Tensor | None = None) -> None:
-    """One device read-back: every tensor in ``named`` finite, ``target`` in [0, num_classes), and
-    ``mask`` selecting at least one position.
+                 keep: Tensor | None = None, mask: Tensor | None = None) -> bool:
+    """One device read-back: every tensor in ``named`` finite, ``target`` in [0, num_classes) where
+    ``keep`` (bool, the positions that count) is set, an integer ``mask`` all 0/1, and ``keep``
+    selecting at least one position. Returns whether ``keep`` selects every position.
 
-    Finiteness is read off one sum per tensor (a NaN or inf anywhere makes the sum NaN or inf), which
-    is a single pass without a temporary, several times cheaper than ``isfinite(x).all()``; a sum
-    that is non-finite only through overflow is re-checked element by element.
+    Finiteness is read off one sum per tensor (a NaN or inf anywhere makes the sum NaN or inf),
+    which is a single pass without a temporary, several times cheaper than ``isfinite(x).all()``;
+    a sum that is non-finite only through overflow is re-checked element by element.
     """
     flags = [torch.isfinite(x.detach().sum()) for x in named.values()]
     messages = [f"{name} contains NaN or inf" for name in named]
     if target is not None:
-        flags.append(((target >= 0) & (target < num_classes)).all())
+        in_range = (target >= 0) & (target < num_classes)
+        flags.append((in_range if keep is None else in_range | ~keep).all())
         messages.append(f"target has labels outside [0, {num_classes}) (K = {num_classes} classes)")
-    if mask is not None:
-        flags.append(mask.any())
-        messages.append("mask selects no positions (every entry is False)")
+    if mask is not None and mask.dtype != torch.bool:
+        flags.append(((mask == 0) | (mask == 1)).all())
+        messages.append(f"mask of dtype {mask.dtype} must hold only 0 and 1")
+    if keep is not None:
+        flags.append(keep.any())
+        if mask is None:
+            messages.append("every label is ignore_index: no positions left")
+        else:
+            messages.append("mask selects no positions (every entry is False"
+                            + (")" if target is None else " or labelled ignore_index)"))
+        flags.append(keep.all())
     ok = torch.stack(flags).tolist()
     for i, x in enumerate(named.values()):
         ok[i] = ok[i] or bool(torch.isfinite(x).all())  # the sum of finite values may overflow
     bad = [message for message, fine in zip(messages, ok) if not fine]
     if bad:
         raise KdcollapseError("; ".join(bad))
-
-
-def flatten_logits(named: Mapping[str, Tensor], target: Tensor | None = None,
-                   mask: Tensor | None = None) -> tuple[list[Tensor], Tensor | None]:
-    """Validate logits of shape (B, K) or (B, T, K) and return them as (N, K) samples.
-
-    ``named`` maps argument names (used in error messages) to logits of one common shape. ``target``
-    (integer labels) and ``mask`` (bool, True = use the position) have the logits' leading shape;
-    every unmasked position is one sample, so N = B, B·T or ``mask.sum()``.
-    """
-    (first_name, first), *rest = named.items()
-    check_tensor(first_name, first, (2, 3))
-    lead, num_classes = tuple(first.shape[:-1]), first.shape[-1]
-    for name, x in rest:
-        check_tensor(name, x, (2, 3))
-        if x.shape[:-1] == first.shape[:-1] and x.shape[-1] != num_classes:
-            raise KdcollapseError(
-                f"class counts differ: {first_name} has K = {num_classes} classes, "
-                f"{name} has K = {x.shape[-1]}")
-        if x.shape != first.shape:
-            raise KdcollapseError(
-                f"shapes differ: {first_name} {tuple(first.shape)} vs {name} {tuple(x.shape)}")
-    if target is not None:
-        if (not isinstance(target, Tensor) or target.dtype.is_floating_point
-                or target.dtype == torch.bool):
-            raise KdcollapseError(f"target must be an integer tensor of class indices, got "
-                                  f"{describe(target)}")
-        if tuple(target.shape) != lead:
-            raise KdcollapseError(f"target must have shape {lead} to match the logits, "
-                                  f"got {tuple(target.shape)}")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != lead:
-            raise KdcollapseError(f"mask must be a bool tensor of shape {lead}, got {describe(mask)}")
-    check_values(named, target, num_classes, mask)
-    if mask is None:
-        flat = [x.reshape(-1, num_classes) for x in named.values()]
-        return flat, None if target is None else target.reshape(-1)
-    return [x[mask] for x in named.values()], None if target is None else target[mask]
+    return keep is None or ok[-1]

@@ -5,29 +5,37 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdcollapse.losses._shapes import flatten_logits
+from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses.dkl import ikl_on_samples
+from kdcollapse.losses.kd import kl_rows
 
 
 def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
-                beta: float = 6.0, *, mask: Tensor | None = None) -> Tensor:
+                beta: float = 6.0, *, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+                reduction: str = "mean", chunk_size: int | None = None,
+                validate: bool | None = None) -> Tensor:
     """CE(f(x), y) + β·(1/B)·Σ_b KL(P_nat ‖ P_adv) (Zhang et al. 2019, TRADES).
 
     The KL is summed over classes and divided by the batch size (the official
     ``KLDivLoss(size_average=False) / batch_size``); the cross-entropy is a mean. As in the official
     code no gradient is stopped: P_nat is trained by the KL term as well. Shapes: (B, K) or
-    (B, T, K) logits, ``target`` (B,) or (B, T), ``mask`` (B, T) bool.
+    (B, T, K) logits, ``target`` (B,) or (B, T) (``ignore_index`` labels dropped), ``mask`` (B, T)
+    bool or 0/1. LLM options and precision: ``docs/losses.md``.
     """
     names = {"logits_natural": logits_natural, "logits_adversarial": logits_adversarial}
-    (nat, adv), y = flatten_logits(names, target=target, mask=mask)
-    log_p_nat = F.log_softmax(nat, dim=-1)
-    kl = (log_p_nat.exp() * (log_p_nat - F.log_softmax(adv, dim=-1))).sum(-1)
-    return F.cross_entropy(nat, y) + beta * kl.mean()
+    samples = logit_samples(names, target=target, mask=mask, ignore_index=ignore_index,
+                            validate=validate, reduction=reduction)
+    ce, kl = samples.per_row(lambda nat, adv, y: (F.cross_entropy(nat, y, reduction="none"),
+                                                  kl_rows(nat, adv)),
+                             samples.target, chunk_size=chunk_size)
+    return samples.reduce(ce, reduction) + beta * samples.reduce(kl, reduction)
 
 
 def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 class_weights: Tensor | None, mse_weight: float = 20.0, ce_weight: float = 4.0, *,
-                mask: Tensor | None = None) -> Tensor:
+                mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+                reduction: str = "mean", chunk_size: int | None = None,
+                validate: bool | None = None) -> Tensor:
     """CE(f(x), y) + IKL(natural → adversarial) (DKL paper eq. 10 in adversarial training).
 
     The natural logits play o_m (the teacher side) and the adversarial logits o_n (the student
@@ -40,6 +48,10 @@ def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
     Σ_b(Σ_j w_bj)², which equals B for row-normalised ``class_weights``; we average over samples.
     """
     names = {"logits_natural": logits_natural, "logits_adversarial": logits_adversarial}
-    (nat, adv), y = flatten_logits(names, target=target, mask=mask)
-    robust = ikl_on_samples(adv, nat, y, class_weights, mse_weight, ce_weight, temperature=1.0)
-    return F.cross_entropy(nat, y) + robust
+    samples = logit_samples(names, target=target, mask=mask, ignore_index=ignore_index,
+                            validate=validate, reduction=reduction)
+    ikl = ikl_on_samples(samples, class_weights, mse_weight, ce_weight, 1.0, validate)
+    ce, robust = samples.per_row(lambda nat, adv, y: (F.cross_entropy(nat, y, reduction="none"),
+                                                      ikl(adv, nat, y)),
+                                 samples.target, chunk_size=chunk_size)
+    return samples.reduce(ce, reduction) + samples.reduce(robust, reduction)

@@ -16,19 +16,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
-from kdcollapse.losses._shapes import check_positive, flatten_logits
+from kdcollapse.losses._reduce import logit_samples
+from kdcollapse.losses._shapes import check_positive
 
 FORMS = ("stable", "official")
 OFFICIAL_EPS = 1e-8  # the official code clamps σ to [eps, 1 − eps]
 
 
-def _official_binary_kl(s: Tensor, q_t: Tensor, temperature: float) -> Tensor:
-    """τ² · Σ KL([q_t, 1−q_t] ‖ [q_s, 1−q_s]) / N, q_s = clamp(σ(s), eps, 1 − eps), term by term as the
+def _official_binary_kl(s: Tensor, q_t: Tensor) -> Tensor:
+    """Per row, Σ_k KL([q_t, 1−q_t] ‖ [q_s, 1−q_s]), q_s = clamp(σ(s), eps, 1 − eps), term by term as the
     official code evaluates it (``KLDivLoss(reduction="none")``: xlogy(q, q) − q·log p)."""
     q_s = torch.sigmoid(s).clamp(min=OFFICIAL_EPS, max=1 - OFFICIAL_EPS)
     r_t = 1 - q_t
     kl = (torch.xlogy(q_t, q_t) - q_t * torch.log(q_s)) + (torch.xlogy(r_t, r_t) - r_t * torch.log(1 - q_s))
-    return temperature**2 * kl.sum() / s.shape[0]
+    return kl.sum(-1)
 
 
 def _check_form(form: str) -> None:
@@ -37,29 +38,40 @@ def _check_form(form: str) -> None:
 
 
 def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
-                   mask: Tensor | None = None, form: str = "stable") -> Tensor:
+                   mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
+                   vocab_size: int | None = None, chunk_size: int | None = None,
+                   validate: bool | None = None) -> Tensor:
     """τ² · mean_b Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]), t = z_t/τ, s = z_s/τ (DHKD eq. 1).
 
     Each class is a binary problem; the KL is summed over classes and averaged over samples.
-    Shapes: (B, K) or (B, T, K) logits, optional (B, T) bool ``mask``. ∂/∂s_k = σ(s_k) − σ(t_k).
+    Shapes: (B, K) or (B, T, K) logits, optional (B, T) bool or 0/1 ``mask``.
+    ∂/∂s_k = σ(s_k) − σ(t_k).
     ``form``: ``"stable"`` (log-sigmoid, finite everywhere) or ``"official"`` (both σ clamped as in the
     official code; inf/NaN in float32 once z/τ > ≈ 16.6, see the module docstring).
+    LLM options and precision: ``docs/losses.md``.
     """
     check_positive("temperature", temperature)
     _check_form(form)
-    (s, t), _ = flatten_logits({"student": student, "teacher": teacher}, mask=mask)
-    s, t = s / temperature, t / temperature
-    if form == "official":
-        q_t = torch.sigmoid(t).clamp(min=OFFICIAL_EPS, max=1 - OFFICIAL_EPS)
-        return _official_binary_kl(s, q_t, temperature)
-    log_q_t, log_q_s = F.logsigmoid(t), F.logsigmoid(s)
-    log_r_t, log_r_s = F.logsigmoid(-t), F.logsigmoid(-s)  # log(1 − σ(x)) = log σ(−x)
-    kl = log_q_t.exp() * (log_q_t - log_q_s) + log_r_t.exp() * (log_r_t - log_r_s)
-    return temperature**2 * kl.sum(-1).mean()
+    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask,
+                            vocab_size=vocab_size, validate=validate, reduction=reduction)
+
+    def rows(s: Tensor, t: Tensor) -> Tensor:
+        s, t = s / temperature, t / temperature
+        if form == "official":
+            return _official_binary_kl(s, torch.sigmoid(t).clamp(min=OFFICIAL_EPS, max=1 - OFFICIAL_EPS))
+        log_q_t, log_q_s = F.logsigmoid(t), F.logsigmoid(s)
+        log_r_t, log_r_s = F.logsigmoid(-t), F.logsigmoid(-s)  # log(1 − σ(x)) = log σ(−x)
+        kl = log_q_t.exp() * (log_q_t - log_q_s) + log_r_t.exp() * (log_r_t - log_r_s)
+        return kl.sum(-1)
+
+    kl = samples.per_row(rows, chunk_size=chunk_size)
+    return temperature**2 * samples.reduce(kl, reduction)
 
 
 def binary_kl_norm_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
-                        mask: Tensor | None = None, form: str = "stable") -> Tensor:
+                        mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
+                        vocab_size: int | None = None, chunk_size: int | None = None,
+                        validate: bool | None = None) -> Tensor:
     """τ² · mean_b Σ_k KL([½, ½] ‖ [σ(u_k), σ(−u_k)]), u = (z_s − z_t)/τ (DHKD eq. 5).
 
     KL([½, ½] ‖ [σ(u), σ(−u)]) = ½·softplus(u) + ½·softplus(−u) − log 2, which is 0 exactly at
@@ -68,9 +80,14 @@ def binary_kl_norm_loss(student: Tensor, teacher: Tensor, temperature: float = 2
     """
     check_positive("temperature", temperature)
     _check_form(form)
-    (s, t), _ = flatten_logits({"student": student, "teacher": teacher}, mask=mask)
-    u = (s - t) / temperature
-    if form == "official":
-        return _official_binary_kl(u, torch.full_like(u, 0.5), temperature)
-    kl = 0.5 * (F.softplus(u) + F.softplus(-u)) - math.log(2.0)
-    return temperature**2 * kl.sum(-1).mean()
+    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask,
+                            vocab_size=vocab_size, validate=validate, reduction=reduction)
+
+    def rows(s: Tensor, t: Tensor) -> Tensor:
+        u = (s - t) / temperature
+        if form == "official":
+            return _official_binary_kl(u, torch.full_like(u, 0.5))
+        return (0.5 * (F.softplus(u) + F.softplus(-u)) - math.log(2.0)).sum(-1)
+
+    kl = samples.per_row(rows, chunk_size=chunk_size)
+    return temperature**2 * samples.reduce(kl, reduction)

@@ -7,12 +7,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._reduce import accumulation_dtype, check_reduction, validating
 from kdcollapse.losses._shapes import check_positive, check_tensor, check_values, describe
 
 
 def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: Tensor,
                                  negative_mask: Tensor | None = None,
-                                 temperature: float = 1.0) -> Tensor:
+                                 temperature: float = 1.0, *, reduction: str = "mean",
+                                 validate: bool | None = None) -> Tensor:
     """mean_b −log exp(a·p/τ) / (exp(a·p/τ) + Σ_k exp(a·n_k/τ)) on L2-normalised embeddings.
 
     The (n+1)-tuplet loss with negatives from the anchor's own class (L_Intra, eq. 4, where τ = 1):
@@ -21,9 +23,11 @@ def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: 
     negatives (False = ignored, e.g. padding when classes have different counts). An anchor with no
     valid negatives contributes −log(exp(a·p/τ)/exp(a·p/τ)) = 0: only the positive is left in the
     denominator. Masked negatives must still be finite (pad with zeros).
-    Gradients reach all three inputs; the caller detaches what it wants fixed.
+    Gradients reach all three inputs; the caller detaches what it wants fixed. ``reduction``
+    "sum" / "none" give the sum / the (B,) per-anchor values; half inputs accumulate in float32.
     """
     check_positive("temperature", temperature)
+    check_reduction(reduction)
     check_tensor("anchors", anchors, (2,))
     check_tensor("positives", positives, (2,))
     check_tensor("negatives", negatives, (3,), allow_empty=True)  # m = 0: no negatives
@@ -40,11 +44,16 @@ def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: 
                                           and negative_mask.shape == negatives.shape[:2]):
         raise KdcollapseError(f"negative_mask must be a bool tensor of shape "
                               f"{tuple(negatives.shape[:2])}, got {describe(negative_mask)}")
-    check_values(named)
-    a, p, n = (F.normalize(x, dim=-1) for x in (anchors, positives, negatives))
+    if validating(validate):
+        check_values(named)
+    dtype = accumulation_dtype(anchors, positives, negatives)
+    a, p, n = (F.normalize(x.to(dtype), dim=-1) for x in (anchors, positives, negatives))
     positive_logit = (a * p).sum(-1, keepdim=True) / temperature  # (B, 1)
     negative_logits = torch.einsum("bd,bmd->bm", a, n) / temperature  # (B, m)
     if negative_mask is not None:
         negative_logits = negative_logits.masked_fill(~negative_mask, float("-inf"))
     logits = torch.cat([positive_logit, negative_logits], dim=-1)
-    return (torch.logsumexp(logits, dim=-1) - positive_logit.squeeze(-1)).mean()
+    values = torch.logsumexp(logits, dim=-1) - positive_logit.squeeze(-1)
+    if reduction == "none":
+        return values
+    return values.mean() if reduction == "mean" else values.sum()

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._shapes import check_positive, flatten_logits
+from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
+from kdcollapse.losses._shapes import check_positive
 
 
 def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -25,7 +26,10 @@ def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
-             temperature: float = 4.0, *, mask: Tensor | None = None) -> Tensor:
+             temperature: float = 4.0, *, mask: Tensor | None = None,
+             ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
+             vocab_size: int | None = None, chunk_size: int | None = None,
+             validate: bool | None = None) -> Tensor:
     """τ² · mean_b [α·TCKD + β·NCKD] (Zhao et al. 2022, Sec. 3; official reduction: sum / B).
 
     TCKD = KL(b_T ‖ b_S) with b = [p_t, 1 − p_t] the binary target / non-target split of
@@ -33,17 +37,25 @@ def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.
     KD = TCKD + (1 − p_t^T)·NCKD (the paper's reformulation of KD), so α = β = 1 is *not* KD
     in general.
 
-    ``student``, ``teacher``: (B, K) or (B, T, K); ``target``: (B,) or (B, T) labels; ``mask``
-    (B, T) bool. The non-target softmax is exact (the official code approximates it by subtracting
-    1000 from the target logit). Needs K ≥ 3.
+    ``student``, ``teacher``: (B, K) or (B, T, K); ``target``: (B,) or (B, T) labels, positions
+    labelled ``ignore_index`` dropped; ``mask`` (B, T) bool or 0/1. The non-target softmax is exact
+    (the official code approximates it by subtracting 1000 from the target logit). Needs K ≥ 3.
+    LLM options and precision: ``docs/losses.md``.
     """
     check_positive("temperature", temperature)
-    (s, t), y = flatten_logits({"student": student, "teacher": teacher}, target=target, mask=mask)
-    if s.shape[-1] < 3:
+    samples = logit_samples({"student": student, "teacher": teacher}, target=target, mask=mask,
+                            ignore_index=ignore_index, vocab_size=vocab_size, validate=validate,
+                            reduction=reduction)
+    if samples.logits[0].shape[-1] < 3:
         raise KdcollapseError(f"dkd_loss needs K >= 3 classes (NCKD compares distributions over the "
-                              f"K - 1 non-target classes), got K = {s.shape[-1]}")
-    log_b_s, log_nt_s = _binary_log_probs(s / temperature, y)
-    log_b_t, log_nt_t = _binary_log_probs(t / temperature, y)
-    tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
-    nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
-    return temperature**2 * (alpha * tckd + beta * nckd).mean()
+                              f"K - 1 non-target classes), got K = {samples.logits[0].shape[-1]}")
+
+    def rows(s: Tensor, t: Tensor, y: Tensor) -> Tensor:
+        log_b_s, log_nt_s = _binary_log_probs(s / temperature, y)
+        log_b_t, log_nt_t = _binary_log_probs(t / temperature, y)
+        tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
+        nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
+        return alpha * tckd + beta * nckd
+
+    values = samples.per_row(rows, samples.target, chunk_size=chunk_size)
+    return temperature**2 * samples.reduce(values, reduction)

@@ -8,12 +8,15 @@ avoids the cancellation of the equal 2[(Σw)(Σ w a²) − (Σ w a)²] when a ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._shapes import check_positive, check_values, describe, flatten_logits
+from kdcollapse.losses._reduce import IGNORE_INDEX, Samples, logit_samples, validating
+from kdcollapse.losses._shapes import check_positive, check_values, describe
 
 
 class _WeightedPairwiseSq(torch.autograd.Function):
@@ -50,14 +53,15 @@ def weighted_pairwise_sq(a: Tensor, w: Tensor) -> Tensor:
 
 def _decoupled(diff: Tensor, weights: Tensor, soft_labels: Tensor, log_probs: Tensor,
                mse_weight: float, ce_weight: float) -> Tensor:
-    """mean_b [mse_weight·¼·Σ_jk w_j w_k (diff_j − diff_k)² − ce_weight·Σ_j soft_j log p_j]."""
+    """Per row: mse_weight·¼·Σ_jk w_j w_k (diff_j − diff_k)² − ce_weight·Σ_j soft_j log p_j."""
     wmse = 0.25 * weighted_pairwise_sq(diff, weights)
     ce = -(soft_labels * log_probs).sum(-1)
-    return (mse_weight * wmse + ce_weight * ce).mean()
+    return mse_weight * wmse + ce_weight * ce
 
 
 def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float = 1.0, *,
-             mask: Tensor | None = None) -> Tensor:
+             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
     """Decoupled KL (DKL paper eq. 5), mean over samples.
 
     (α/4)·Σ_jk (Δm_jk − S(Δn_jk))²·S(s_m^j s_m^k) − β·Σ_j S(s_m^j) log s_n^j, with Δm_jk = m_j − m_k,
@@ -65,16 +69,25 @@ def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float
     natural image in adversarial training), ``logits_n`` the side being fitted (o_n: student,
     adversarial image). With α = β = 1 the gradients w.r.t. both inputs equal those of
     KL(softmax(m) ‖ softmax(n)) (Lemma 1); the loss *value* differs from the KL.
-    Shapes: (B, K) or (B, T, K), optional (B, T) bool ``mask``.
+    Shapes: (B, K) or (B, T, K), optional (B, T) bool or 0/1 ``mask``. LLM options and precision:
+    ``docs/losses.md``.
     """
-    (m, n), _ = flatten_logits({"logits_m": logits_m, "logits_n": logits_n}, mask=mask)
-    s_m = F.softmax(m, dim=-1).detach()
-    return _decoupled(m - n.detach(), s_m, s_m, F.log_softmax(n, dim=-1), alpha, beta)
+    samples = logit_samples({"logits_m": logits_m, "logits_n": logits_n}, mask=mask,
+                            vocab_size=vocab_size, validate=validate, reduction=reduction)
+
+    def rows(m: Tensor, n: Tensor) -> Tensor:
+        s_m = F.softmax(m, dim=-1).detach()
+        return _decoupled(m - n.detach(), s_m, s_m, F.log_softmax(n, dim=-1), alpha, beta)
+
+    return samples.reduce(samples.per_row(rows, chunk_size=chunk_size), reduction)
 
 
 def ikl_loss(student: Tensor, teacher: Tensor, *, class_weights: Tensor | None = None,
              target: Tensor | None = None, mse_weight: float = 1.0, ce_weight: float = 1.0,
-             temperature: float = 1.0, mask: Tensor | None = None) -> Tensor:
+             temperature: float = 1.0, mask: Tensor | None = None,
+             ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
+             vocab_size: int | None = None, chunk_size: int | None = None,
+             validate: bool | None = None) -> Tensor:
     """Improved KL (DKL paper eq. 10), mean over samples.
 
     mse_weight·¼·Σ_jk ((t_j − t_k) − (s_j − s_k))²·w_j w_k − ce_weight·Σ_j S(softmax(t/τ))_j
@@ -86,28 +99,41 @@ def ikl_loss(student: Tensor, teacher: Tensor, *, class_weights: Tensor | None =
     Weights w (never differentiated): ``class_weights[target]`` when ``class_weights`` (a K×K table,
     row y = the class-wise mean probability vector s̄_y, "global information") is given, otherwise
     the sample-wise S(softmax(teacher)). Paper α/β = ``mse_weight``/``ce_weight``; the official code
-    swaps the letters. Shapes: (B, K) or (B, T, K), ``target`` (B,) or (B, T), ``mask`` (B, T) bool.
+    swaps the letters. Shapes: (B, K) or (B, T, K), ``target`` (B,) or (B, T) (``ignore_index``
+    labels dropped), ``mask`` (B, T) bool or 0/1. LLM options and precision: ``docs/losses.md``.
     """
     check_positive("temperature", temperature)
-    (s, t), y = flatten_logits({"student": student, "teacher": teacher}, target=target, mask=mask)
-    return ikl_on_samples(s, t, y, class_weights, mse_weight, ce_weight, temperature)
+    samples = logit_samples({"student": student, "teacher": teacher}, target=target, mask=mask,
+                            ignore_index=ignore_index, vocab_size=vocab_size, validate=validate,
+                            reduction=reduction)
+    rows = ikl_on_samples(samples, class_weights, mse_weight, ce_weight, temperature, validate)
+    labels = () if class_weights is None else (samples.target,)
+    return samples.reduce(samples.per_row(rows, *labels, chunk_size=chunk_size), reduction)
 
 
-def ikl_on_samples(student: Tensor, teacher: Tensor, target: Tensor | None,
-                   class_weights: Tensor | None, mse_weight: float, ce_weight: float,
-                   temperature: float) -> Tensor:
-    """:func:`ikl_loss` on already validated (N, K) samples (shared with ``ikl_at_loss``)."""
-    if class_weights is None:
-        weights = F.softmax(teacher, dim=-1).detach()
-    else:
-        k = student.shape[-1]
-        if target is None:
+def ikl_on_samples(samples: Samples, class_weights: Tensor | None, mse_weight: float,
+                   ce_weight: float, temperature: float,
+                   validate: bool | None) -> Callable[..., Tensor]:
+    """The per-row IKL ``rows(student, teacher[, target])`` of :func:`ikl_loss` on ``samples``,
+    after checking ``class_weights`` against them (shared with ``ikl_at_loss``)."""
+    if class_weights is not None:
+        k = samples.logits[0].shape[-1]
+        if samples.target is None:
             raise KdcollapseError("class_weights needs target: the weight rows are picked by label")
         if not isinstance(class_weights, Tensor) or tuple(class_weights.shape) != (k, k):
             raise KdcollapseError(f"class_weights must be a ({k}, {k}) tensor (row y = mean "
                                   f"probabilities of class y), got {describe(class_weights)}")
-        check_values({"class_weights": class_weights})
-        weights = class_weights.detach()[target]
-    soft_labels = F.softmax(teacher / temperature, dim=-1).detach()
-    log_probs = F.log_softmax(student / temperature, dim=-1)
-    return _decoupled(teacher - student, weights, soft_labels, log_probs, mse_weight, ce_weight)
+        if validating(validate):
+            check_values({"class_weights": class_weights})
+        class_weights = class_weights.detach()
+
+    def rows(student: Tensor, teacher: Tensor, *target: Tensor) -> Tensor:
+        if class_weights is None:
+            weights = F.softmax(teacher, dim=-1).detach()
+        else:
+            weights = class_weights[target[0]]
+        soft_labels = F.softmax(teacher / temperature, dim=-1).detach()
+        log_probs = F.log_softmax(student / temperature, dim=-1)
+        return _decoupled(teacher - student, weights, soft_labels, log_probs, mse_weight, ce_weight)
+
+    return rows

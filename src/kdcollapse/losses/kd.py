@@ -5,20 +5,29 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from kdcollapse.losses._shapes import check_positive, flatten_logits
+from kdcollapse.losses._reduce import logit_samples
+from kdcollapse.losses._shapes import check_positive
+
+
+def kl_rows(p_logits: Tensor, q_logits: Tensor) -> Tensor:
+    """KL(softmax(p_logits) ‖ softmax(q_logits)) per row."""
+    log_p, log_q = F.log_softmax(p_logits, dim=-1), F.log_softmax(q_logits, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
 def kd_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
-            mask: Tensor | None = None) -> Tensor:
+            mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+            chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
     """τ² · mean_b KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) (Hinton et al. 2015).
 
-    ``student``, ``teacher``: logits (B, K) or (B, T, K); ``mask`` (B, T) bool selects positions.
-    Returns a scalar. Gradients flow into both arguments as in the KL itself; a frozen teacher
-    simply has none.
+    ``student``, ``teacher``: logits (B, K) or (B, T, K); ``mask`` (B, T) bool or 0/1 selects
+    positions. Gradients flow into both arguments as in the KL itself; a frozen teacher simply has
+    none. The LLM options (``reduction``, ``vocab_size``, ``chunk_size``, ``validate``) and the
+    float32 accumulation of half-precision logits are described in ``docs/losses.md``.
     """
     check_positive("temperature", temperature)
-    (s, t), _ = flatten_logits({"student": student, "teacher": teacher}, mask=mask)
-    log_p_t = F.log_softmax(t / temperature, dim=-1)
-    log_p_s = F.log_softmax(s / temperature, dim=-1)
-    kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
-    return temperature**2 * kl.mean()
+    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask,
+                            vocab_size=vocab_size, validate=validate, reduction=reduction)
+    kl = samples.per_row(lambda s, t: kl_rows(t / temperature, s / temperature),
+                         chunk_size=chunk_size)
+    return temperature**2 * samples.reduce(kl, reduction)
