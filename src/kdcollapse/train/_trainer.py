@@ -280,7 +280,7 @@ class Trainer:
         return record
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        manual = getattr(self.method, "manual_gradient_sync", False) and self.dist.enabled
+        manual = self.method.manual_gradient_sync and self.dist.enabled
         sync = self.model.no_sync() if manual else contextlib.nullcontext()
         with sync:
             with self._autocast():
