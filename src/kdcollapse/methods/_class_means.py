@@ -28,7 +28,7 @@ class ClassMeanProbabilities:
     >>> [round(v, 4) for v in means.table[0].tolist()], [round(v, 4) for v in means.table[1].tolist()]
     ([0.3333, 0.3333, 0.3333], [0.3333, 0.3333, 0.3333])
     >>> [round(v, 4) for v in means.table[2].tolist()]
-    [0.7870, 0.1065, 0.1065]
+    [0.787, 0.1065, 0.1065]
     """
 
     # Checkpoint keys (``extra.<key>``), as ``ikl_kd`` has always written them.
