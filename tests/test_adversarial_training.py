@@ -15,11 +15,11 @@ from kdcollapse.adversarial import Normalized, parse_eps, trades_attack
 from kdcollapse.cli import main
 from kdcollapse.config import load_config, method_config
 from kdcollapse.data import load_dataset
-from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import ikl_at_loss, trades_loss
 from kdcollapse.methods import build_method
 from kdcollapse.methods._adversarial import WeightPerturbation, eps_schedule
-from kdcollapse.methods.ikl_at import ClassMeanProbabilities
+from kdcollapse.methods._class_means import ClassMeanProbabilities
 from kdcollapse.models import count_parameters, create_model
 from kdcollapse.train import Trainer, fit
 from kdcollapse.runs import load_model, load_tensors
@@ -152,16 +152,23 @@ def test_class_weights_uniform_in_epoch_one_then_class_means():
 
 def test_class_mean_probabilities_state_and_errors():
     means = ClassMeanProbabilities(3, temperature=2.0)
-    assert means.state() == {}
+    assert torch.equal(means.state()["class_weights"], torch.full((3, 3), 1 / 3))  # uniform before epoch 1
     means.observe(torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), torch.tensor([0, 0]))
     means.end_epoch()
     expected = (F.softmax(torch.tensor([1.0, 0.0, 0.0]), 0) + F.softmax(torch.tensor([0.0, 1.0, 0.0]), 0)) / 2
     assert torch.allclose(means.state()["class_weights"][0], expected)
+    assert set(means.state()) == {"class_weights", "class_weight_sums", "class_weight_counts"}
     restored = ClassMeanProbabilities(3, temperature=2.0)
     restored.load_state(means.state())
     assert torch.equal(restored.weights(torch.empty(0)), means.weights(torch.empty(0)))
-    with pytest.raises(ConfigError, match=r"shape \(2, 2\), expected \(3, 3\)"):
+    # checkpoints of ikl_at written before the table was shared with ikl_kd hold the table alone
+    old_format = ClassMeanProbabilities(3, temperature=2.0)
+    old_format.load_state({"class_weights": means.table.clone()})
+    assert torch.equal(old_format.table, means.table) and old_format.counts.sum() == 0
+    with pytest.raises(CheckpointError, match=r"'class_weights' in the checkpoint is shape \(2, 2\); expected shape \(3, 3\)"):
         restored.load_state({"class_weights": torch.zeros(2, 2)})
+    with pytest.raises(CheckpointError, match="'class_weights' in the checkpoint is missing"):
+        restored.load_state({})
     with pytest.raises(ConfigError, match="temperature must be > 0"):
         ClassMeanProbabilities(3, temperature=0.0)
 

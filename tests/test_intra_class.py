@@ -13,7 +13,8 @@ from kdcollapse.data import load_dataset
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import intra_class_contrastive_loss
 from kdcollapse.methods import build_method
-from kdcollapse.methods.intra_class_teacher import classification_margin, intra_inter_distances
+from kdcollapse.methods.intra_class_teacher import classification_margin
+from kdcollapse.metrics import intra_inter_distances
 from kdcollapse.models._base import Classifier
 
 

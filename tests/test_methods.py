@@ -214,7 +214,7 @@ def test_dkl_kd_has_the_gradients_of_kd():
 # ------------------------------------------------------------------------------ IKL class weights
 def test_ikl_class_weights_accumulate_and_blend():
     m = make("ikl_kd", weight_temperature=2.0, momentum=0.5, warmup_epochs=0)
-    torch.testing.assert_close(m.class_weights, torch.full((K, K), 1 / K))
+    torch.testing.assert_close(m.class_means.table, torch.full((K, K), 1 / K))
     x, y = batch(40)
     y[:5] = torch.arange(5)  # every class present...
     y[y == 4] = 3  # ...except class 4 after all
@@ -224,18 +224,18 @@ def test_ikl_class_weights_accumulate_and_blend():
     m.on_epoch_end(0)
     for k in range(K):
         if k == 4:
-            torch.testing.assert_close(m.class_weights[k], torch.full((K,), 1 / K))  # absent: row kept
+            torch.testing.assert_close(m.class_means.table[k], torch.full((K,), 1 / K))  # absent: row kept
         else:
-            torch.testing.assert_close(m.class_weights[k], 0.5 * probs[y == k].mean(0) + 0.5 / K)
-    assert m.class_weight_counts.sum() == 0  # accumulators reset for the next epoch
+            torch.testing.assert_close(m.class_means.table[k], 0.5 * probs[y == k].mean(0) + 0.5 / K)
+    assert m.class_means.counts.sum() == 0  # accumulators reset for the next epoch
     out = m(x, y)
-    expected = ikl_loss(m.student(x), m.teacher_logits(x), class_weights=m.class_weights, target=y,
+    expected = ikl_loss(m.student(x), m.teacher_logits(x), class_weights=m.class_means.table, target=y,
                         mse_weight=1.0, ce_weight=1.0, temperature=4.0)
     torch.testing.assert_close(out["ikl"], expected)
-    counted = m.class_weight_counts.clone()
+    counted = m.class_means.counts.clone()
     m.eval()
     m(x, y)  # evaluation passes never count
-    assert torch.equal(m.class_weight_counts, counted)
+    assert torch.equal(m.class_means.counts, counted)
 
 
 TINY = ["data.name=digits", "data.batch_size=50", "data.train_per_class=20", "data.test_per_class=10",
@@ -310,7 +310,7 @@ def _ddp_worker(rank, port, out_dir):
     m = make("ikl_kd")
     m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
     m.on_epoch_end(0)
-    results["ikl"] = m.class_weights
+    results["ikl"] = m.class_means.table
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -332,7 +332,7 @@ def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):
     m(x, y)
     m.on_epoch_end(0)
     for r in ranks:
-        torch.testing.assert_close(r["ikl"], m.class_weights)
+        torch.testing.assert_close(r["ikl"], m.class_means.table)
 
 
 # --------------------------------------------------------------------------------------- bad input

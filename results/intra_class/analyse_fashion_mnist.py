@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kdcollapse.data import load_dataset, make_loader
-from kdcollapse.methods.intra_class_teacher import intra_inter_distances
+from kdcollapse.metrics import intra_inter_distances
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.runs import load_model, read_metrics
 

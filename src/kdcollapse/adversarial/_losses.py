@@ -7,18 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics import margin  # the Square attack's loss and the DLR numerator
 
 _DLR_EPS = 1e-12  # keeps the DLR denominator positive when the top logits tie
-
-
-def margin(logits: Tensor, y: Tensor) -> Tensor:
-    """z_y − max_{k≠y} z_k per sample (B,); negative exactly when the point is misclassified.
-
-    The Square attack's margin loss (Andriushchenko et al. 2020) and the numerator of the DLR loss.
-    """
-    z_y = logits.gather(1, y[:, None]).squeeze(1)
-    others = logits.scatter(1, y[:, None], float("-inf"))
-    return z_y - others.amax(1)
 
 
 _DLR_DENOMINATOR = {3: "z_π1 − z_π3", 4: "z_π1 − (z_π3 + z_π4)/2"}

@@ -17,34 +17,13 @@ from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, fe
 from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics import covariance_spectra
+from kdcollapse.metrics import METRICS, covariance_spectra
 from kdcollapse.report import markdown_table
 
-# One line per metric for analysis.md; definitions and papers: docs/metrics.md.
-MEANINGS = {
+# One line per key for analysis.md: every metric's from the catalogue (definitions and papers:
+# docs/metrics.md), plus the numbers the analysis pass itself adds.
+MEANINGS = {m.name: m.meaning for m in METRICS} | {
     "accuracy": "fraction of samples the main head classifies correctly",
-    "nc1": "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
-    "fuzziness": "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)",
-    "vci": "1 − Tr(Σ_T† Σ_B)/min(d, K−1): variability a linear probe cannot remove; 0 = collapsed (VCI)",
-    "linear_probe_mse": "least squares loss of the best linear probe onto one-hot labels (VCI Thm 5.1)",
-    "squared_distance": "Tr Σ_W / Tr Σ_B (Hui et al. 2022)",
-    "cosine_within": "mean 1 − cos between features of the same class (Kornblith et al. 2021)",
-    "class_separation": "1 − within-class / overall mean cosine distance; 1 = collapsed (Kornblith et al.)",
-    "nc2_equinorm": "coefficient of variation of the centred class-mean norms; 0 = equal norms (NC2)",
-    "nc2_equiangle": "mean |cos + 1/(K−1)| between centred class means; 0 = simplex ETF angles (NC2)",
-    "gnc1": "NC1 of L2-normalised features with the uncentred Σ_B (GNC1)",
-    "rank_between": "rank of Σ_B kept by its pseudo-inverse (at most K − 1)",
-    "rank_total": "rank of Σ_T kept by its pseudo-inverse",
-    "rank_between_unit": "rank of the GNC1 Σ_B kept by its pseudo-inverse",
-    "vci_rank": "min(d, K − 1), the rank VCI divides by",
-    "nc2_equinorm_w": "coefficient of variation of the classifier row norms (NC2 of W)",
-    "nc2_equiangle_w": "mean |cos + 1/(K−1)| between classifier rows (NC2 of W)",
-    "nc3": "‖W/‖W‖ − M/‖M‖‖²: distance between classifier and centred class means; 0 = self-dual (NC3)",
-    "gnc2": "smallest one-vs-rest distance of the unit classifier rows (GNC2, Softmax Code margin)",
-    "gnc2_optimum": "largest possible gnc2 for this (K, d), where known (GNC Thm 3.3)",
-    "gnc3": "mean 1 − cos(w_k, class mean of unit features); 0 = aligned (GNC3)",
-    "ncc_accuracy": "accuracy of the nearest-class-mean classifier (NC4)",
-    "ncc_agreement": "fraction where nearest class mean and network agree; 1 = NC4",
     "ncc_samples": "feature rows the NC4 rates were measured on",
     "ncc_exact": "whether those rows are the whole split (else a uniform per-class sample)",
 }

@@ -9,11 +9,11 @@ from torch import nn
 from kdcollapse.analysis._pass import classifier_weight, feature_pass, split_metrics
 from kdcollapse.config import RunConfig
 from kdcollapse.data import make_loader
+from kdcollapse.metrics import METRICS
 
-# The compact set logged per epoch, as train_<key> and test_<key>; gnc2 depends on the head alone and is
-# logged once, as gnc2.
-EPOCH_KEYS = ("nc1", "vci", "linear_probe_mse", "class_separation", "nc2_equiangle", "nc3", "gnc1", "gnc3",
-              "ncc_accuracy")
+# The compact set logged per epoch (``per_epoch`` in the metric catalogue), as train_<key> and test_<key>;
+# gnc2 depends on the head alone and is logged once, as gnc2.
+EPOCH_KEYS = tuple(m.name for m in METRICS if m.per_epoch)
 
 
 def analysis_due(cfg: RunConfig, epoch: int) -> bool:

@@ -16,14 +16,10 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics import margin
 
 
-def logit_margins(logits: Tensor, labels: Tensor) -> Tensor:
-    r"""Logit margin :math:`z_{y} - \max_{j \ne y} z_j` of each row (``(B, K)`` -> ``(B,)``); negative
-    exactly when another class scores higher than the label (ties give 0)."""
-    target = logits.gather(1, labels[:, None]).squeeze(1)
-    others = logits.scatter(1, labels[:, None], float("-inf"))
-    return target - others.amax(dim=1)
+logit_margins = margin  # z_y − max_{j≠y} z_j per row; see kdcollapse.metrics.margin
 
 
 class ClassLogitMatrix(Metric):

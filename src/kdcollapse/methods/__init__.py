@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kdcollapse._registry import Registry
 from kdcollapse.methods._base import FrozenTeacher, Method
 
 _METHODS: Registry[type[Method]] = Registry("method")
-register_method = _METHODS.register
 get_method = _METHODS.get
+
+
+def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator: register a :class:`Method` subclass under ``name`` and set its ``name``."""
+
+    def decorator(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        return _METHODS.register(name)(cls)
+
+    return decorator
 
 
 def list_methods(pattern: str = "*") -> list[str]:

@@ -147,7 +147,7 @@ class AdversarialTraining(Method):
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
         if self.label_smoothing:
-            raise ConfigError(f"method '{config.name}' uses plain cross-entropy (as in its paper); "
+            raise ConfigError(f"method '{self.name}' uses plain cross-entropy (as in its paper); "
                               "set train.label_smoothing=0")
         self.eps, self.step_size = _check_config(config)
         self.current_eps = eps_schedule(self.eps, config.eps_warmup_epochs, 0)
@@ -165,7 +165,7 @@ class AdversarialTraining(Method):
     # --- the step -----------------------------------------------------------------------------------
     def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         if x.dim() != 4:
-            raise KdcollapseError(f"method '{self.config.name}' trains on images (B, C, H, W); got inputs of "
+            raise KdcollapseError(f"method '{self.name}' trains on images (B, C, H, W); got inputs of "
                                   f"shape {tuple(x.shape)} (a vector dataset?)")
         mean, std = self._normalization(x)
         images = (x * std + mean).clamp(0.0, 1.0)

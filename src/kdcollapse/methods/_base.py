@@ -42,17 +42,42 @@ class FrozenTeacher:
 class Method(nn.Module):
     """A training method: owns the student (and any extra trainable parts) and its losses.
 
-    ``forward(x, y)`` returns a dict with ``loss`` (the scalar to minimise), ``logits`` (main-head logits,
-    used for the training accuracy) and any named parts to log (scalars).
+    The trainer (``kdcollapse.train``) uses a method only through the attributes and hooks declared
+    here, in this order per run: ``needs_teacher`` and ``views`` (class attributes, read before
+    construction), ``set_input_normalization``, then per epoch ``on_epoch_start`` → for every step
+    ``forward`` → ``backward`` → optimizer step → ``after_step`` → ``on_epoch_end`` → ``epoch_metrics``;
+    ``predict`` for evaluation, ``student`` for the per-epoch collapse metrics, ``inference_model`` for the
+    saved model file, ``extra_state`` / ``load_extra_state`` for checkpoints. A subclass overrides the
+    hooks it needs; the defaults are those of plain cross-entropy training.
     """
 
     @dataclass
     class Config:
-        pass
+        """The method's ``method:`` section of the run config (typed fields, unknown keys rejected); a
+        subclass declares its own dataclass. ``load_config`` adds ``name``, the registered name."""
+
+    name: ClassVar[str] = ""
+    """The registered name (``method.name``); set by :func:`kdcollapse.methods.register_method`."""
 
     needs_teacher: ClassVar[bool] = False
-    # Independently augmented views per training image; with V > 1, forward gets x of shape (B, V, ...).
+    """Whether the trainer must load ``teacher:`` and pass it as a :class:`FrozenTeacher`."""
+
     views: ClassVar[int] = 1
+    """Independently augmented views per training image; with V > 1, ``forward`` gets x of shape
+    (B, V, ...) (the trainer builds its loader with ``views=V``)."""
+
+    manual_gradient_sync: ClassVar[bool] = False
+    """True when ``backward`` all-reduces the gradients itself: under DDP the trainer then runs
+    ``forward`` and ``backward`` inside ``no_sync()`` (e.g. DHKD's gradient alignment, which must project
+    the global-batch gradients). A subclass may set it per instance from its config."""
+
+    extra_heads: ClassVar[dict[str, str]] = {}
+    """Trainable classifier heads on the student's features besides its own, ``{label: submodule}``
+    (the dual-head methods: ``{"aux": "aux_head"}``). ``Run.heads`` rebuilds them from the checkpoint and
+    ``kdcollapse analyze`` reports each one's accuracy as ``accuracy_<label>``."""
+
+    student: Classifier
+    """The network being trained; the per-epoch collapse metrics read its features and head."""
 
     def __init__(
         self,
@@ -69,7 +94,7 @@ class Method(nn.Module):
         self.num_classes = num_classes
         self.teacher = teacher
         self.label_smoothing = label_smoothing
-        self.epoch = 0
+        self.epoch = 0  # 0-based, set by on_epoch_start
         # Training inputs are x = (u - input_mean) / input_std of images u in [0, 1], per channel.
         self.input_mean: tuple[float, ...] = (0.0,)
         self.input_std: tuple[float, ...] = (1.0,)
@@ -78,42 +103,60 @@ class Method(nn.Module):
         return F.cross_entropy(logits, target, label_smoothing=self.label_smoothing)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One training step's losses, called in train mode (through DDP when distributed): a dict with
+        ``loss`` (the scalar to minimise), ``logits`` (main-head logits, for the training accuracy) and
+        any named scalar parts, each logged as ``train_<name>`` (epoch mean)."""
         raise NotImplementedError
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Main-head logits; every reported accuracy uses these."""
-        return self.student(x)
-
-    def inference_model(self) -> nn.Module:
-        """The network saved as the run's model file (``model.safetensors``): the student, or e.g. an
-        average of its weights kept by the method."""
-        return self.student
-
-    def set_input_normalization(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        """The trainer's inputs are standardised, x = (u - mean) / std per channel, of images u in
-        [0, 1]; methods that need u (adversarial training attacks it) read it from here."""
-        self.input_mean, self.input_std = tuple(mean), tuple(std)
-
-    def on_epoch_start(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def on_epoch_end(self, epoch: int) -> None:
-        pass
-
-    def epoch_metrics(self) -> dict[str, float]:
-        """Method-specific numbers for this epoch's record in ``metrics.jsonl`` (called after on_epoch_end)."""
-        return {}
+    def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Fill ``.grad`` of the trainable parameters from ``forward``'s ``out``, after the trainer's
+        ``zero_grad``. ``scale`` is the AMP loss scaler (or identity); apply it to every loss you
+        differentiate."""
+        scale(out["loss"]).backward()
 
     def after_step(self) -> None:
         """Called after every optimizer step (e.g. to remove a weight perturbation or update an average)."""
 
-    def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Fill ``.grad`` of the trainable parameters. ``scale`` is the AMP loss scaler (or identity)."""
-        scale(out["loss"]).backward()
+    @property
+    def divergence_hint(self) -> str | None:
+        """A sentence the trainer adds to its error when the training loss becomes NaN or inf, naming a
+        cause specific to this method's settings (e.g. the official BinaryKL clamp); ``None``: nothing to
+        add."""
+        return None
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Main-head logits in eval mode; the trainer's test accuracy and loss use these."""
+        return self.student(x)
+
+    def inference_model(self) -> nn.Module:
+        """The network saved as the run's model file (``model.safetensors``, ``best.safetensors``) at
+        every epoch end: the student, or e.g. an average of its weights kept by the method."""
+        return self.student
+
+    def set_input_normalization(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        """Called once after construction. The trainer's inputs are standardised, x = (u - mean) / std
+        per channel, of images u in [0, 1]; methods that need u (adversarial training attacks it) read
+        it from here."""
+        self.input_mean, self.input_std = tuple(mean), tuple(std)
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Called before the first step of the 0-based ``epoch`` (also the first epoch of a resume)."""
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Called on every process after the last step of ``epoch``, before ``epoch_metrics`` and the
+        checkpoint (collectives are allowed: every process calls it)."""
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Method-specific numbers for this epoch's record in ``metrics.jsonl`` (called after
+        ``on_epoch_end``)."""
+        return {}
 
     def extra_state(self) -> dict[str, torch.Tensor]:
-        """Tensors (not parameters or buffers) that a resumed run needs, e.g. accumulated class weights."""
+        """Tensors (not parameters or buffers) that a resumed run needs, e.g. accumulated class weights;
+        saved as ``extra.<key>`` in ``checkpoint.safetensors`` after ``on_epoch_end``."""
         return {}
 
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        pass
+        """Restore what :meth:`extra_state` returned (on resume, before the first ``on_epoch_start``);
+        raise :class:`~kdcollapse.errors.CheckpointError` for state that does not fit."""

@@ -23,7 +23,7 @@ class Distiller(Method):
                  label_smoothing: float = 0.0):
         super().__init__(student, config, num_classes=num_classes, teacher=teacher,
                          label_smoothing=label_smoothing)
-        name = getattr(config, "name", type(self).__name__)
+        name = self.name
         if teacher is None:
             raise ConfigError(f"method '{name}' distils from a teacher; pass teacher=FrozenTeacher(model)")
         if teacher.num_classes != num_classes or student.num_classes != num_classes:

@@ -80,6 +80,7 @@ class DualHead(Distiller):
     """
 
     distill_name: ClassVar[str]
+    extra_heads = {"aux": "aux_head"}
 
     def __init__(self, student, config, *, num_classes, **kwargs):
         super().__init__(student, config, num_classes=num_classes, **kwargs)

@@ -28,11 +28,9 @@ How this module reads the paper (docs/intra_class.md has the full discussion):
   each process keeps a cache of its own samples (and a resume restores rank 0's cache on every rank).
 
 Logged per epoch (``epoch_metrics``): ``gate_fraction``, ``cache_fill``, ``pool_size``, ``intra_loss``
-and the quantities of Theorem 1-2 estimated on each batch's first-view embeddings and averaged over the
-epoch: ``d_intra`` = E_{x⁻∈C(x)} exp(φ(x)ᵀφ(x⁻)), ``d_inter`` (x⁻ ∉ C(x)), their ratio ``d_ratio``,
-the batch tuplet losses ``tuplet_intra`` / ``tuplet_inter`` (negatives: the batch's same-class /
-other-class samples) and ``tuplet_ratio`` = tuplet_intra / tuplet_inter. d is an expected
-*similarity*: smaller d_intra means a more diverse class.
+and the quantities of Theorem 1-2 on each batch's first-view embeddings, averaged over the epoch by
+:class:`kdcollapse.metrics.IntraClassSimilarity`: ``d_intra``, ``d_inter``, ``d_ratio``,
+``tuplet_intra``, ``tuplet_inter``, ``tuplet_ratio`` (smaller d_intra: a more diverse class).
 """
 
 from __future__ import annotations
@@ -47,49 +45,14 @@ from kdcollapse.distributed import all_reduce_sum
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import intra_class_contrastive_loss
 from kdcollapse.methods import Method, register_method
+from kdcollapse.metrics import IntraClassSimilarity, margin
 
-_STATS = ("seen", "gated", "pool_anchors", "pool_loss", "pool_members",
-          "intra_sum", "intra_pairs", "inter_sum", "inter_pairs",
-          "tuplet_intra_sum", "tuplet_intra_count", "tuplet_inter_sum", "tuplet_inter_count")
+_STATS = ("seen", "gated", "pool_anchors", "pool_loss", "pool_members")  # the gate's and pipelines' epoch sums
 
 
 def classification_margin(logits: Tensor, target: Tensor) -> Tensor:
     """ρ_x = p_x[y] − max_{j≠y} p_x[j] with p_x = softmax(logits) (eq. 6), in [−1, 1]; shape (B,)."""
-    p = logits.float().softmax(dim=1)
-    p_true = p.gather(1, target[:, None]).squeeze(1)
-    p_other = p.scatter(1, target[:, None], float("-inf")).amax(dim=1)
-    return p_true - p_other
-
-
-def similarity_sums(embeddings: Tensor, labels: Tensor, block_size: int = 2048) -> Tensor:
-    """float64 [Σ_same exp(φᵢᵀφⱼ), #same, Σ_other exp(φᵢᵀφⱼ), #other] over ordered pairs i ≠ j.
-
-    ``embeddings`` (N, d) are L2-normalised here; "same" pairs share a label. Rows are processed in
-    blocks of ``block_size``, so memory is O(block_size·N).
-    """
-    phi = F.normalize(embeddings.float(), dim=1)
-    sums = torch.zeros(4, dtype=torch.float64, device=phi.device)
-    index = torch.arange(len(phi), device=phi.device)
-    for start in range(0, len(phi), block_size):
-        rows = slice(start, start + block_size)
-        similar = (phi[rows] @ phi.T).exp().double()
-        same = labels[rows, None] == labels[None, :]
-        other_sample = index[rows, None] != index[None, :]
-        same_pairs, other_pairs = same & other_sample, ~same
-        sums += torch.stack([(similar * same_pairs).sum(), same_pairs.sum(),
-                             (similar * other_pairs).sum(), other_pairs.sum()])
-    return sums
-
-
-def intra_inter_distances(embeddings: Tensor, labels: Tensor, block_size: int = 2048) -> tuple[float, float]:
-    """(d_Intra, d_Inter) of the paper's §4.2 over every ordered pair of distinct samples of a set.
-
-    d_Intra = E_{x⁻∈C(x)}[exp(φ(x)ᵀφ(x⁻))], d_Inter = E_{x⁻∉C(x)}[exp(φ(x)ᵀφ(x⁻))] with φ the
-    L2-normalised ``embeddings`` (N, d) and C(x) the samples sharing x's label. Both lie in [e⁻¹, e];
-    they are similarities, so a lower d_Intra means a more diverse class.
-    """
-    same, n_same, other, n_other = similarity_sums(embeddings, labels, block_size).tolist()
-    return same / max(n_same, 1), other / max(n_other, 1)
+    return margin(logits.float().softmax(dim=1), target)
 
 
 @register_method("intra_class_teacher")
@@ -115,6 +78,7 @@ class IntraClassTeacher(Method):
         self._cache = {"anchors": torch.zeros(0, dim), "positives": torch.zeros(0, dim),
                        "labels": torch.zeros(0, dtype=torch.long)}
         self._stats = torch.zeros(len(_STATS), dtype=torch.float64)
+        self.similarity = IntraClassSimilarity()  # d_intra, d_inter, tuplet losses of each batch's embeddings
 
     def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         if x.dim() < 3 or x.shape[1] != self.views:
@@ -132,7 +96,8 @@ class IntraClassTeacher(Method):
         with torch.no_grad():
             gate = classification_margin(logits.detach(), y) > self.config.margin_threshold
         intra = self._pipeline_loss(anchors[gate], positives[gate], y[gate])
-        self._record_batch(anchors.detach(), positives.detach(), y, gate)
+        self.similarity.update(anchors.detach(), positives.detach(), y)
+        self._add(seen=batch, gated=gate.sum())
         loss = ce + self.config.intra_weight * intra
         return {"loss": loss, "logits": logits, "ce": ce.detach(), "intra": intra.detach()}
 
@@ -165,23 +130,6 @@ class IntraClassTeacher(Method):
         self._add(pool_anchors=len(a), pool_loss=loss.detach() * len(a), pool_members=size[group].sum())
         return loss
 
-    def _record_batch(self, anchors: Tensor, positives: Tensor, labels: Tensor, gate: Tensor) -> None:
-        """Accumulate the epoch's diagnostics from this batch (first-view anchors, second-view positives)."""
-        with torch.no_grad():
-            same, n_same, other, n_other = similarity_sums(anchors, labels)
-            similar = anchors @ anchors.T
-            positive = (anchors * positives).sum(1, keepdim=True)
-            same_class = labels[:, None] == labels[None, :]
-            eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
-            tuplets = {}
-            for name, negatives in (("tuplet_intra", same_class & ~eye), ("tuplet_inter", ~same_class)):
-                logits = torch.cat([positive, similar.masked_fill(~negatives, float("-inf"))], dim=1)
-                has = negatives.any(1)
-                tuplets[f"{name}_sum"] = ((logits.logsumexp(1) - positive.squeeze(1)) * has).sum()
-                tuplets[f"{name}_count"] = has.sum()
-            self._add(seen=len(labels), gated=gate.sum(), intra_sum=same, intra_pairs=n_same,
-                      inter_sum=other, inter_pairs=n_other, **tuplets)
-
     def _add(self, **values) -> None:
         """Add named batch statistics (tensors on the device or numbers) to the epoch's sums, without a sync."""
         device = self._stats.device
@@ -193,25 +141,24 @@ class IntraClassTeacher(Method):
     def on_epoch_start(self, epoch: int) -> None:
         super().on_epoch_start(epoch)
         self._stats = torch.zeros_like(self._stats)
+        self.similarity.reset()
 
     def on_epoch_end(self, epoch: int) -> None:
         all_reduce_sum(self._stats)
+        if self.similarity.update_count:
+            self.similarity.compute()  # merges the processes' sums (every process calls this) and caches
 
     def epoch_metrics(self) -> dict[str, float]:
         s = dict(zip(_STATS, self._stats.tolist()))
         per = lambda a, b: a / b if b else float("nan")  # noqa: E731
-        d_intra, d_inter = per(s["intra_sum"], s["intra_pairs"]), per(s["inter_sum"], s["inter_pairs"])
-        tuplet_intra = per(s["tuplet_intra_sum"], s["tuplet_intra_count"])
-        tuplet_inter = per(s["tuplet_inter_sum"], s["tuplet_inter_count"])
+        similarity = ({k: float(v) for k, v in self.similarity.compute().items()} if self.similarity.update_count
+                      else dict.fromkeys(IntraClassSimilarity.KEYS, float("nan")))
         return {
             "gate_fraction": per(s["gated"], s["seen"]),
             "cache_fill": len(self._cache["labels"]) / (self.num_classes * self.config.cache_min_count),
             "pool_size": per(s["pool_members"], s["pool_anchors"]),
             "intra_loss": per(s["pool_loss"], s["pool_anchors"]),
-            "d_intra": d_intra, "d_inter": d_inter, "d_ratio": per(d_intra, d_inter),
-            "tuplet_intra": tuplet_intra, "tuplet_inter": tuplet_inter,
-            "tuplet_ratio": per(tuplet_intra, tuplet_inter),
-        }
+        } | similarity
 
     def extra_state(self) -> dict[str, Tensor]:
         return {f"cache_{k}": v for k, v in self._cache.items()}

@@ -6,20 +6,30 @@
 """
 
 from kdcollapse.metrics import functional
+from kdcollapse.metrics._catalog import METRICS, MetricInfo, metric_info
 from kdcollapse.metrics._collapse import collapse_metrics, covariance_spectra
+from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_distances, similarity_sums
 from kdcollapse.metrics._linalg import psd_pinv
+from kdcollapse.metrics._margin import margin
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
 from kdcollapse.metrics._statistics import FeatureStatistics
 from kdcollapse.metrics._transfer import mean_log_odds_gain
 
 __all__ = [
+    "METRICS",
+    "MetricInfo",
     "FeatureStatistics",
+    "IntraClassSimilarity",
     "NearestClassMeanAccuracy",
     "collapse_metrics",
     "covariance_spectra",
     "functional",
+    "intra_inter_distances",
+    "margin",
     "mean_log_odds_gain",
+    "metric_info",
     "nearest_class_mean",
     "ncc_accuracy",
     "psd_pinv",
+    "similarity_sums",
 ]

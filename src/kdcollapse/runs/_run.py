@@ -11,7 +11,7 @@ from torch import nn
 from kdcollapse.config import RunConfig, load_config
 from kdcollapse.data import make_loader
 from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
-from kdcollapse.methods import FrozenTeacher, build_method
+from kdcollapse.methods import FrozenTeacher, build_method, get_method
 from kdcollapse.models import create_model, evaluating
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._data import check_split, run_dataset
@@ -68,10 +68,11 @@ class Run:
         """Trainable heads of the method beyond the student (a dual-head student's ``aux``), with the weights
         of the same epoch as ``model``."""
         path = self.dir / "checkpoint.safetensors"
-        if not path.is_file():
+        extra = get_method(self.config.method.name).extra_heads
+        if not extra or not path.is_file():
             return {}
         tensors, state_meta = ckpt.load_tensors(path, device=device)
-        if not any(k.startswith("method.aux_head.") for k in tensors):
+        if not all(any(k.startswith(f"method.{attr}.") for k in tensors) for attr in extra.values()):
             return {}
         if state_meta.get("epoch") != meta.get("epoch"):
             raise CheckpointError(
@@ -84,7 +85,7 @@ class Run:
                                               **meta.get("model_kwargs", {})))
         method = build_method(self.config.method, model, num_classes=classes, teacher=stand_in).to(device)
         ckpt.load_state(method, ckpt.split_prefix(tensors, "method."), str(path))
-        return {"aux": method.aux_head}
+        return {label: method.get_submodule(attr) for label, attr in extra.items()}
 
 
 def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):

@@ -301,7 +301,7 @@ class Trainer:
         return record
 
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        manual = getattr(self.method, "manual_gradient_sync", False) and self.dist.enabled
+        manual = self.method.manual_gradient_sync and self.dist.enabled
         sync = self.model.no_sync() if manual else contextlib.nullcontext()
         with sync:
             with self._autocast():
@@ -321,7 +321,7 @@ class Trainer:
             where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
             kept = (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
                     else "no checkpoint had been written yet")
-            hint = getattr(self.method, "divergence_hint", None)
+            hint = self.method.divergence_hint
             raise TrainingDiverged(
                 f"the training loss became {loss_sum.item()} at or before {where}; {kept}. "
                 + (f"{hint}. " if hint else "") + "Lower optim.lr, set optim.grad_clip, or check the data"
