@@ -88,7 +88,7 @@ def test_resume_refuses_another_model(tmp_path):
     cfg = tiny(tmp_path, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1")
     fit(cfg)
     other = load_config(Path(cfg.run_dir) / "config.yaml", ["model.name=convnet_small", "model.kwargs={}"])
-    with pytest.raises(KdcollapseError, match="checkpoint .* is for model 'mlp'.*'convnet_small'"):
+    with pytest.raises(KdcollapseError, match="cannot resume: .*model.name='mlp'.*model.name='convnet_small'"):
         fit(other, resume=True)
 
 

@@ -1,59 +1,81 @@
 """Checkpoints as safetensors files with JSON metadata, written atomically, read without pickle.
 
 A file holds named tensors plus one JSON document (stored in the safetensors header's string
-metadata). Writing goes to a temporary file in the same directory, is flushed to disk, then renamed
-over the target, so a crash leaves either the old file or the new one, never a torn one.
+metadata) and the SHA-256 of its tensors (names, dtypes, shapes and bytes), checked on every load, so a
+flipped bit is an error rather than a silently different model. Writing goes through
+:mod:`kdcollapse.runs._atomic`: a crash leaves either the old file or the new one, never a torn one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
 from kdcollapse.models import create_model
 from kdcollapse.models.heads import head_from_spec
+from kdcollapse.runs._atomic import replacing
 
 _META_KEY = "kdcollapse"
+_DIGEST_KEY = "kdcollapse.sha256"
 
 
-def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
-    path = Path(path)
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
+    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``; returns the digest."""
+    with replacing(path) as tmp:
+        digest = write_tensors(tmp, tensors, meta)
+    return digest
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
+    """Write (not atomically: see :func:`save_tensors`) and return the tensors' digest."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    digest = tensors_digest(tensors)
+    save_file(tensors, path, metadata={_META_KEY: json.dumps(meta), _DIGEST_KEY: digest})
+    return digest
+
+
+def read_header(path: str | Path) -> tuple[dict, str | None]:
+    """``(meta, digest)`` from a safetensors header alone (no tensor data is read)."""
     try:
-        save_file(tensors, tmp, metadata={_META_KEY: json.dumps(meta)})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with safe_open(path, framework="pt") as f:
+            header = f.metadata() or {}
+        return json.loads(header.get(_META_KEY, "{}")), header.get(_DIGEST_KEY)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
 
 
 def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
-    """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``)."""
+    """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``),
+    checking its digest when it carries one."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
+    meta, digest = read_header(path)
     try:
-        tensors = load_file(path, device=str(device))
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            header = f.metadata() or {}
-        meta = json.loads(header.get(_META_KEY, "{}"))
+        tensors = load_file(path, device="cpu")
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
-    return tensors, meta
+    if digest is not None and tensors_digest(tensors) != digest:
+        raise CheckpointError(f"{path} is corrupt: its tensor data does not match the checksum written with it")
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} has damaged metadata (not a JSON object)")
+    return {k: v.to(device) for k, v in tensors.items()}, meta
 
 
 def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -68,12 +90,44 @@ def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def unflatten_optimizer(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], rest: dict, params: list[torch.Tensor],
+                        source: str) -> dict:
+    """Inverse of :func:`flatten_optimizer`, checked against the optimizer's ``params`` (in the order of its
+    param groups): a state for a parameter that does not exist, or a buffer of another shape, is an error."""
     state: dict[int, dict] = {}
     for key, value in [*tensors.items(), *rest["scalars"].items()]:
-        index, name = key.split(".", 1)
+        index, _, name = key.partition(".")
+        if not (index.isdigit() and int(index) < len(params) and name):
+            raise CheckpointError(f"{source}: the optimizer state names parameter {key!r}, which this model "
+                                  f"does not have ({len(params)} parameters)")
+        if torch.is_tensor(value) and value.dim() > 0 and value.shape != params[int(index)].shape:
+            raise CheckpointError(f"{source}: the optimizer's {name} of parameter {index} has shape "
+                                  f"{tuple(value.shape)}, the parameter {tuple(params[int(index)].shape)}")
         state.setdefault(int(index), {})[name] = value
     return {"state": state, "param_groups": rest["param_groups"]}
+
+
+# Checkpoint metadata a resume reads, with the JSON types each must have.
+_CHECKPOINT_FIELDS = {"epoch": int, "best_epoch": int, "best_acc": (int, float), "last_acc": (int, float),
+                      "model": str, "method": str, "dataset": str, "optimizer": dict}
+
+
+def check_checkpoint_meta(meta: dict, source: str) -> dict:
+    """``meta`` if it has every field a resume needs with the right type, else a :class:`CheckpointError`."""
+    for key, kind in _CHECKPOINT_FIELDS.items():
+        value = meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            got = "missing" if key not in meta else f"{type(value).__name__} {value!r}"[:80]
+            raise CheckpointError(f"{source} has damaged metadata: '{key}' is {got}; it is not a checkpoint "
+                                  "this version of kdcollapse wrote")
+    if meta["epoch"] < 0 or not 0 <= meta["best_epoch"] <= meta["epoch"]:
+        raise CheckpointError(f"{source} has damaged metadata: epoch {meta['epoch']}, best epoch "
+                              f"{meta['best_epoch']}")
+    optimizer = meta["optimizer"]
+    if not (isinstance(optimizer.get("param_groups"), list) and isinstance(optimizer.get("scalars"), dict)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in optimizer["param_groups"])):
+        raise CheckpointError(f"{source} has damaged metadata: the optimizer state lacks its param groups")
+    return meta
 
 
 def split_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -112,13 +166,18 @@ def model_meta(cfg, dataset, **extra) -> dict:
     }
 
 
-def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
-    """Write the weights and ``meta``; a special head (``kdcollapse.models.heads``) adds its ``spec()``
-    as ``meta["head"]``, so that :func:`load_model` can rebuild it."""
+def model_file(model: torch.nn.Module, meta: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors and metadata of a model file; a special head (``kdcollapse.models.heads``) adds its
+    ``spec()`` as ``meta["head"]``, so that :func:`load_model` can rebuild it."""
     head = getattr(model, "head", None)
     if callable(getattr(head, "spec", None)):
         meta = meta | {"head": head.spec()}
-    save_tensors(path, model.state_dict(), meta)
+    return model.state_dict(), meta
+
+
+def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
+    """Write the weights and ``meta`` (see :func:`model_file`)."""
+    save_tensors(path, *model_file(model, meta))
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,

@@ -1,4 +1,10 @@
-"""Run directories: refuse to mix runs, record provenance, log one JSON line per epoch."""
+"""Run directories: one process at a time, validated before anything is changed, one commit per epoch,
+provenance, one JSON line per epoch.
+
+A run directory is taken in two steps. :func:`claim_run_dir` locks it and checks that it may be used
+(nothing is changed but the lock file); the trainer then builds its data, teacher, model and method, and
+only when all of that worked does :func:`start_run_dir` clear an overwritten run and write the config.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +15,30 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 from kdcollapse import __version__
-from kdcollapse.config import RunConfig, save_config
-from kdcollapse.distributed import all_ranks_ok, barrier
-from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.config import RunConfig, config_to_dict, load_config, save_config
+from kdcollapse.distributed import all_ranks_ok
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
+from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
+from kdcollapse.runs._checkpoint import read_header, save_tensors
+from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
+from kdcollapse.runs._lock import RunLock
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "checkpoint.safetensors", "model.safetensors",
-             "best.safetensors")
+             "best.safetensors", STATE_FILE)
 RUN_DIRS = ("tensorboard",)
+
+# Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
+# to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
+RESUMABLE_KEYS = ("run_dir", "train.epochs", "train.eval_every", "train.progress", "train.tensorboard",
+                  "train.device", "train.compile", "data.num_workers", "data.eval_batch_size", "analysis.every",
+                  "analysis.train_per_class")
 
 
 def git_revision() -> str | None:
@@ -38,35 +55,104 @@ def git_revision() -> str | None:
         return None
 
 
-def prepare_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: bool = True) -> Path:
-    """Check that ``cfg.run_dir`` may be used, then (main process) clear it if asked and record the run.
+class RunDir:
+    """A claimed run directory. On the main process it holds the lock, the committed ``state`` and the
+    weight files that recovery found damaged; other processes hold only the path."""
 
-    Every process checks before any writes: under ``torchrun`` they call this in lock-step, with a
-    barrier between the check and the writing.
+    def __init__(self, path: Path, *, is_main: bool, resume: bool):
+        self.path, self.is_main, self.resume, self.clear = path, is_main, resume, False
+        self.lock: RunLock | None = None
+        self.state: dict | None = None
+        self.damaged: list[str] = []
+
+    def commit(self, epoch: int, tensor_files: dict, metrics_text: str) -> None:
+        """Write and commit the files of ``epoch`` (see :mod:`kdcollapse.runs._commit`)."""
+        self.state = commit_epoch(self.path, epoch, tensor_files, {"metrics.jsonl": metrics_text}, self.state)
+
+    def replace_file(self, name: str, tensors: dict, meta: dict) -> None:
+        """Re-derive a damaged weight file of the committed epoch and record it."""
+        digest = save_tensors(self.path / name, tensors, meta)
+        if self.state is not None:
+            self.state["files"][name] = {"epoch": self.state["epoch"], "sha256": digest}
+            write_text(self.path / STATE_FILE, json.dumps(self.state, indent=1) + "\n")
+
+    def file_epoch(self, name: str) -> int | None:
+        """The epoch recorded in a weight file's metadata (``None`` if it is missing or unreadable)."""
+        try:
+            return read_header(self.path / name)[0].get("epoch")
+        except CheckpointError:
+            return None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: bool = True) -> RunDir:
+    """Lock ``cfg.run_dir`` (main process) and check that it may be used; on resume, complete an epoch
+    committed before a crash. Nothing of an existing run changes here.
+
+    Under ``torchrun`` every process calls this; each learns whether the main process succeeded, so none is
+    left waiting for a failed one.
     """
     run_dir = Path(cfg.run_dir)
-    holds_run = (run_dir / "config.yaml").exists()
-    if resume and not (run_dir / "checkpoint.safetensors").exists():
-        raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
-    if holds_run and not (resume or overwrite):
-        raise CheckpointError(
-            f"{run_dir} already holds a run (config.yaml); pass --resume to continue it, --overwrite to "
-            "replace it, or choose another run_dir"
-        )
-    barrier()
+    claim = RunDir(run_dir, is_main=is_main, resume=resume)
+
+    def take() -> None:
+        _make_writable(run_dir)
+        claim.lock = RunLock(run_dir)
+        try:
+            holds_run = (run_dir / "config.yaml").exists()  # looked at under the lock
+            claim.clear = holds_run and overwrite and not resume
+            _check_use(cfg, run_dir, holds_run=holds_run, resume=resume, overwrite=overwrite)
+            if resume:
+                claim.state, claim.damaged = recover(run_dir)
+                if "checkpoint.safetensors" in claim.damaged:
+                    raise CheckpointError(
+                        f"cannot resume: {run_dir / 'checkpoint.safetensors'} is missing or is not the checkpoint "
+                        f"of epoch {claim.state['epoch']} that {STATE_FILE} records"
+                    )
+        except BaseException:
+            claim.release()
+            raise
+
+    on_main_process(is_main, take, f"the main process could not prepare the run directory {run_dir}")
+    return claim
+
+
+def on_main_process(is_main: bool, action, failure: str) -> None:
+    """Run ``action`` on the main process; every process raises if it failed (a collective under
+    ``torchrun``, so that no process is left waiting for a failed one)."""
     error = None
     if is_main:
         try:
-            _write_run_dir(cfg, run_dir, clear=holds_run and not resume, record=not resume)
-        except (CheckpointError, OSError) as err:
+            action()
+        except (KdcollapseError, OSError) as err:
             error = err
-    # Every rank learns whether the main process succeeded, so none is left waiting for a failed one.
     if not all_ranks_ok(error is None):
-        raise error or CheckpointError(f"the main process could not prepare the run directory {run_dir}")
-    return run_dir
+        raise error or CheckpointError(failure)
 
 
-def _write_run_dir(cfg: RunConfig, run_dir: Path, *, clear: bool, record: bool) -> None:
+def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
+    """After everything was validated: clear an overwritten run, remove stray temporaries, write the config
+    (on resume: with its permitted changes) and, for a new run, ``run.json``."""
+    def write() -> None:
+        if claim.clear:
+            for name in RUN_FILES:
+                (claim.path / name).unlink(missing_ok=True)
+            for name in RUN_DIRS:
+                shutil.rmtree(claim.path / name, ignore_errors=True)
+        remove_temporaries(claim.path)
+        with replacing(claim.path / "config.yaml") as tmp:
+            save_config(cfg, tmp)
+        if not claim.resume:
+            write_text(claim.path / "run.json", json.dumps(provenance(), indent=2) + "\n")
+
+    on_main_process(claim.is_main, write, f"the main process could not write the run directory {claim.path}")
+
+
+def _make_writable(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"
@@ -74,14 +160,57 @@ def _write_run_dir(cfg: RunConfig, run_dir: Path, *, clear: bool, record: bool) 
         probe.unlink()
     except OSError as err:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
-    if clear:
-        for name in RUN_FILES:
-            (run_dir / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(run_dir / name, ignore_errors=True)
-    save_config(cfg, run_dir / "config.yaml")  # on resume: records overrides such as more epochs
-    if record:
-        (run_dir / "run.json").write_text(json.dumps(provenance(), indent=2) + "\n")
+
+
+def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, overwrite: bool) -> None:
+    if resume:
+        if not (run_dir / "checkpoint.safetensors").exists() and not (run_dir / STATE_FILE).exists():
+            raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
+        if holds_run:
+            check_resume_changes(load_config(run_dir / "config.yaml"), cfg)
+    elif holds_run and not overwrite:
+        raise CheckpointError(
+            f"{run_dir} already holds a run (config.yaml); pass --resume to continue it, --overwrite to "
+            "replace it, or choose another run_dir"
+        )
+    elif holds_run:
+        _check_not_teacher(cfg, run_dir)
+
+
+def _check_not_teacher(cfg: RunConfig, run_dir: Path) -> None:
+    """--overwrite must never delete the teacher it is about to distil from."""
+    teacher = cfg.teacher.checkpoint or (cfg.teacher.weights and str(Path(cfg.teacher.weights).parent))
+    if not teacher:
+        return
+    here, there = run_dir.resolve(), Path(teacher).resolve()
+    if there == here or here in there.parents:
+        raise CheckpointError(
+            f"--overwrite would delete {run_dir}, which holds this run's teacher ({teacher}); choose another "
+            "run_dir"
+        )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key != "kwargs":
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
+    """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
+    old, new = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
+    if changed:
+        was = ", ".join(f"{k}={old.get(k)!r}" for k in changed)
+        now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"cannot resume: the run was trained with {was}; the config asks for {now}. A resume may change "
+            f"only {', '.join(RESUMABLE_KEYS[1:])}; start a new run_dir for anything else"
+        )
 
 
 def provenance() -> dict:
@@ -98,14 +227,31 @@ def provenance() -> dict:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``metrics.jsonl``. A torn last line (a crash or full disk while an older version
+    appended to it) is dropped with a warning; damage anywhere else is an error."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for n, line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif n == lines[-1][0]:
+            warnings.warn(f"{path}: ignoring its last line {n}, which is torn (the run was interrupted while "
+                          "writing it)", stacklevel=2)
+        else:
+            raise CheckpointError(f"{path}: line {n} is not a JSON record")
+    return records
 
 
 class MetricsLog:
-    """Appends one JSON record per epoch to ``metrics.jsonl`` (and TensorBoard when asked).
+    """The per-epoch records of ``metrics.jsonl`` (written by :meth:`RunDir.commit`, with the checkpoint of
+    the same epoch) and TensorBoard when asked.
 
     On resume, records of epochs after the checkpoint (written before a crash) are dropped first.
     """
@@ -114,10 +260,13 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.writer = None
+        self.records: list[dict] = []
         if not enabled:
             return
-        kept = [r for r in read_metrics(run_dir) if r["epoch"] <= start_epoch]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if start_epoch > 0:
+            self.records = [r for r in read_metrics(run_dir) if r.get("epoch", 0) <= start_epoch]
+        if self.path.exists():
+            write_text(self.path, self.text())
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -127,14 +276,17 @@ class MetricsLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def write(self, record: dict) -> None:
+        """Add ``record``; it reaches ``metrics.jsonl`` with the next commit."""
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.records.append(record)
         if self.writer is not None:
             for key, value in record.items():
                 if key != "epoch" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["epoch"])
+
+    def text(self) -> str:
+        return "".join(json.dumps(r) + "\n" for r in self.records)
 
     def close(self) -> None:
         if self.writer is not None:

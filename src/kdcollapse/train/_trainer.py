@@ -25,16 +25,17 @@ from tqdm import tqdm
 from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
 from kdcollapse.data import Augment, make_loader
-from kdcollapse.distributed import all_reduce_sum, barrier, init_distributed, resolve_device
-from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.distributed import all_ranks_ok, all_reduce_sum, init_distributed, resolve_device
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import build_method, get_method
 from kdcollapse.models import create_model
-from kdcollapse.runs import MetricsLog, load_teacher, prepare_run_dir, run_dataset
+from kdcollapse.runs import MetricsLog, claim_run_dir, load_teacher, run_dataset, start_run_dir
 from kdcollapse.runs import _checkpoint as ckpt
+from kdcollapse.runs._run_dir import on_main_process
 
 
 class TrainingDiverged(KdcollapseError):
-    """The loss became NaN or infinite."""
+    """The loss, the weights or the evaluation became NaN or infinite."""
 
 
 @dataclass
@@ -88,6 +89,20 @@ def learning_rate(cfg: RunConfig, epoch_progress: float) -> float:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False):
+        self.run_files = None
+        try:
+            self._setup(cfg, resume, overwrite)
+        except BaseException:
+            self._release_run_dir()
+            raise
+
+    def _release_run_dir(self) -> None:
+        if self.run_files is not None:
+            self.run_files.release()
+
+    def _setup(self, cfg: RunConfig, resume: bool, overwrite: bool) -> None:
+        """Claim the run directory, build and check everything, and only then change the directory (so an
+        ``--overwrite`` with a bad config, data or teacher leaves the old run as it was)."""
         self.cfg = cfg
         self.dist = init_distributed("cuda" if "cuda" in cfg.train.device or (
             cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu")
@@ -95,7 +110,8 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=False)
             torch.backends.cudnn.benchmark = False
-        self.run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
+        self.run_dir = Path(cfg.run_dir)
+        self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
         self._build_data()
         seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
         self._build_method()
@@ -110,6 +126,7 @@ class Trainer:
         self.best_val_acc, self.last_val_acc = None, None
         if resume:
             self._load_checkpoint()
+        start_run_dir(cfg, self.run_files)
         self.log = MetricsLog(self.run_dir, start_epoch=self.start_epoch, enabled=self.dist.is_main,
                               tensorboard=cfg.train.tensorboard)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
@@ -176,24 +193,34 @@ class Trainer:
             "best_val_acc": self.best_val_acc, "selected_on": "test" if self.val_set is None else "val",
         }
 
-    def _save_checkpoint(self, epoch: int, improved: bool) -> None:
-        if not self.dist.is_main:
-            return
+    def _epoch_files(self, epoch: int, improved: bool) -> dict:
+        """The weight files of ``epoch``: the checkpoint, the inference model, and the best model if improved."""
         optim_tensors, optim_rest = ckpt.flatten_optimizer(self.optimizer.state_dict())
         tensors = {f"method.{k}": v for k, v in self.method.state_dict().items()}
         tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
         tensors |= {f"extra.{k}": v for k, v in self.method.extra_state().items()}
         meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest}
-        ckpt.save_tensors(self.run_dir / "checkpoint.safetensors", tensors, meta)
-        model_meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc,
-                                     val_acc=self.last_val_acc)
-        model = self.method.inference_model()
-        ckpt.save_model(self.run_dir / "model.safetensors", model, model_meta)
-        if improved:
-            ckpt.save_model(self.run_dir / "best.safetensors", model, model_meta)
+        model = ckpt.model_file(self.method.inference_model(),
+                                ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc,
+                                               val_acc=self.last_val_acc))
+        return {"checkpoint.safetensors": (tensors, meta), "model.safetensors": model,
+                **({"best.safetensors": model} if improved else {})}
+
+    def _save_checkpoint(self, epoch: int, improved: bool) -> None:
+        """Commit ``epoch`` (weights, metrics) in one step; a failure (a full disk) commits nothing."""
+        def commit() -> None:
+            try:
+                self.run_files.commit(epoch, self._epoch_files(epoch, improved), self.log.text())
+            except CheckpointError as err:
+                raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} still holds "
+                                      f"epoch {epoch - 1}: free space and resume it") from None
+
+        on_main_process(self.dist.is_main, commit, f"the main process could not save epoch {epoch}")
 
     def _load_checkpoint(self) -> None:
-        tensors, meta = ckpt.load_tensors(self.run_dir / "checkpoint.safetensors", device=self.device)
+        path = self.run_dir / "checkpoint.safetensors"
+        tensors, meta = ckpt.load_tensors(path, device=self.device)
+        ckpt.check_checkpoint_meta(meta, str(path))
         for key in ("model", "method", "dataset"):
             saved, wanted = meta.get(key), getattr(self.cfg, "data" if key == "dataset" else key).name
             if saved != wanted:
@@ -201,17 +228,45 @@ class Trainer:
                     f"cannot resume: the checkpoint in {self.run_dir} is for {key} '{saved}', the config asks "
                     f"for '{wanted}'"
                 )
-        ckpt.load_state(self.method, ckpt.split_prefix(tensors, "method."), f"{self.run_dir}/checkpoint.safetensors")
+        ckpt.load_state(self.method, ckpt.split_prefix(tensors, "method."), str(path))
         self.method.load_extra_state(ckpt.split_prefix(tensors, "extra."))
-        self.optimizer.load_state_dict(
-            ckpt.unflatten_optimizer(ckpt.split_prefix(tensors, "optim."), meta["optimizer"])
-        )
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        optimizer_state = ckpt.unflatten_optimizer(ckpt.split_prefix(tensors, "optim."), meta["optimizer"], params,
+                                                   str(path))
+        try:
+            self.optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: its optimizer state does not fit this run ({err})") from None
         self.start_epoch = meta["epoch"]
         self.best_acc, self.best_epoch, self.last_acc = meta["best_acc"], meta["best_epoch"], meta["last_acc"]
         self.best_val_acc = meta.get("best_val_acc")
+        on_main_process(self.dist.is_main, self._repair_model_files,
+                        f"the main process could not repair the model files of {self.run_dir}")
+
+    def _repair_model_files(self) -> None:
+        """Make ``model.safetensors`` and ``best.safetensors`` match the checkpoint: a crash between their
+        writes (runs of older versions) or a damaged file is re-derived from the checkpoint where the
+        checkpoint holds that epoch's weights, else the resume stops."""
+        epoch, files = self.start_epoch, self.run_files
+        for name, wanted in (("model.safetensors", epoch), ("best.safetensors", self.best_epoch)):
+            if wanted == 0 or (name not in files.damaged and files.file_epoch(name) == wanted):
+                continue
+            if wanted != epoch:
+                raise CheckpointError(
+                    f"cannot resume: {self.run_dir / name} should hold epoch {wanted} but is missing or damaged "
+                    f"(it holds epoch {files.file_epoch(name)}), and the checkpoint (epoch {epoch}) cannot restore it"
+                )
+            meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc)
+            files.replace_file(name, *ckpt.model_file(self.method.inference_model(), meta))
 
     # ---------------------------------------------------------------------------------- loop
     def run(self) -> RunResult:
+        try:
+            return self._run_epochs()
+        finally:
+            self._release_run_dir()
+
+    def _run_epochs(self) -> RunResult:
         cfg = self.cfg
         for epoch in range(self.start_epoch, cfg.train.epochs):
             seed_everything(cfg.seed, epoch, self.dist.rank)
@@ -231,9 +286,9 @@ class Trainer:
             record |= self._extra_epoch_metrics(epoch)
             if self.dist.enabled:
                 record["ranks_in_sync"] = self._ranks_in_sync()
+            self._check_epoch_is_good(epoch, record)
             self.log.write(record)
             self._save_checkpoint(epoch + 1, improved)
-            barrier()
         self.log.close()
         return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs,
                          self.best_val_acc, "test" if self.val_set is None else "val")
@@ -319,14 +374,34 @@ class Trainer:
     def _check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
         if not torch.isfinite(loss_sum).item():
             where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
-            kept = (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
-                    else "no checkpoint had been written yet")
             hint = self.method.divergence_hint
             raise TrainingDiverged(
-                f"the training loss became {loss_sum.item()} at or before {where}; {kept}. "
+                f"the training loss became {loss_sum.item()} at or before {where}; {self._kept(epoch)}. "
                 + (f"{hint}. " if hint else "") + "Lower optim.lr, set optim.grad_clip, or check the data"
             )
 
+    @torch.no_grad()
+    def _check_epoch_is_good(self, epoch: int, record: dict) -> None:
+        """An epoch is saved only with finite weights and a finite test loss: the loss check of the training
+        steps misses a blow-up in an epoch's last step, which would save 3e38 weights as a good checkpoint."""
+        state = {k: v for k, v in self.method.state_dict().items() if v.is_floating_point()}
+        finite = torch.stack([torch.isfinite(v).all() for v in state.values()]).cpu().tolist()
+        bad = next((name for name, ok in zip(state, finite) if not ok), None)
+        loss = record.get("test_loss", 0.0)
+        if all_ranks_ok(bad is None and math.isfinite(loss)):
+            return
+        what = (f"the weights ({bad}) are not finite" if bad else f"the test loss is {loss}" if not math.isfinite(loss)
+                else "another process found non-finite weights")
+        raise TrainingDiverged(
+            f"after epoch {epoch + 1} {what}; that epoch was not saved, {self._kept(epoch)}. "
+            "Lower optim.lr, set optim.grad_clip, or check the data"
+        )
+
+    def _kept(self, epoch: int) -> str:
+        return (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
+                else "no checkpoint had been written yet")
+
+    @torch.no_grad()
     def _evaluate(self) -> dict:
         """``test_acc``/``test_loss``, and ``val_acc``/``val_loss`` when the run has a validation split."""
         record = self._evaluate_split(self.test_loader, "test")
