@@ -19,6 +19,7 @@ from kdcollapse.methods import FrozenTeacher, build_method, list_methods
 from kdcollapse.methods._dual_head import align_gradients
 from kdcollapse.models import create_model
 from kdcollapse.train import fit, load_model, load_tensors
+from kdcollapse.train._distributed import distributed_teardown
 
 K, D = 5, 9  # classes; input values (a 1x3x3 "image" for the mlp)
 DISTILLERS = ["kd", "dkd", "ce_binarykl", "dkl_kd", "dhkd", "dual_head_kd", "ikl_kd"]
@@ -296,22 +297,22 @@ def _ddp_worker(rank, port, out_dir):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    results = {}
-    x, y = batch(16)
-    for alignment in ("global", "shared"):
-        m, _, y_conflict = conflicting_setup(alignment)
-        model = DistributedDataParallel(m)
-        half = slice(8 * rank, 8 * rank + 8)
-        with model.no_sync():  # what the trainer does for manual_gradient_sync methods
-            out = model(x[half], y_conflict[half])
-            m.backward(out, identity)
-        results[alignment] = torch.cat([p.grad.flatten() for p in m.parameters()])
-    m = make("ikl_kd")
-    m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
-    m.on_epoch_end(0)
-    results["ikl"] = m.class_weights
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    with distributed_teardown():
+        results = {}
+        x, y = batch(16)
+        for alignment in ("global", "shared"):
+            m, _, y_conflict = conflicting_setup(alignment)
+            model = DistributedDataParallel(m)
+            half = slice(8 * rank, 8 * rank + 8)
+            with model.no_sync():  # what the trainer does for manual_gradient_sync methods
+                out = model(x[half], y_conflict[half])
+                m.backward(out, identity)
+            results[alignment] = torch.cat([p.grad.flatten() for p in m.parameters()])
+        m = make("ikl_kd")
+        m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
+        m.on_epoch_end(0)
+        results["ikl"] = m.class_weights
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
 
 def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):

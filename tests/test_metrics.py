@@ -32,6 +32,7 @@ from kdcollapse.metrics import (
 )
 from kdcollapse.geometry import softmax_code_optimum
 from kdcollapse.metrics.functional import collapse_metrics_from_features
+from kdcollapse.train._distributed import distributed_teardown
 
 REPO = Path(__file__).resolve().parents[1]
 # (np.testing rather than torch.testing.assert_close, whose first call costs seconds of lazy imports)
@@ -531,7 +532,7 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     if module is not None:
         sys.modules["kdcollapse.geometry"] = module
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with distributed_teardown():
         h, y, w = _distributed_data()
         stats = FeatureStatistics(5, 6)
         results = {}
@@ -543,8 +544,6 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results[f"phase{phase}"] = collapse_metrics(stats, w)
         results["compute"] = stats.compute()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path, geometry):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -56,9 +59,46 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown_distributed() -> None:
-    """Wait for every process, then destroy the process group (a no-op for one process). Without it each
-    rank tears down its connections at interpreter exit, and a rank whose peer has already gone can abort."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+# How long a rank that failed waits for its peers before leaving anyway (gloo only): they may be blocked in
+# another collective, and they fail as soon as this process has gone.
+FAILURE_WAIT = timedelta(seconds=10)
+
+
+def shutdown_distributed(failed: bool = False) -> None:
+    """Leave the process group together: a barrier, then ``destroy_process_group`` (no-op without a group).
+
+    Without it each rank closes its connections when its interpreter exits, at its own time; a rank whose
+    peer has already closed them, or whose TCPStore host has gone, can abort at exit ("terminate called
+    without an active exception"). ``failed=True`` (this rank is leaving on an error) waits at most
+    ``FAILURE_WAIT`` (gloo) or not at all (NCCL), because the peers may never reach the barrier.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if not failed:
+            dist.barrier()
+        elif dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=FAILURE_WAIT)
+    except RuntimeError:  # DistBackendError: a peer has gone or is stuck elsewhere; the original error counts
+        if not failed:
+            raise
+    finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def distributed_teardown() -> Iterator[None]:
+    """Run a block of distributed work, then :func:`shutdown_distributed` on every exit path.
+
+    The one teardown used by the command line and by the multi-process tests::
+
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        with distributed_teardown():
+            ...
+    """
+    try:
+        yield
+    except BaseException:
+        shutdown_distributed(failed=True)
+        raise
+    shutdown_distributed()

@@ -44,10 +44,10 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from kdcollapse.train._distributed import shutdown_distributed
+    from kdcollapse.train._distributed import distributed_teardown
 
-    _train(args)
-    shutdown_distributed()  # every rank got here: leave the process group together, not at interpreter exit
+    with distributed_teardown():  # leave the process group together, not each rank at its interpreter exit
+        _train(args)
     return 0
 
 
