@@ -1,0 +1,164 @@
+"""Bad input of every kind gives one clear error line before any work starts (issue 12, items 7-11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kdcollapse.cli import main
+from kdcollapse.config import RunConfig, check_config, config_to_dict, load_config, save_config
+from kdcollapse.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------------
+# Config values are range-checked (item 7)
+# ---------------------------------------------------------------------------------------------------
+
+# One invalid value for every field of the run config (the `method:` section is checked by each method).
+INVALID = {
+    "run_dir": '""',
+    "seed": str(2**64),
+    "data.name": "nope",
+    "data.root": '""',
+    "data.batch_size": "0",
+    "data.eval_batch_size": "-1",
+    "data.crop_padding": "-1",
+    "data.flip": "maybe",
+    "data.classes": "[]",
+    "data.train_per_class": "0",
+    "data.test_per_class": "0",
+    "data.num_workers": "-1",
+    "model.name": "resnet",
+    "model.num_classes": "0",
+    "model.kwargs": "{1: 2}",
+    "teacher.checkpoint": '""',
+    "teacher.model": "nope",
+    "teacher.weights": '""',
+    "optim.lr": "-0.1",
+    "optim.momentum": "1",
+    "optim.nesterov": "maybe",
+    "optim.weight_decay": "-1e-4",
+    "optim.grad_clip": "-1",
+    "schedule.name": "step",
+    "schedule.milestones": "[30, 20]",
+    "schedule.gamma": "-1",
+    "schedule.warmup_epochs": "-1",
+    "schedule.min_lr": "-1",
+    "train.epochs": "0",
+    "train.eval_every": "0",
+    "train.label_smoothing": "2",
+    "train.amp": "fp8",
+    "train.channels_last": "maybe",
+    "train.compile": "maybe",
+    "train.deterministic": "maybe",
+    "train.device": "tpu9",
+    "train.progress": "maybe",
+    "train.tensorboard": "maybe",
+    "analysis.every": "-1",
+    "analysis.train_per_class": "0",
+}
+
+# The issue's further cases: values of the right type that are out of range, and ranges across fields.
+FURTHER = [
+    (["schedule.gamma=1e300"], "'schedule.gamma' must be in (0, 1]; got 1e+300"),
+    (["optim.lr=.nan"], "'optim.lr' must be > 0; got nan"),
+    (["optim.lr=.inf"], "'optim.lr' must be > 0; got inf"),
+    (["seed=-1"], "'seed' must be in [0, 2**64 - 1] (64 bits); got -1"),
+    (["data.classes=[0, 3, 0]"], "'data.classes' must be a non-empty list of distinct class indices >= 0 or null"),
+    (["data.classes=[-1]"], "'data.classes' must be"),
+    (["train.device=cuda:x"], "'train.device' must be auto, cpu, cuda, cuda:N or mps; got 'cuda:x'"),
+    (["optim.lr=0.1", "schedule.min_lr=0.2"], "schedule.min_lr=0.2, optim.lr=0.1: need schedule.min_lr <= optim.lr"),
+    (["optim.momentum=0", "optim.nesterov=true"], "need optim.momentum > 0 when optim.nesterov is true"),
+]
+
+
+def leaf_keys(node, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if f.name == "method":
+            continue
+        keys += leaf_keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+    return keys
+
+
+def test_the_table_covers_every_field_and_the_defaults_are_valid():
+    assert sorted(INVALID) == sorted(leaf_keys(RunConfig()))
+    check_config(RunConfig())
+    for key in ("train.device=cuda:1", "train.device=mps", "data.train_per_class=null", "schedule.milestones=[]",
+                "schedule.gamma=1", "optim.momentum=0", "schedule.min_lr=0.05"):
+        load_config(None, [key])  # edges of the ranges are valid
+
+
+@pytest.mark.parametrize("key", sorted(INVALID))
+def test_every_field_rejects_an_invalid_value(key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={INVALID[key]}"])
+    message = str(err.value)
+    assert f"'{key}'" in message and "got" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("overrides, message", FURTHER)
+def test_out_of_range_values_and_relations(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+
+
+def test_the_yaml_file_is_checked_like_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  epochs: 0\n")
+    with pytest.raises(ConfigError, match=r"'train.epochs' must be >= 1; got 0"):
+        load_config(path)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder`` with its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("command, key", [
+    ("train", "train.epochs"), ("train", "optim.lr"), ("train", "train.device"), ("train", "seed"),
+    ("distill", "schedule.gamma"), ("train", "data.train_per_class"), ("train", "train.eval_every"),
+])  # fmt: skip
+def test_the_cli_exits_2_with_one_line_and_touches_nothing(tmp_path, capsys, monkeypatch, command, key):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("{}\n")
+    old = tmp_path / "old_run"
+    old.mkdir()
+    save_config(load_config(None, [f"run_dir={old}"]), old / "config.yaml")
+    (old / "model.safetensors").write_bytes(b"weights of a week")
+    before = snapshot(tmp_path)
+    override = f"{key}={INVALID[key]}"
+    attempts = (
+        ["--config", "c.yaml", f"run_dir={tmp_path / 'new_run'}", override],
+        ["--config", "c.yaml", f"run_dir={old}", "--overwrite", override],
+        ["--resume", str(old), override],
+    )
+    for args in attempts:
+        assert main([command, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and f"'{key}'" in err, err
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["c.yaml", "old_run"]
+
+
+def test_config_files_that_cannot_be_read(tmp_path, capsys):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("run_dir: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(invalid byte at offset 12\)"):
+        load_config(latin1)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("optim: {lr: [1, 2}\n")
+    for path in (latin1, broken):
+        assert main(["train", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: config file") and err.count("\n") == 1, err
+
+
+def test_a_saved_config_loads_back_valid(tmp_path):
+    cfg = load_config(None, ["data.train_per_class=5", "schedule.milestones=[2, 4]"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert config_to_dict(load_config(tmp_path / "c.yaml")) == yaml.safe_load((tmp_path / "c.yaml").read_text())
