@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 import yaml
+from test_data import write_jpeg
 
 from kdcollapse.cli import main
 from kdcollapse.config import RunConfig, check_config, config_to_dict, load_config, save_config
-from kdcollapse.errors import ConfigError
+from kdcollapse.data import load_dataset, make_loader
+from kdcollapse.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------------
 # Config values are range-checked (item 7)
@@ -162,3 +167,89 @@ def test_a_saved_config_loads_back_valid(tmp_path):
     cfg = load_config(None, ["data.train_per_class=5", "schedule.milestones=[2, 4]"])
     save_config(cfg, tmp_path / "c.yaml")
     assert config_to_dict(load_config(tmp_path / "c.yaml")) == yaml.safe_load((tmp_path / "c.yaml").read_text())
+
+
+# ---------------------------------------------------------------------------------------------------
+# image_folder: classes matched by name; bad images are one-line errors (items 8, 9)
+# ---------------------------------------------------------------------------------------------------
+
+
+def image_folder(root: Path, classes: dict[str, tuple[str, ...]]) -> Path:
+    """``root/<split>/<class>/<i>.png`` (or ``.jpg``) for ``classes = {split: class names}``; returns root."""
+    for split, names in classes.items():
+        for c, name in enumerate(names):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(2):
+                write_jpeg(root / split / name / f"{i}.{'png' if i else 'jpg'}", (12, 10), seed=10 * c + i)
+    return root
+
+
+def test_test_split_is_labelled_by_the_training_class_names(tmp_path):
+    root = image_folder(tmp_path, {"train": ("ant", "bee", "cat"), "test": ("ant", "bee", "cat")})
+    train = load_dataset("image_folder", "train", root=root, image_size=8)
+    test = load_dataset("image_folder", "test", root=root, image_size=8)
+    assert train.classes == test.classes == ["ant", "bee", "cat"]
+    assert [(Path(p).parent.name, y) for p, y in test.samples] == [("ant", 0), ("ant", 0), ("bee", 1), ("bee", 1),
+                                                                   ("cat", 2), ("cat", 2)]
+
+
+@pytest.mark.parametrize("train, test, message", [
+    (("ant", "bee", "cat"), ("ant", "cat"), r"test: class folders differ from the training split's: missing 1 \(bee\)$"),
+    (("ant", "bee"), ("ant", "bee", "cow"), r"not in the training split 1 \(cow\)$"),
+    (("ant", "bee"), ("bee", "cow"), r"missing 1 \(ant\); not in the training split 1 \(cow\)$"),
+])  # fmt: skip
+def test_class_mismatch_between_splits_is_an_error(tmp_path, train, test, message):
+    root = image_folder(tmp_path, {"train": train, "test": test})
+    load_dataset("image_folder", "train", root=root)
+    with pytest.raises(DataError, match=message):
+        load_dataset("image_folder", "test", root=root)
+
+
+def test_empty_class_folders_are_an_error(tmp_path):
+    root = image_folder(tmp_path, {"train": ("ant", "bee"), "val": ("ant", "bee")})
+    for split in ("train", "val"):
+        (root / split / "cow").mkdir()
+        (root / split / "dog").mkdir()
+        (root / split / "dog" / "notes.txt").write_text("no image here")
+    with pytest.raises(DataError, match=r"train: class folders without images: 2 \(cow, dog\)$"):
+        load_dataset("image_folder", "train", root=root)
+    with pytest.raises(DataError, match=r"val: class folders without images: 2 \(cow, dog\)$"):
+        load_dataset("image_folder", "test", root=root)
+
+
+def test_imagenet_val_classes_are_matched_by_name_too(tmp_path):
+    root = image_folder(tmp_path, {"train": ("n01", "n02"), "val": ("n01", "n03")})
+    with pytest.raises(DataError, match=r"missing 1 \(n02\); not in the training split 1 \(n03\)"):
+        load_dataset("imagenet", "test", root=root)
+
+
+def png_bomb(path: Path, side: int = 100_000) -> Path:
+    """A valid 1-bit PNG header announcing ``side`` x ``side`` pixels, with a tiny compressed body."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    body = zlib.compress(b"\0" * (side // 8 + 1) * 64)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("bad, message", [
+    (lambda p: p.write_bytes(b"not a picture at all"), r"cannot decode image \(UnidentifiedImageError: "),
+    (lambda p: p.write_bytes(p.read_bytes()[:-100]), r"cannot decode image \(OSError: ([Tt]runcated|image file is truncated)"),
+    (png_bomb, r"refused as a possible decompression bomb \(Image size \(10000000000 pixels\) exceeds limit"),
+])  # fmt: skip
+def test_a_bad_image_is_one_line_naming_the_file(tmp_path, workers, bad, message):
+    root = image_folder(tmp_path, {"train": ("ant", "bee")})
+    path = root / "train" / "bee" / "0.jpg"
+    bad(path)
+    train = load_dataset("image_folder", "train", root=root, image_size=8)
+    loader = make_loader(train, 2, train=False, device="cpu", seed=0, num_workers=workers)
+    with pytest.raises(DataError) as err:
+        list(loader)
+    assert str(err.value).startswith(f"{path}: ") and "\n" not in str(err.value), str(err.value)
+    assert re.search(message, str(err.value)), str(err.value)
+    assert len(list(make_loader(train.subset(indices=[0, 1, 3]), 2, train=False, device="cpu", seed=0,
+                                num_workers=workers))) == 2  # the good images still load
