@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import http.server
 import os
 import re
 import struct
+import threading
+import time
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -15,7 +20,8 @@ from test_data import write_jpeg
 
 from kdcollapse.cli import main
 from kdcollapse.config import RunConfig, check_config, config_to_dict, load_config, save_config
-from kdcollapse.data import load_dataset, make_loader
+from kdcollapse.data import download_file, load_dataset, make_loader
+from kdcollapse.data._idx import read_idx
 from kdcollapse.errors import ConfigError, DataError
 
 # ---------------------------------------------------------------------------------------------------
@@ -253,3 +259,131 @@ def test_a_bad_image_is_one_line_naming_the_file(tmp_path, workers, bad, message
     assert re.search(message, str(err.value)), str(err.value)
     assert len(list(make_loader(train.subset(indices=[0, 1, 3]), 2, train=False, device="cpu", seed=0,
                                 num_workers=workers))) == 2  # the good images still load
+
+
+# ---------------------------------------------------------------------------------------------------
+# Downloads keep to the known size and a deadline; IDX reading is bounded by the header (item 10)
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """``/flood/N``: endless bytes (at most 64 MB), announcing ``N``, or nothing for ``N = 0``;
+    ``/drip``: one byte every 50 ms (at most 5 s); ``/short/N``: ``N`` bytes, no length, then close."""
+
+    sent: dict[str, int] = {}
+
+    def do_GET(self):  # noqa: N802
+        kind, _, arg = self.path.strip("/").partition("/")
+        self.send_response(200)
+        if kind == "flood" and int(arg):
+            self.send_header("Content-Length", arg)
+        self.end_headers()
+        sent, chunk = 0, b"x" * (64 << 10) if kind == "flood" else b"x"
+        limit = {"flood": 64 << 20, "drip": 100, "short": int(arg or 0)}[kind]
+        try:
+            while sent < limit:
+                piece = chunk[: limit - sent]
+                self.wfile.write(piece)
+                self.wfile.flush()
+                sent += len(piece)
+                if kind == "drip":
+                    time.sleep(0.05)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client hung up, as it should
+        self.sent[self.path] = sent
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+ANY = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/flood/200000000", "the server announces 200000000 bytes, expected 5000"),
+    ("/flood/0", "the server sent more than the expected 5000 bytes"),
+    ("/short/4000", "connection closed after 4000 of 5000 bytes"),
+])  # fmt: skip
+def test_downloads_stop_at_the_known_size(hostile, tmp_path, path, message):
+    with pytest.raises(DataError, match=f"{path}: ConnectionError: {message}$"):
+        download_file([hostile + path], tmp_path / "f.bin", ANY, size=5000, progress=False, timeout=5)
+    assert list(tmp_path.iterdir()) == []
+    _Hostile.sent.pop(path, None)
+
+
+def test_a_flood_without_a_known_size_is_cut_off_early(hostile, tmp_path):
+    with pytest.raises(DataError, match="sent more than the expected 5000 bytes"):
+        download_file([hostile + "/flood/0"], tmp_path / "f.bin", ANY, size=5000, progress=False, timeout=5)
+    deadline = time.monotonic() + 5
+    while "/flood/0" not in _Hostile.sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _Hostile.sent["/flood/0"] < 16 << 20  # what the socket buffers took before the hang-up, not 64 MB
+
+
+def test_the_deadline_bounds_a_slow_server(hostile, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"/drip: TimeoutError: deadline passed after \d+ of 100 bytes\n.*"
+                                        r"/drip: not tried, the deadline of 0.3 s has passed"):
+        download_file([hostile + "/drip", hostile + "/drip"], tmp_path / "f.bin", ANY, size=100, progress=False,
+                      timeout=5, deadline=0.3)
+    assert time.monotonic() - start < 2  # the whole drip would take 5 s
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_part_files_are_removed_and_live_ones_kept(hostile, tmp_path):
+    import fcntl
+
+    stale = tmp_path / ".f.bin.abc123.part"
+    stale.write_bytes(b"left by kill -9")
+    live = tmp_path / ".f.bin.def456.part"
+    live.write_bytes(b"another process is writing")
+    other = tmp_path / ".g.bin.abc123.part"
+    other.write_bytes(b"another file's")
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the downloading process holds it
+        with pytest.raises(DataError):
+            download_file([hostile + "/short/10"], tmp_path / "f.bin", ANY, size=10, progress=False, timeout=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".f.bin.def456.part", ".g.bin.abc123.part"]
+
+
+def gzip_bomb(path: Path, header: bytes, members: int) -> Path:
+    """A valid IDX header followed by ``members`` gzip members of 64 MB of zeros each (~64 kB compressed)."""
+    member = gzip.compress(bytes(64 << 20), compresslevel=9)
+    with open(path, "wb") as f:
+        f.write(gzip.compress(header))
+        for _ in range(members):
+            f.write(member)
+    return path
+
+
+def test_read_idx_stops_a_gzip_bomb_at_the_size_the_header_implies(tmp_path):
+    header = bytes([0, 0, 0x08, 3]) + struct.pack(">III", 10, 28, 28)  # 7840 bytes of pixels
+    path = gzip_bomb(tmp_path / "bomb-idx3-ubyte.gz", header, members=16)  # ~1 MB expanding to 1 GB
+    assert path.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"has trailing bytes: more than the 7856 bytes the header \(10, 28, 28\)"):
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # the whole expansion would be 1 GB
+
+
+def test_read_idx_refuses_a_header_implying_too_much(tmp_path):
+    path = tmp_path / "huge-idx3-ubyte"
+    path.write_bytes(bytes([0, 0, 0x08, 3]) + struct.pack(">III", 2**20, 2**10, 2**10) + b"\0" * 10)
+    with pytest.raises(DataError, match=r"the header \(1048576, 1024, 1024\) implies 1099511627776 bytes, more "
+                                        r"than the limit of 4294967296"):
+        read_idx(path)
