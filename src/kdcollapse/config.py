@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from kdcollapse.errors import ConfigError
+from kdcollapse.errors import ConfigError, unknown_choice
 
 
 # --- valid ranges -----------------------------------------------------------------------------------
@@ -31,11 +31,12 @@ from kdcollapse.errors import ConfigError
 
 @dataclass(frozen=True)
 class Rule:
-    """The valid values of a field beyond its type: ``test(value)`` and ``text``, the range in words.
-    ``text`` may be a callable for ranges known only at run time (registered names)."""
+    """The valid values of a field beyond its type: ``test(value)`` and ``text``, the range in words
+    (a callable for ranges known only at run time); ``explain(value)``, if given, words the error."""
 
     text: str | Callable[[], str]
     test: Callable[[Any], bool]
+    explain: Callable[[Any], str] | None = None
 
     def describe(self) -> str:
         return self.text() if callable(self.text) else self.text
@@ -83,7 +84,8 @@ def registered(kind: str) -> Rule:
 
         return sorted(list_models())
 
-    return Rule(lambda: f"a registered {kind}: {', '.join(names())}", lambda v: v in names())
+    return Rule(lambda: f"a registered {kind}: {', '.join(names())}", lambda v: v in names(),
+                lambda v: unknown_choice(kind, v, names()))
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -129,7 +131,7 @@ class TeacherConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = valid(0.05, interval(0, open_low=True))  # at the configured batch size; no automatic scaling
+    lr: float = valid(0.05, AT_LEAST_0)  # at the configured batch size; no automatic scaling; 0 freezes the weights
     momentum: float = valid(0.9, interval(0, 1, open_high=True))
     nesterov: bool = False  # needs momentum > 0
     weight_decay: float = valid(5e-4, AT_LEAST_0)  # on every parameter, as in the papers' official code
@@ -204,9 +206,12 @@ def _check_fields(node, prefix: str) -> None:
         if f.name != "method" and dataclasses.is_dataclass(value):
             _check_fields(value, key + ".")
         rule = f.metadata.get("valid")
-        if rule is not None and value is not None and not rule.test(value):
-            null = " or null" if _optional(node, f.name) else ""
-            raise ConfigError(f"'{key}' must be {rule.describe()}{null}; got {value!r}")
+        if rule is None or value is None or rule.test(value):
+            continue
+        if rule.explain is not None:
+            raise ConfigError(f"{key}: {rule.explain(value)}")
+        null = " or null" if _optional(node, f.name) else ""
+        raise ConfigError(f"{key} must be {rule.describe()}{null}, got {value!r}")
 
 
 def _optional(node, name: str) -> bool:
