@@ -22,8 +22,8 @@ import pytest
 class Repeat:
     """A pytest plugin: every collected test runs ``runs`` times; outcomes are tallied per node id."""
 
-    def __init__(self, runs: int):
-        self.runs = runs
+    def __init__(self, runs: int, log: str | None):
+        self.runs, self.log = runs, log
         self.outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.first_failure: dict[str, str] = {}
 
@@ -38,21 +38,28 @@ class Repeat:
     def pytest_runtest_logreport(self, report):
         if report.when != "call" and report.passed:
             return
-        counts = self.outcomes[re.sub(r"-?soak\d+", "", report.nodeid).replace("[]", "")]
+        node = re.sub(r"-?soak\d+", "", report.nodeid).replace("[]", "")
+        counts = self.outcomes[node]
         if report.when == "call" or report.failed:
             counts[report.outcome] += 1
+        abort = False
         if report.failed:
             text = str(report.longrepr)
-            counts["abort"] += "SIGABRT" in text or "terminate called" in text
+            abort = "SIGABRT" in text or "terminate called" in text
+            counts["abort"] += abort
             self.first_failure.setdefault(report.nodeid, text[-1500:])
+        if self.log:  # one line per run, so that the counts survive a soak that is stopped early
+            with open(self.log, "a") as f:
+                f.write(f"{node} {report.when} {report.outcome}{' abort' if abort else ''}\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--log", help="append one line per run to this file")
     parser.add_argument("node_ids", nargs="+")
     args = parser.parse_args()
-    plugin = Repeat(args.runs)
+    plugin = Repeat(args.runs, args.log)
     start = time.perf_counter()
     pytest.main(["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *args.node_ids], plugins=[plugin])
     minutes = (time.perf_counter() - start) / 60

@@ -292,27 +292,33 @@ def _free_port():
 
 def _ddp_worker(rank, port, out_dir):
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     with distributed_teardown():
-        results = {}
-        x, y = batch(16)
-        for alignment in ("global", "shared"):
-            m, _, y_conflict = conflicting_setup(alignment)
-            model = DistributedDataParallel(m)
-            half = slice(8 * rank, 8 * rank + 8)
-            with model.no_sync():  # what the trainer does for manual_gradient_sync methods
-                out = model(x[half], y_conflict[half])
-                m.backward(out, identity)
-            results[alignment] = torch.cat([p.grad.flatten() for p in m.parameters()])
-        m = make("ikl_kd")
-        m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
-        m.on_epoch_end(0)
-        results["ikl"] = m.class_weights
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(_ddp_results(rank), Path(out_dir) / f"rank{rank}.pt")
+
+
+def _ddp_results(rank):
+    """This rank's gradients and IKL class weights (the DDP modules are gone when it returns)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    results = {}
+    x, y = batch(16)
+    for alignment in ("global", "shared"):
+        m, _, y_conflict = conflicting_setup(alignment)
+        model = DistributedDataParallel(m)
+        half = slice(8 * rank, 8 * rank + 8)
+        with model.no_sync():  # what the trainer does for manual_gradient_sync methods
+            out = model(x[half], y_conflict[half])
+            m.backward(out, identity)
+        results[alignment] = torch.cat([p.grad.flatten() for p in m.parameters()])
+    m = make("ikl_kd")
+    m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
+    m.on_epoch_end(0)
+    results["ikl"] = m.class_weights
+    return results
 
 
 def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):

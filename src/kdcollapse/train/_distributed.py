@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,9 +68,12 @@ FAILURE_WAIT = timedelta(seconds=10)
 def shutdown_distributed(failed: bool = False) -> None:
     """Leave the process group together: a barrier, then ``destroy_process_group`` (no-op without a group).
 
-    Without it each rank closes its connections when its interpreter exits, at its own time; a rank whose
-    peer has already closed them, or whose TCPStore host has gone, can abort at exit ("terminate called
-    without an active exception"). ``failed=True`` (this rank is leaving on an error) waits at most
+    Without it a rank can leave while collectives are still in flight (its own, or a peer's that needs
+    it), and the gloo threads finish them during interpreter finalization; a C++ thread that then needs
+    the GIL is ended by CPython with ``pthread_exit``, which aborts the process ("terminate called
+    without an active exception"). After the barrier nothing is in flight; ``gc.collect()`` then frees
+    objects in reference cycles that hold the group (a DDP module's reducer), so its threads are joined
+    now, not at finalization. ``failed=True`` (this rank is leaving on an error) waits at most
     ``FAILURE_WAIT`` (gloo) or not at all (NCCL), because the peers may never reach the barrier.
     """
     if not (dist.is_available() and dist.is_initialized()):
@@ -84,6 +88,7 @@ def shutdown_distributed(failed: bool = False) -> None:
             raise
     finally:
         dist.destroy_process_group()
+        gc.collect()
 
 
 @contextmanager
