@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import http.server
@@ -390,3 +391,35 @@ def test_read_idx_refuses_a_header_implying_too_much(tmp_path):
     with pytest.raises(DataError, match=r"the header \(1048576, 1024, 1024\) implies 1099511627776 bytes, more "
                                         r"than the limit of 4294967296"):
         read_idx(path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Leaving the process group (item 11; the multi-process tests themselves use distributed_teardown)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_distributed_teardown_waits_then_destroys_the_group_on_every_exit_path(tmp_path, monkeypatch, fail):
+    """Normal exit: a barrier, then destroy. On an error: a barrier bounded by FAILURE_WAIT, then destroy."""
+    import torch
+    import torch.distributed as dist
+
+    from kdcollapse.train._distributed import FAILURE_WAIT, distributed_teardown
+
+    calls = []
+    for name in ("barrier", "monitored_barrier", "destroy_process_group"):
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, real=real, name=name, **kw: calls.append((name, kw)) or real(*a, **kw))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(DataError) if fail else contextlib.nullcontext():
+            with distributed_teardown():
+                dist.all_reduce(torch.ones(1))
+                if fail:
+                    raise DataError("this rank failed")
+        assert not dist.is_initialized()
+        wait = ("monitored_barrier", {"timeout": FAILURE_WAIT}) if fail else ("barrier", {})
+        assert calls == [wait, ("destroy_process_group", {})]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
