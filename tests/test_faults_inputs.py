@@ -412,11 +412,10 @@ def test_distributed_teardown_waits_then_destroys_the_group_on_every_exit_path(t
         monkeypatch.setattr(dist, name, lambda *a, real=real, name=name, **kw: calls.append((name, kw)) or real(*a, **kw))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        with pytest.raises(DataError) if fail else contextlib.nullcontext():
-            with distributed_teardown():
-                dist.all_reduce(torch.ones(1))
-                if fail:
-                    raise DataError("this rank failed")
+        with pytest.raises(DataError) if fail else contextlib.nullcontext(), distributed_teardown():
+            dist.all_reduce(torch.ones(1))
+            if fail:
+                raise DataError("this rank failed")
         assert not dist.is_initialized()
         wait = ("monitored_barrier", {"timeout": FAILURE_WAIT}) if fail else ("barrier", {})
         assert calls == [wait, ("destroy_process_group", {})]

@@ -12,6 +12,7 @@ checked) by the chosen method's own ``Config`` dataclass.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import types
@@ -24,7 +25,6 @@ from typing import Any, Literal
 import yaml
 
 from kdcollapse.errors import ConfigError, unknown_choice
-
 
 # --- valid ranges -----------------------------------------------------------------------------------
 
@@ -60,16 +60,12 @@ def interval(low: float | None = None, high: float | None = None, *, open_low: b
     return Rule(text, test)
 
 
-def each(rule: Rule, *, order: str = "") -> Rule:
-    """A list whose items all satisfy ``rule``; ``order="distinct"`` or ``"increasing"`` (strictly)."""
-    ordered = {"": lambda v: True, "distinct": lambda v: len(set(v)) == len(v),
-               "increasing": lambda v: all(a < b for a, b in zip(v, v[1:]))}[order]
-    words = {"": "", "distinct": ", distinct", "increasing": ", strictly increasing"}[order]
-    return Rule(lambda: f"a list of numbers {rule.describe()}{words}", lambda v: all(map(rule.test, v)) and ordered(v))
-
-
-def non_empty(what: str = "a non-empty string") -> Rule:
-    return Rule(what, lambda v: len(v) > 0)
+def each(rule: Rule, order: Literal["distinct", "increasing"]) -> Rule:
+    """A list whose items all satisfy ``rule`` and are distinct, or strictly increasing."""
+    ordered = {"distinct": lambda v: len(set(v)) == len(v),
+               "increasing": lambda v: all(a < b for a, b in itertools.pairwise(v))}[order]
+    words = {"distinct": "distinct", "increasing": "strictly increasing"}[order]
+    return Rule(f"a list of numbers {rule.describe()}, {words}", lambda v: all(map(rule.test, v)) and ordered(v))
 
 
 def registered(kind: str) -> Rule:
@@ -90,6 +86,7 @@ def registered(kind: str) -> Rule:
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 AT_LEAST_1, AT_LEAST_0 = interval(1), interval(0)
+NON_EMPTY = Rule("a non-empty string", lambda v: len(v) > 0)
 
 
 def valid(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, factory: Any = dataclasses.MISSING):
@@ -100,14 +97,14 @@ def valid(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, facto
 @dataclass
 class DataConfig:
     name: str = valid("fashion_mnist", registered("dataset"))
-    root: str | None = valid(None, non_empty())  # None: search the default paths (see `kdcollapse data list`)
+    root: str | None = valid(None, NON_EMPTY)  # None: search the default paths (see `kdcollapse data list`)
     batch_size: int = valid(128, AT_LEAST_1)  # per process
     eval_batch_size: int = valid(512, AT_LEAST_1)
     crop_padding: int = valid(0, AT_LEAST_0)  # random crop with this zero padding (pixels); 0 disables
     flip: bool = False  # random horizontal flip
     # keep only these classes, relabelled 0..K'-1 in this order; None: all
     classes: list[int] | None = valid(None, Rule("a non-empty list of distinct class indices >= 0",
-                                                 lambda v: len(v) > 0 and each(AT_LEAST_0, order="distinct").test(v)))
+                                                 lambda v: len(v) > 0 and each(AT_LEAST_0, "distinct").test(v)))
     train_per_class: int | None = valid(None, AT_LEAST_1)  # balanced training subset (samples per class); None: all
     test_per_class: int | None = valid(None, AT_LEAST_1)  # None: all
     num_workers: int = valid(4, AT_LEAST_0)  # decoding processes, folder datasets only; 0: in the main process
@@ -124,9 +121,9 @@ class ModelConfig:
 
 @dataclass
 class TeacherConfig:
-    checkpoint: str | None = valid(None, non_empty())  # run directory of `kdcollapse train` (its model.safetensors)
+    checkpoint: str | None = valid(None, NON_EMPTY)  # run directory of `kdcollapse train` (its model.safetensors)
     model: str | None = valid(None, registered("model"))  # or: a registered model name ...
-    weights: str | None = valid(None, non_empty())  # ... plus a safetensors file of its weights
+    weights: str | None = valid(None, NON_EMPTY)  # ... plus a safetensors file of its weights
 
 
 @dataclass
@@ -142,7 +139,7 @@ class OptimConfig:
 class ScheduleConfig:
     name: Literal["multistep", "cosine", "constant"] = "multistep"
     # epochs (multistep)
-    milestones: list[int] = valid(rule=each(AT_LEAST_1, order="increasing"), factory=lambda: [150, 180, 210])
+    milestones: list[int] = valid(rule=each(AT_LEAST_1, "increasing"), factory=lambda: [150, 180, 210])
     gamma: float = valid(0.1, interval(0, 1, open_low=True))  # multistep factor
     warmup_epochs: float = valid(0.0, AT_LEAST_0)  # linear warm-up from 0, per step
     min_lr: float = valid(0.0, AT_LEAST_0)  # cosine floor, <= optim.lr
@@ -170,7 +167,7 @@ class AnalysisConfig:
 
 @dataclass
 class RunConfig:
-    run_dir: str = valid("runs/default", non_empty())
+    run_dir: str = valid("runs/default", NON_EMPTY)
     seed: int = valid(0, Rule("in [0, 2**64 - 1] (64 bits)", interval(0, 2**64 - 1).test))
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
