@@ -265,6 +265,19 @@ def test_a_bad_image_is_one_line_naming_the_file(tmp_path, workers, bad, message
                                 num_workers=workers))) == 2  # the good images still load
 
 
+@pytest.mark.slow
+def test_training_on_an_undecodable_image_with_workers_is_one_error_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image_folder(tmp_path / "data", {"train": ("ant", "bee"), "test": ("ant", "bee")})
+    (tmp_path / "data" / "train" / "bee" / "1.png").write_bytes(b"garbage")
+    (tmp_path / "c.yaml").write_text("{}\n")
+    assert main(["train", "--config", "c.yaml", "data.name=image_folder", "data.root=data", "model.name=convnet_small",
+                 "data.num_workers=1", "data.batch_size=2", "train.epochs=1", "train.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: data/train/bee/1.png: cannot decode image (UnidentifiedImageError: cannot identify image "
+                   "file 'data/train/bee/1.png')\n")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Downloads keep to the known size and a deadline; IDX reading is bounded by the header (item 10)
 # ---------------------------------------------------------------------------------------------------
