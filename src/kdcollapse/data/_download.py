@@ -2,7 +2,9 @@
 
 A file is streamed into a temporary ``.<name>.*.part`` file in the target directory while its digest is
 computed; only if the digest matches is it renamed to its final name (``os.replace`` is atomic), so an
-interrupted or corrupt download never leaves a file that looks valid. Mirrors are tried in order.
+interrupted or corrupt download never leaves a file that looks valid. Mirrors are tried in order. A
+transfer stops as soon as it exceeds the file's known size, and the whole download has a deadline; the
+``.part`` files of a killed earlier attempt (no process holds their lock any more) are removed.
 """
 
 from __future__ import annotations
@@ -137,9 +139,9 @@ def _fetch(url: str, part: Path, algorithm: str, label: str, progress: bool, tim
            deadline: float) -> str:
     """Stream ``url`` into ``part``; return the hex digest of what was written.
 
-    Raises ``ConnectionError`` as soon as the server announces or sends more than ``size`` bytes (when
-    known), when fewer arrive, and when ``time.monotonic()`` passes ``deadline`` (checked after every
-    read; a read itself waits at most ``timeout`` seconds).
+    Raises ``ConnectionError`` as soon as the server announces another size or sends more than ``size``
+    bytes (when known) and when fewer arrive; ``TimeoutError`` when ``time.monotonic()`` passes
+    ``deadline`` (checked after every read; a read itself waits at most ``timeout`` seconds).
     """
     from tqdm.auto import tqdm
 
