@@ -160,6 +160,14 @@ def test_the_cli_exits_2_with_one_line_and_touches_nothing(tmp_path, capsys, mon
     assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["c.yaml", "old_run"]
 
 
+def test_every_seed_of_a_multi_seed_run_is_checked_before_the_first_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("{}\n")
+    assert main(["train", "--config", "c.yaml", "--seeds", f"1,{2**64}", f"run_dir={tmp_path / 'runs'}"]) == 2
+    assert capsys.readouterr().err == f"error: seed must be in [0, 2**64 - 1] (64 bits), got {2**64}\n"
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml"]
+
+
 def test_config_files_that_cannot_be_read(tmp_path, capsys):
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("run_dir: caf\xe9\n".encode("latin-1"))

@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from kdcollapse.config import RunConfig, load_config
+from kdcollapse.config import RunConfig, check_config, load_config
 from kdcollapse.errors import ConfigError
 
 _TRAIN_EXAMPLES = """examples:
@@ -65,9 +65,11 @@ def _train(args) -> None:
     if seeds is None:
         _report(_fit(cfg, args))
         return
+    # every seed is checked before the first run starts
+    runs = [check_config(dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}")))
+            for seed in seeds]
     results = []
-    for seed in seeds:
-        run = dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"))
+    for run in runs:
         results.append(_fit(run, args))
         _report(results[-1])
     _summarise(Path(cfg.run_dir), seeds, results)
