@@ -23,6 +23,7 @@ from kdcollapse.methods._class_means import ClassMeanProbabilities
 from kdcollapse.models import count_parameters, create_model
 from kdcollapse.train import Trainer, fit
 from kdcollapse.runs import load_model, load_tensors
+from kdcollapse.distributed import distributed_teardown
 
 MEAN, STD = (0.3,), (0.4,)
 # scikit-learn's digits (1×8×8 images, 10 classes): real data, available offline.
@@ -311,15 +312,13 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with distributed_teardown():
         logits, y, x, model = _ddp_inputs(rank)
         means = ClassMeanProbabilities(3, temperature=2.0)
         means.observe(logits, y)
         means.end_epoch()
         WeightPerturbation(0.05).perturb(model, lambda net: F.cross_entropy(net(x), y))
         save_file({"table": means.state()["class_weights"], **model.state_dict()}, f"{out_dir}/rank{rank}.safetensors")
-    finally:
-        dist.destroy_process_group()
 
 
 def _ddp_inputs(rank: int):

@@ -22,6 +22,7 @@ from kdcollapse.geometry import (
 )
 from kdcollapse.models import Classifier
 from kdcollapse.models.heads import ClassMeanFeatureHead, CosineHead, FixedHead, head_from_spec, make_code, make_head
+from kdcollapse.distributed import distributed_teardown
 
 
 class TinyNet(Classifier):
@@ -89,12 +90,12 @@ def test_class_mean_feature_update_rejects_bad_input(features, labels, message):
 
 def _ddp_update(rank: int, world: int, init_file: str, h: torch.Tensor, y: torch.Tensor, out: str):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    head = ClassMeanFeatureHead(3, 4)
-    head.update(h[rank::world], y[rank::world])  # each process sees half the batch
-    if rank == 0:
-        torch.save(head.weight, out)
-    dist.destroy_process_group()
+    with distributed_teardown():
+        torch.manual_seed(0)
+        head = ClassMeanFeatureHead(3, 4)
+        head.update(h[rank::world], y[rank::world])  # each process sees half the batch
+        if rank == 0:
+            torch.save(head.weight, out)
 
 
 def test_class_mean_feature_update_is_synchronised_under_ddp(tmp_path):

@@ -20,6 +20,7 @@ from kdcollapse.methods._dual_head import align_gradients
 from kdcollapse.models import create_model
 from kdcollapse.train import fit
 from kdcollapse.runs import load_model, load_tensors
+from kdcollapse.distributed import distributed_teardown
 
 K, D = 5, 9  # classes; input values (a 1x3x3 "image" for the mlp)
 DISTILLERS = ["kd", "dkd", "ce_binarykl", "dkl_kd", "dhkd", "dual_head_kd", "ikl_kd"]
@@ -292,11 +293,18 @@ def _free_port():
 
 def _ddp_worker(rank, port, out_dir):
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    with distributed_teardown():
+        torch.save(_ddp_results(rank), Path(out_dir) / f"rank{rank}.pt")
+
+
+def _ddp_results(rank):
+    """This rank's gradients and IKL class weights (the DDP modules are gone when it returns)."""
+    from torch.nn.parallel import DistributedDataParallel
+
     results = {}
     x, y = batch(16)
     for alignment in ("global", "shared"):
@@ -311,8 +319,7 @@ def _ddp_worker(rank, port, out_dir):
     m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
     m.on_epoch_end(0)
     results["ikl"] = m.class_means.table
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return results
 
 
 def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):

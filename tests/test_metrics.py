@@ -31,6 +31,7 @@ from kdcollapse.metrics import (
 )
 from kdcollapse.geometry import softmax_code_optimum
 from kdcollapse.metrics.functional import collapse_metrics_from_features
+from kdcollapse.distributed import distributed_teardown
 
 REPO = Path(__file__).resolve().parents[1]
 # (np.testing rather than torch.testing.assert_close, whose first call costs seconds of lazy imports)
@@ -510,7 +511,7 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with distributed_teardown():
         h, y, w = _distributed_data()
         stats = FeatureStatistics(5, 6)
         results = {}
@@ -522,8 +523,6 @@ def _gloo_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results[f"phase{phase}"] = collapse_metrics(stats, w)
         results["compute"] = stats.compute()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path):

@@ -2,114 +2,222 @@
 
 A config is a tree of dataclasses. Values come from the dataclass defaults, then the YAML file, then
 overrides such as ``optim.lr=0.1`` (values are parsed as YAML, so ``train.amp=bf16``,
-``schedule.milestones=[30,60]`` and ``teacher.checkpoint=null`` all work). Unknown keys and values of the
-wrong type raise :class:`~kdcollapse.errors.ConfigError` naming the key and the valid keys. The
-``method:`` section is typed by the chosen method's own ``Config`` dataclass.
+``schedule.milestones=[30,60]`` and ``teacher.checkpoint=null`` all work). Unknown keys, values of the
+wrong type and values outside a field's valid range raise :class:`~kdcollapse.errors.ConfigError` naming
+the key, the value and what is valid. Each field declares its range next to it (``valid(default,
+rule)``); ranges that relate two fields are in ``_RELATIONS``. The ``method:`` section is typed (and
+checked) by the chosen method's own ``Config`` dataclass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from kdcollapse.errors import ConfigError
+from kdcollapse.errors import ConfigError, unknown_choice
+from kdcollapse.data import list_datasets
 from kdcollapse.methods import get_method
+from kdcollapse.models import list_models
+
+# --- valid ranges -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The valid values of a field beyond its type: ``test(value)`` and ``text``, the range in words
+    (a callable for ranges known only at run time); ``explain(value)``, if given, words the error."""
+
+    text: str | Callable[[], str]
+    test: Callable[[Any], bool]
+    explain: Callable[[Any], str] | None = None
+
+    def describe(self) -> str:
+        return self.text() if callable(self.text) else self.text
+
+
+def interval(low: float | None = None, high: float | None = None, *, open_low: bool = False,
+             open_high: bool = False) -> Rule:
+    """A finite number in ``[low, high]``; ``open_*`` excludes that end, ``None`` leaves it unbounded."""
+    if high is None:
+        text = f"{'>' if open_low else '>='} {low}"
+    elif low is None:
+        text = f"{'<' if open_high else '<='} {high}"
+    else:
+        text = f"in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+
+    def test(v) -> bool:
+        above = low is None or (v > low if open_low else v >= low)
+        below = high is None or (v < high if open_high else v <= high)
+        return math.isfinite(v) and above and below
+
+    return Rule(text, test)
+
+
+def each(rule: Rule, order: Literal["distinct", "increasing"]) -> Rule:
+    """A list whose items all satisfy ``rule`` and are distinct, or strictly increasing."""
+    ordered = {"distinct": lambda v: len(set(v)) == len(v),
+               "increasing": lambda v: all(a < b for a, b in itertools.pairwise(v))}[order]
+    words = {"distinct": "distinct", "increasing": "strictly increasing"}[order]
+    return Rule(f"a list of numbers {rule.describe()}, {words}", lambda v: all(map(rule.test, v)) and ordered(v))
+
+
+def registered(kind: str) -> Rule:
+    """A name in a registry (``kind``: ``dataset`` or ``model``), looked up when first checked."""
+
+    def names() -> list[str]:
+        return sorted(list_datasets() if kind == "dataset" else list_models())
+
+    return Rule(lambda: f"a registered {kind}: {', '.join(names())}", lambda v: v in names(),
+                lambda v: unknown_choice(kind, v, names()))
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+AT_LEAST_1, AT_LEAST_0 = interval(1), interval(0)
+NON_EMPTY = Rule("a non-empty string", lambda v: len(v) > 0)
+
+
+def valid(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, factory: Any = dataclasses.MISSING):
+    """A dataclass field with its valid range (``None`` values of optional fields are not checked)."""
+    return field(default=default, default_factory=factory, metadata={"valid": rule})
 
 
 @dataclass
 class DataConfig:
-    name: str = "fashion_mnist"
-    root: str | None = None  # None: search the default paths (see `kdcollapse data list`)
-    batch_size: int = 128  # per process
-    eval_batch_size: int = 512
-    crop_padding: int = 0  # random crop with this zero padding (pixels); 0 disables
+    name: str = valid("fashion_mnist", registered("dataset"))
+    root: str | None = valid(None, NON_EMPTY)  # None: search the default paths (see `kdcollapse data list`)
+    batch_size: int = valid(128, AT_LEAST_1)  # per process
+    eval_batch_size: int = valid(512, AT_LEAST_1)
+    crop_padding: int = valid(0, AT_LEAST_0)  # random crop with this zero padding (pixels); 0 disables
     flip: bool = False  # random horizontal flip
-    classes: list[int] | None = None  # keep only these classes, relabelled 0..K'-1 in this order; None: all
-    train_per_class: int | None = None  # balanced training subset (samples per class); None: all
-    test_per_class: int | None = None
-    val_per_class: int = 0  # validation samples per class, carved from the training split; 0: none
-    num_workers: int = 4  # decoding processes, folder datasets only
-
-    def __post_init__(self) -> None:
-        if self.val_per_class < 0:
-            raise ConfigError(f"data.val_per_class must be >= 0 (0: no validation split), got {self.val_per_class}")
+    # keep only these classes, relabelled 0..K'-1 in this order; None: all
+    classes: list[int] | None = valid(None, Rule("a non-empty list of distinct class indices >= 0",
+                                                 lambda v: len(v) > 0 and each(AT_LEAST_0, "distinct").test(v)))
+    train_per_class: int | None = valid(None, AT_LEAST_1)  # balanced training subset (samples per class); None: all
+    test_per_class: int | None = valid(None, AT_LEAST_1)  # None: all
+    # validation samples per class, carved from the training split; 0: none
+    val_per_class: int = valid(0, AT_LEAST_0)
+    num_workers: int = valid(4, AT_LEAST_0)  # decoding processes, folder datasets only; 0: in the main process
 
 
 @dataclass
 class ModelConfig:
-    name: str = "convnet"  # a registered model (`kdcollapse models`)
-    num_classes: int | None = None  # None: the dataset's; if given, it must match the dataset
-    kwargs: dict = field(default_factory=dict)  # extra arguments of the model factory, e.g. {input_size: 8}
+    name: str = valid("convnet", registered("model"))  # a registered model (`kdcollapse models`)
+    num_classes: int | None = valid(None, AT_LEAST_1)  # None: the dataset's; if given, it must match the dataset
+    # extra arguments of the model factory, e.g. {input_size: 8}
+    kwargs: dict = valid(rule=Rule("a mapping with string keys", lambda v: all(isinstance(k, str) for k in v)),
+                         factory=dict)
 
 
 @dataclass
 class TeacherConfig:
-    checkpoint: str | None = None  # run directory of `kdcollapse train` (uses its model.safetensors)
-    model: str | None = None  # or: a registered model name ...
-    weights: str | None = None  # ... plus a safetensors file of its weights
+    checkpoint: str | None = valid(None, NON_EMPTY)  # run directory of `kdcollapse train` (its model.safetensors)
+    model: str | None = valid(None, registered("model"))  # or: a registered model name ...
+    weights: str | None = valid(None, NON_EMPTY)  # ... plus a safetensors file of its weights
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 0.05  # at the configured batch size; no automatic scaling
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4  # on every parameter, as in the papers' official code
-    grad_clip: float | None = None  # max global L2 norm of the gradient
+    lr: float = valid(0.05, AT_LEAST_0)  # at the configured batch size; no automatic scaling; 0 freezes the weights
+    momentum: float = valid(0.9, interval(0, 1, open_high=True))
+    nesterov: bool = False  # needs momentum > 0
+    weight_decay: float = valid(5e-4, AT_LEAST_0)  # on every parameter, as in the papers' official code
+    grad_clip: float | None = valid(None, interval(0, open_low=True))  # max global L2 norm of the gradient
 
 
 @dataclass
 class ScheduleConfig:
     name: Literal["multistep", "cosine", "constant"] = "multistep"
-    milestones: list[int] = field(default_factory=lambda: [150, 180, 210])  # epochs (multistep)
-    gamma: float = 0.1  # multistep factor
-    warmup_epochs: float = 0.0  # linear warm-up from 0, per step
-    min_lr: float = 0.0  # cosine floor
+    # epochs (multistep)
+    milestones: list[int] = valid(rule=each(AT_LEAST_1, "increasing"), factory=lambda: [150, 180, 210])
+    gamma: float = valid(0.1, interval(0, 1, open_low=True))  # multistep factor
+    warmup_epochs: float = valid(0.0, AT_LEAST_0)  # linear warm-up from 0, per step
+    min_lr: float = valid(0.0, AT_LEAST_0)  # cosine floor, <= optim.lr
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 240
-    eval_every: int = 1  # epochs; the last epoch is always evaluated
-    label_smoothing: float = 0.0
+    epochs: int = valid(240, AT_LEAST_1)
+    eval_every: int = valid(1, AT_LEAST_1)  # epochs; the last epoch is always evaluated
+    label_smoothing: float = valid(0.0, interval(0, 1, open_high=True))
     amp: Literal["off", "bf16", "fp16"] = "off"  # autocast on CUDA only
     channels_last: bool = False
     compile: bool = False  # torch.compile the student
     deterministic: bool = False  # torch.use_deterministic_algorithms
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = valid("auto", Rule("auto, cpu, cuda, cuda:N or mps", lambda v: bool(_DEVICE.fullmatch(v))))
     progress: bool = True  # progress bar on the console
     tensorboard: bool = False  # also log to run_dir/tensorboard (needs the tensorboard package)
 
 
 @dataclass
 class AnalysisConfig:
-    every: int = 0  # epochs between collapse-metric snapshots of train and test features; 0: off
-    train_per_class: int | None = None  # subsample the training split for the snapshots
-
-    def __post_init__(self) -> None:
-        if self.every < 0 or (self.train_per_class is not None and self.train_per_class < 1):
-            raise ConfigError(f"analysis.every must be >= 0 and analysis.train_per_class >= 1 or null, got "
-                              f"{self.every} and {self.train_per_class}")
+    every: int = valid(0, AT_LEAST_0)  # epochs between collapse-metric snapshots of train and test features; 0: off
+    train_per_class: int | None = valid(None, AT_LEAST_1)  # subsample the training split for the snapshots
 
 
 @dataclass
 class RunConfig:
-    run_dir: str = "runs/default"
-    seed: int = 0
+    run_dir: str = valid("runs/default", NON_EMPTY)
+    seed: int = valid(0, Rule("in [0, 2**64 - 1] (64 bits)", interval(0, 2**64 - 1).test))
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    method: Any = None  # the chosen method's Config dataclass, with its `name`
+    method: Any = None  # the chosen method's Config dataclass, with its `name` (checked by that dataclass)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+
+# Ranges that relate two fields: (keys, holds(cfg), what must hold).
+_RELATIONS = (
+    (("schedule.min_lr", "optim.lr"), lambda c: c.schedule.min_lr <= c.optim.lr, "schedule.min_lr <= optim.lr"),
+    (("optim.nesterov", "optim.momentum"), lambda c: not c.optim.nesterov or c.optim.momentum > 0,
+     "optim.momentum > 0 when optim.nesterov is true"),
+)
+
+
+def check_config(cfg: RunConfig) -> RunConfig:
+    """Raise :class:`ConfigError` for the first field (or pair of fields) outside its valid range."""
+    _check_fields(cfg, "")
+    for keys, holds, what in _RELATIONS:
+        if not holds(cfg):
+            values = ", ".join(f"{k}={_lookup(cfg, k)!r}" for k in keys)
+            raise ConfigError(f"{values}: need {what}")
+    return cfg
+
+
+def _check_fields(node, prefix: str) -> None:
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if f.name != "method" and dataclasses.is_dataclass(value):
+            _check_fields(value, key + ".")
+        rule = f.metadata.get("valid")
+        if rule is None or value is None or rule.test(value):
+            continue
+        if rule.explain is not None:
+            raise ConfigError(f"{key}: {rule.explain(value)}")
+        null = " or null" if _optional(node, f.name) else ""
+        raise ConfigError(f"{key} must be {rule.describe()}{null}, got {value!r}")
+
+
+def _optional(node, name: str) -> bool:
+    return type(None) in typing.get_args(typing.get_type_hints(type(node))[name])
+
+
+def _lookup(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -127,9 +235,15 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(f"config file {path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:  # its message spans lines: keep the error on one
+        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -144,7 +258,7 @@ def config_from_dict(data: dict) -> RunConfig:
         raise ConfigError("'method' must be a mapping with at least a 'name' key")
     cfg = _build(RunConfig, data, "")
     cfg.method = method_config(method)
-    return cfg
+    return check_config(cfg)
 
 
 def method_config(section: dict):

@@ -3,8 +3,12 @@ trainer and the methods need."""
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -59,12 +63,53 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown_distributed() -> None:
-    """Wait for every process, then destroy the process group (a no-op for one process). Without it each
-    rank tears down its connections at interpreter exit, and a rank whose peer has already gone can abort."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+# How long a rank that failed waits for its peers before leaving anyway (gloo only): they may be blocked in
+# another collective, and they fail as soon as this process has gone.
+FAILURE_WAIT = timedelta(seconds=10)
+
+
+def shutdown_distributed(failed: bool = False) -> None:
+    """Leave the process group together: a barrier, then ``destroy_process_group`` (no-op without a group).
+
+    Without it a rank can leave while collectives are still in flight (its own, or a peer's that needs
+    it), and the gloo threads finish them during interpreter finalization; a C++ thread that then needs
+    the GIL is ended by CPython with ``pthread_exit``, which aborts the process ("terminate called
+    without an active exception"). After the barrier nothing is in flight; ``gc.collect()`` then frees
+    objects in reference cycles that hold the group (a DDP module's reducer), so its threads are joined
+    now, not at finalization. ``failed=True`` (this rank is leaving on an error) waits at most
+    ``FAILURE_WAIT`` (gloo) or not at all (NCCL), because the peers may never reach the barrier.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if not failed:
+            dist.barrier()
+        elif dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=FAILURE_WAIT)
+    except RuntimeError:  # DistBackendError: a peer has gone or is stuck elsewhere; the original error counts
+        if not failed:
+            raise
+    finally:
         dist.destroy_process_group()
+        gc.collect()
+
+
+@contextmanager
+def distributed_teardown() -> Iterator[None]:
+    """Run a block of distributed work, then :func:`shutdown_distributed` on every exit path.
+
+    The one teardown used by the command line and by the multi-process tests::
+
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        with distributed_teardown():
+            ...
+    """
+    try:
+        yield
+    except BaseException:
+        shutdown_distributed(failed=True)
+        raise
+    shutdown_distributed()
 
 
 def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, option: str = "device") -> torch.device:

@@ -7,7 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
-from kdcollapse.config import RunConfig, load_config
+from kdcollapse.config import RunConfig, check_config, load_config
 from kdcollapse.errors import ConfigError
 
 _TRAIN_EXAMPLES = """examples:
@@ -44,10 +44,10 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
-    from kdcollapse.distributed import shutdown_distributed
+    from kdcollapse.distributed import distributed_teardown
 
-    _train(args)
-    shutdown_distributed()  # every rank got here: leave the process group together, not at interpreter exit
+    with distributed_teardown():  # leave the process group together, not each rank at its interpreter exit
+        _train(args)
     return 0
 
 
@@ -65,9 +65,11 @@ def _train(args) -> None:
     if seeds is None:
         _report(_fit(cfg, args))
         return
+    # every seed is checked before the first run starts
+    runs = [check_config(dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}")))
+            for seed in seeds]
     results = []
-    for seed in seeds:
-        run = dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}"))
+    for run in runs:
         results.append(_fit(run, args))
         _report(results[-1])
     _summarise(Path(cfg.run_dir), seeds, results)

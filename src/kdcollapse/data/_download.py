@@ -2,15 +2,19 @@
 
 A file is streamed into a temporary ``.<name>.*.part`` file in the target directory while its digest is
 computed; only if the digest matches is it renamed to its final name (``os.replace`` is atomic), so an
-interrupted or corrupt download never leaves a file that looks valid. Mirrors are tried in order.
+interrupted or corrupt download never leaves a file that looks valid. Mirrors are tried in order. A
+transfer stops as soon as it exceeds the file's known size, and the whole download has a deadline; the
+``.part`` files of a killed earlier attempt (no process holds their lock any more) are removed.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import http.client
 import os
 import tempfile
+import time
 import urllib.request
 import zipfile
 from collections.abc import Sequence
@@ -20,6 +24,11 @@ from pathlib import Path
 from kdcollapse import __version__
 from kdcollapse.data._dataset import dataset_entry, default_download_root
 from kdcollapse.errors import DataError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 
 @dataclass(frozen=True)
@@ -128,21 +137,35 @@ def verify_file(path: str | Path, checksum: str) -> bool:
     return Path(path).is_file() and file_digest(path, algorithm) == expected
 
 
-def _fetch(url: str, part: Path, algorithm: str, label: str, progress: bool, timeout: float) -> str:
-    """Stream ``url`` into ``part``; return the hex digest of what was written."""
+def _fetch(url: str, part: Path, algorithm: str, label: str, progress: bool, timeout: float, size: int | None,
+           deadline: float) -> str:
+    """Stream ``url`` into ``part``; return the hex digest of what was written.
+
+    Raises ``ConnectionError`` as soon as the server announces another size or sends more than ``size``
+    bytes (when known) and when fewer arrive; ``TimeoutError`` when ``time.monotonic()`` passes
+    ``deadline`` (checked after every read; a read itself waits at most ``timeout`` seconds).
+    """
     from tqdm.auto import tqdm
 
     digest = hashlib.new(algorithm)
     request = urllib.request.Request(url, headers={"User-Agent": f"kdcollapse/{__version__}"})
     with urllib.request.urlopen(request, timeout=timeout) as response, open(part, "wb") as out:
-        total = int(response.headers.get("Content-Length") or 0) or None
+        announced = int(response.headers.get("Content-Length") or 0) or None
+        if size is not None and announced is not None and announced != size:
+            raise ConnectionError(f"the server announces {announced} bytes, expected {size}")
+        total = size or announced
         received = 0
         with tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not progress) as bar:
-            while chunk := response.read(_CHUNK):
+            # read1: whatever has arrived (at most one byte past the expected size), so the checks run often
+            while chunk := response.read1(_CHUNK if total is None else min(_CHUNK, total + 1 - received)):
+                received += len(chunk)
+                if total is not None and received > total:
+                    raise ConnectionError(f"the server sent more than the expected {total} bytes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"deadline passed after {received} of {total or '?'} bytes")
                 out.write(chunk)
                 digest.update(chunk)
                 bar.update(len(chunk))
-                received += len(chunk)
         if total is not None and received != total:
             raise ConnectionError(f"connection closed after {received} of {total} bytes")
         out.flush()
@@ -151,26 +174,34 @@ def _fetch(url: str, part: Path, algorithm: str, label: str, progress: bool, tim
 
 
 def download_file(
-    urls: Sequence[str], dest: str | Path, checksum: str, *, progress: bool = True, timeout: float = 60.0
-) -> Path:
+    urls: Sequence[str], dest: str | Path, checksum: str, *, size: int | None = None, progress: bool = True,
+    timeout: float = 60.0, deadline: float = 3600.0,
+) -> Path:  # fmt: skip
     """Download ``dest`` from the first of ``urls`` that delivers a file with digest ``checksum``.
 
     Keeps an existing ``dest`` that already verifies. The data goes to a temporary file beside ``dest``
-    that is renamed only after verification and removed on any failure (including Ctrl-C). Raises
-    ``DataError`` listing each URL and why it failed.
+    that is renamed only after verification and removed on any failure (including Ctrl-C); ``.part``
+    files that an earlier, killed attempt left behind are removed first. A transfer is stopped as soon as
+    it exceeds ``size`` bytes (when given) and fails if fewer arrive; ``timeout`` (seconds) bounds each
+    read, ``deadline`` (seconds) the whole call. Raises ``DataError`` listing each URL and why it failed.
     """
     dest = Path(dest)
     algorithm, expected = _parse_checksum(checksum)
     if verify_file(dest, checksum):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_parts(dest)
+    ends = time.monotonic() + deadline
     failures = []
     for url in urls:
+        if time.monotonic() > ends:
+            failures.append(f"{url}: not tried, the deadline of {deadline:g} s has passed")
+            continue
         fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-        os.close(fd)
         part = Path(name)
         try:
-            got = _fetch(url, part, algorithm, dest.name, progress, timeout)
+            _hold(fd)  # for as long as this process writes the part file, it is not stale
+            got = _fetch(url, part, algorithm, dest.name, progress, timeout, size, ends)
             if got == expected:
                 os.replace(part, dest)
                 return dest
@@ -179,7 +210,36 @@ def download_file(
             failures.append(f"{url}: {type(err).__name__}: {err}")
         finally:
             part.unlink(missing_ok=True)
+            os.close(fd)
     raise DataError(f"could not download {dest.name}:\n" + "\n".join(f"  {f}" for f in failures))
+
+
+def _hold(fd: int) -> None:
+    """Lock an open part file exclusively (released when it is closed, or when its process dies)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def remove_stale_parts(dest: Path) -> list[Path]:
+    """Remove the ``.<name>.*.part`` files beside ``dest`` that no running download holds (left by a killed
+    process); returns them. Without ``fcntl`` (Windows) nothing tells a live one apart, so none is removed."""
+    if fcntl is None:
+        return []
+    removed = []
+    for part in dest.parent.glob(f".{glob.escape(dest.name)}.*.part"):
+        try:
+            fd = os.open(part, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            part.unlink(missing_ok=True)  # while holding the lock: no download can have it
+            removed.append(part)
+        except BlockingIOError:
+            pass  # another process is downloading into it right now
+        finally:
+            os.close(fd)
+    return removed
 
 
 def download_dataset(name: str, root: str | Path | None = None, *, progress: bool = True) -> Path:
@@ -190,7 +250,7 @@ def download_dataset(name: str, root: str | Path | None = None, *, progress: boo
         raise DataError(NOT_DOWNLOADABLE[name])
     root = Path(root).expanduser() if root is not None else default_download_root(name)
     for remote in SOURCES[name]:
-        download_file(remote.urls, root / remote.name, remote.checksum, progress=progress)
+        download_file(remote.urls, root / remote.name, remote.checksum, size=remote.size, progress=progress)
     if name in _UNPACK:
         archive, folder = _UNPACK[name]
         _unzip_atomically(root / archive, root / folder)

@@ -90,8 +90,10 @@ class FolderDataset:
         try:
             with Image.open(path) as img:
                 img = img.convert("RGB")
-        except OSError as err:
-            raise DataError(f"{path}: cannot decode image ({err})") from None
+        except Image.DecompressionBombError as err:  # PIL refuses images over 2 * Image.MAX_IMAGE_PIXELS pixels
+            raise DataError(f"{path}: refused as a possible decompression bomb ({err})") from None
+        except (OSError, SyntaxError, ValueError, EOFError) as err:  # PIL raises each for some broken file
+            raise DataError(f"{path}: cannot decode image ({type(err).__name__}: {err})") from None
         if train and self.random_resized_crop:
             img = random_resized_crop(img, self.image_size, random.Random(seed))
         else:
@@ -147,21 +149,51 @@ def _images_in(folder: Path) -> list[str]:
         raise DataError(f"{folder}: cannot list images ({err.strerror})") from None
 
 
-def scan_class_folders(split_dir: Path, inner: str = "") -> tuple[list[tuple[str, int]], list[str]]:
-    """``split_dir/<class>/<inner>/<image>`` -> ``(path, label)`` samples and the sorted class names."""
+def class_folders(split_dir: Path) -> list[str]:
+    """The sorted names of the class folders in ``split_dir``."""
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: no such directory")
     classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     if not classes:
         raise DataError(f"{split_dir}: no class folders (expected {split_dir}/<class>/<image>)")
-    samples = [(p, label) for label, c in enumerate(classes) for p in _images_in(split_dir / c / inner)]
+    return classes
+
+
+def scan_class_folders(
+    split_dir: Path, inner: str = "", classes: list[str] | None = None
+) -> tuple[list[tuple[str, int]], list[str]]:
+    """``split_dir/<class>/<inner>/<image>`` -> ``(path, label)`` samples and the class names.
+
+    ``classes``: the names to expect, in label order (the training split's, so that an evaluation split is
+    labelled by name); ``None``: the sorted folders found. Raises ``DataError`` listing the class folders
+    that are missing or unexpected, and those without images.
+    """
+    found = class_folders(split_dir)
+    if classes is None:
+        classes = found
+    missing, extra = sorted(set(classes) - set(found)), sorted(set(found) - set(classes))
+    if missing or extra:
+        raise DataError(f"{split_dir}: class folders differ from the training split's: "
+                        + "; ".join(f"{what} {_names(names)}" for what, names in (("missing", missing),
+                                    ("not in the training split", extra)) if names))
+    images = [_images_in(split_dir / c / inner) for c in classes]
+    empty = [c for c, paths in zip(classes, images) if not paths]
+    if empty:
+        raise DataError(f"{split_dir}: class folders without images: {_names(empty)}")
+    samples = [(p, label) for label, paths in enumerate(images) for p in paths]
     return samples, classes
 
 
-def _split_dir(root: Path, split: str) -> Path:
+def _names(names: list[str], limit: int = 10) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{len(names)} ({', '.join(names[:limit])}{more})"
+
+
+def _split_classes(root: Path, split: str, eval_dir: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """Samples of ``split`` (``root/train`` or ``root/<eval_dir>``), labelled by the training split's class names."""
     if split == "train":
-        return root / "train"
-    return root / "test" if (root / "test").is_dir() else root / "val"
+        return scan_class_folders(root / "train")
+    return scan_class_folders(root / eval_dir, classes=class_folders(root / "train"))
 
 
 @register_dataset(
@@ -174,8 +206,7 @@ def _split_dir(root: Path, split: str) -> Path:
 def imagenet(root: Path, split: str) -> FolderDataset:
     """``train/<wnid>/*.JPEG`` and ``val/<wnid>/*.JPEG``; training: random-resized crop 224 + flip,
     evaluation: resize 256 + centre crop 224; ImageNet mean/std."""
-    split_dir = root / ("train" if split == "train" else "val")
-    samples, classes = scan_class_folders(split_dir)
+    samples, classes = _split_classes(root, split, "val")
     return FolderDataset(
         samples, classes, IMAGENET_MEAN, IMAGENET_STD, "imagenet", image_size=224, resize=256,
         random_resized_crop=True, default_augment=Augment(flip=True),
@@ -198,7 +229,8 @@ def image_folder(
     resize = resize or round(image_size * 8 / 7)
     if resize < image_size:
         raise DataError(f"image_folder: resize ({resize}) must be >= image_size ({image_size})")
-    samples, classes = scan_class_folders(_split_dir(Path(root), split))
+    root = Path(root)
+    samples, classes = _split_classes(root, split, "test" if (root / "test").is_dir() else "val")
     return FolderDataset(
         samples, classes, tuple(mean), tuple(std), "image_folder", image_size=image_size,
         resize=resize, random_resized_crop=random_resized_crop,

@@ -28,33 +28,60 @@ _FILES = {
 _MARKERS = ("train-images-idx3-ubyte.gz", "train-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz")
 
 
+# Larger than any IDX dataset (Fashion-MNIST's training images are 47 MB); a header implying more is refused.
+MAX_IDX_BYTES = 1 << 32
+_CHUNK = 1 << 20
+
+
 def read_idx(path: str | Path) -> np.ndarray:
     """Read one IDX file (gzip-compressed if its name ends in ``.gz``) into a numpy array.
 
-    Raises ``DataError`` naming the file for a bad magic number, an unknown type code, a truncated or
+    The payload is read in chunks, at most one byte past the size its header implies, so a gzip bomb
+    stops there instead of filling the memory. Raises ``DataError`` naming the file for a bad magic
+    number, an unknown type code, a header implying more than ``MAX_IDX_BYTES``, a truncated or
     over-long payload, or a corrupt gzip stream.
     """
     path = Path(path)
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            dtype, shape, header = _read_header(f, path)
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if size > MAX_IDX_BYTES:
+                raise DataError(f"{path}: the header {shape} implies {size} bytes, more than the limit of "
+                                f"{MAX_IDX_BYTES}")
+            data = _read_at_most(f, size + 1)
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read ({type(err).__name__}: {err})") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+    if len(data) < size:
+        raise DataError(f"{path}: truncated: {header + len(data)} bytes, but the header {shape} implies "
+                        f"{header + size}")
+    if len(data) > size:
+        raise DataError(f"{path}: has trailing bytes: more than the {header + size} bytes the header {shape} implies")
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def _read_header(f, path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
+    """The element type, the shape and the header's length in bytes."""
+    magic = f.read(4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0:
         raise DataError(f"{path}: not an IDX file (magic number must start with two zero bytes)")
-    type_code, ndim = raw[2], raw[3]
+    type_code, ndim = magic[2], magic[3]
     if type_code not in _IDX_TYPES:
         valid = ", ".join(f"0x{t:02X}" for t in _IDX_TYPES)
         raise DataError(f"{path}: unknown IDX type code 0x{type_code:02X} (valid: {valid})")
     header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError(f"{path}: truncated header ({len(raw)} bytes, need {header} for {ndim} dimensions)")
-    shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
-    dtype = _IDX_TYPES[type_code]
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(raw) != expected:
-        problem = "truncated" if len(raw) < expected else "has trailing bytes"
-        raise DataError(f"{path}: {problem}: {len(raw)} bytes, but the header {shape} implies {expected}")
-    return np.frombuffer(raw, dtype, offset=header).reshape(shape)
+    dims = f.read(4 * ndim)
+    if len(dims) < 4 * ndim:
+        raise DataError(f"{path}: truncated header ({4 + len(dims)} bytes, need {header} for {ndim} dimensions)")
+    return _IDX_TYPES[type_code], tuple(int(d) for d in np.frombuffer(dims, ">u4")), header
+
+
+def _read_at_most(f, limit: int) -> bytearray:
+    """Up to ``limit`` bytes from ``f``, in chunks (memory grows with the data that is really there)."""
+    data = bytearray()
+    while len(data) < limit and (chunk := f.read(min(_CHUNK, limit - len(data)))):
+        data += chunk
+    return data
 
 
 def _find_file(root: Path, stem: str) -> Path:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from kdcollapse.data._dataset import Augment, TensorDataset, derive_seed
 from kdcollapse.data._folder import FolderDataset
-from kdcollapse.errors import DataError
+from kdcollapse.errors import DataError, KdcollapseError
 
 
 def augment_batch(
@@ -163,19 +164,30 @@ class FolderLoader(Loader):
             _Decoded(dataset, self.train),
             batch_sampler=_PlanBatches(self),
             num_workers=num_workers,
+            collate_fn=_as_batch,
             pin_memory=self.device.type == "cuda",
             persistent_workers=num_workers > 0,
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._current = plan = self._plan(torch.device("cpu"), extra_seeds=True)
-        for part, (x, y) in zip(self._batch_slices(), self._loader):
+        for part, batch in zip(self._batch_slices(), self._loader):
+            if isinstance(batch, DecodeFailure):
+                raise DataError(batch.message)
+            x, y = batch
             x = x.to(self.device, non_blocking=True)
             yield self._finish(x, plan, part), y.to(self.device, non_blocking=True)
 
 
+class DecodeFailure(NamedTuple):
+    """What a worker returns instead of a batch when an image cannot be decoded: the one-line error.
+    (An exception raised in a worker reaches the main process wrapped in the worker's traceback.)"""
+
+    message: str
+
+
 class _Decoded(torch.utils.data.Dataset):
-    """Decodes ``(index, seed)`` items in a worker process."""
+    """Decodes batches of ``(index, seed)`` items in a worker process."""
 
     def __init__(self, dataset: FolderDataset, train: bool):
         self.dataset, self.train = dataset, train
@@ -183,9 +195,17 @@ class _Decoded(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        index, seed = item
-        return self.dataset.decode(index, self.train, seed), self.dataset.samples[index][1]
+    def __getitems__(self, items: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | DecodeFailure:
+        try:
+            images = [self.dataset.decode(index, self.train, seed) for index, seed in items]
+        except KdcollapseError as err:
+            return DecodeFailure(str(err))
+        return torch.stack(images), torch.tensor([self.dataset.samples[i][1] for i, _ in items], dtype=torch.int64)
+
+
+def _as_batch(batch):
+    """The collate function: ``_Decoded.__getitems__`` already returns whole batches."""
+    return batch
 
 
 class _PlanBatches:
