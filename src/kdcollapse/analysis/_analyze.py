@@ -18,6 +18,7 @@ from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import covariance_spectra
+from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
 
 # One line per metric for analysis.md; definitions and papers: docs/metrics.md.
@@ -67,7 +68,7 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
     ``out_dir``. Returns the JSON document."""
     options = options or AnalyzeOptions()
-    dataset, model = subject.dataset, subject.model
+    dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

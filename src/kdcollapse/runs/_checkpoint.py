@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
-from kdcollapse.models import create_model
+from kdcollapse.models import adapt_state_dict, create_model
 from kdcollapse.models.heads import head_from_spec
 
 _META_KEY = "kdcollapse"
@@ -147,5 +147,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
     if "head" in meta:  # a special head recorded by save_model
         model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
-    load_state(model, state, str(path))
+    load_state(model, adapt_state_dict(model, state), str(path))
     return model, meta
