@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from kdcollapse._registry import import_modules
 from kdcollapse.errors import ConfigError
 from kdcollapse.methods import get_method
 
@@ -95,6 +96,7 @@ class AnalysisConfig:
 
 @dataclass
 class RunConfig:
+    imports: list[str] = field(default_factory=list)  # user modules imported first (their registrations)
     run_dir: str = "runs/default"
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
@@ -134,12 +136,22 @@ def read_yaml(path: str | Path) -> dict:
 
 def config_from_dict(data: dict) -> RunConfig:
     data = dict(data)
+    import_user_modules(data.get("imports"))
     method = data.pop("method", None) or {}
     if not isinstance(method, dict):
         raise ConfigError("'method' must be a mapping with at least a 'name' key")
     cfg = _build(RunConfig, data, "")
     cfg.method = method_config(method)
     return cfg
+
+
+def import_user_modules(imports) -> None:
+    """Import the config's ``imports:`` (a list of module names) before anything is looked up by name."""
+    if imports is None:
+        return
+    if not isinstance(imports, list):
+        raise ConfigError(f"'imports' must be a list of module names, got {imports!r}")
+    import_modules(imports, "imports")
 
 
 def method_config(section: dict):

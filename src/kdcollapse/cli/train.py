@@ -16,6 +16,7 @@ _TRAIN_EXAMPLES = """examples:
   kdcollapse train --config configs/fashion_mnist/teacher.yaml --seeds 0,1,2
   kdcollapse train --resume runs/fmnist_teacher            # continue exactly where it stopped
   torchrun --nproc_per_node=2 -m kdcollapse train --config configs/fashion_mnist/teacher.yaml
+  kdcollapse --import mymodels train --config configs/fashion_mnist/student.yaml model.name=my_cnn
 """
 
 _DISTILL_EXAMPLES = """examples:
@@ -55,6 +56,7 @@ def _train(args) -> None:
     from kdcollapse.methods import get_method
 
     cfg = _resolve_config(args)
+    cfg.imports = list(dict.fromkeys([*cfg.imports, *getattr(args, "imports", [])]))  # saved: analyze sees them
     needs_teacher = get_method(cfg.method.name).needs_teacher
     if args.command_name == "distill" and not needs_teacher:
         raise ConfigError(f"method '{cfg.method.name}' trains without a teacher; use `kdcollapse train`, or "
