@@ -4,10 +4,11 @@ teacher and extra heads. The trainer, ``analyze``, ``robust-eval``, the reports 
 here. See docs/training.md."""
 
 from kdcollapse.runs._checkpoint import load_model, load_tensors, save_model, save_tensors
+from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import check_split, run_dataset
 from kdcollapse.runs._run import Run, check_inputs, load_model_file
 from kdcollapse.runs._run_dir import MetricsLog, prepare_run_dir, read_metrics
 from kdcollapse.runs._teacher import load_teacher
 
-__all__ = ["MetricsLog", "Run", "check_inputs", "check_split", "load_model", "load_model_file", "load_teacher",
+__all__ = ["MetricsLog", "Run", "check_inputs", "check_split", "convert_weights", "load_model", "load_model_file", "load_teacher",
            "load_tensors", "prepare_run_dir", "read_metrics", "run_dataset", "save_model", "save_tensors"]

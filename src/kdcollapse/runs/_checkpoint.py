@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
-from kdcollapse.models import adapt_state_dict, create_model
+from kdcollapse.models import adapt_state_dict, create_model, unwrap_state_dict
 from kdcollapse.models.heads import head_from_spec
 
 _META_KEY = "kdcollapse"
@@ -54,6 +54,36 @@ def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
     return tensors, meta
+
+
+TORCH_SUFFIXES = (".pth", ".pt")
+
+
+def read_torch_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The state dict in a ``.pth``/``.pt`` file, read with ``torch.load(weights_only=True)``: tensors and
+    plain containers only, never arbitrary pickled objects. A training checkpoint holding the state dict
+    under ``model`` or ``state_dict`` (mdistiller/CRD) is unwrapped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        obj = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # pickle refuses other objects with UnpicklingError, or a corrupt file
+        raise CheckpointError(
+            f"{path} is not a plain torch state dict that loads with weights_only=True ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); save model.state_dict(), not the model"
+        ) from None
+    try:
+        return unwrap_state_dict(obj)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def read_weights(path: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
+    """``(tensors, meta)`` of a safetensors file, or of a ``.pth``/``.pt`` state dict (meta ``{}``)."""
+    if path.suffix in TORCH_SUFFIXES:
+        return read_torch_weights(path, device), {}
+    return load_tensors(path, device=device)
 
 
 def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -126,12 +156,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``.
 
     ``path`` is a ``model.safetensors`` file (or a run directory holding one). A plain safetensors file
-    without kdcollapse metadata needs ``model_name`` and ``num_classes`` (and ``in_channels``).
+    without kdcollapse metadata, or a ``.pth``/``.pt`` state dict (read with ``weights_only=True``), needs
+    ``model_name`` and ``num_classes`` (and ``in_channels``); its keys must be the model's (convert a
+    community layout first: ``kdcollapse models convert``).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
-    state, meta = load_tensors(path, device=device)
+    state, meta = read_weights(path, device)
     name = model_name or meta.get("model")
     classes = num_classes or meta.get("num_classes")
     if name is None or classes is None:
