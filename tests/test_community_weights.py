@@ -191,13 +191,13 @@ def test_converted_teacher_gives_the_official_logits(name):
         torch.testing.assert_close(model(x), net(x), rtol=1e-4, atol=1e-4)
 
 
-def test_cli_convert_then_distil_from_it(tmp_path, capsys):
+def test_cli_convert_into_a_teacher_directory(tmp_path, capsys):
     net, layout, x = official("resnet56")
-    src, dst = tmp_path / "ckpt_epoch_240.pth", tmp_path / "resnet56.safetensors"
+    src, dst = tmp_path / "ckpt_epoch_240.pth", tmp_path / "teacher_resnet56" / "model.safetensors"
     torch.save({"model": net.state_dict(), "epoch": 240, "best_acc": 72.3}, src)
     assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet56", str(src), str(dst)]) == 0
     assert "use teacher.checkpoint=" in capsys.readouterr().out
-    model, meta = load_model(dst)
+    model, meta = load_model(dst.parent)  # what a recipe's teacher.checkpoint: runs/.../teacher_resnet56 reads
     assert (meta["model"], meta["num_classes"], meta["converted_from"]) == ("resnet56", K, "mdistiller")
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), net(x), rtol=1e-4, atol=1e-4)

@@ -22,5 +22,6 @@ def convert_weights(src: str | Path, dst: str | Path, *, source: str, model_name
     meta = {"format": "kdcollapse.model", "version": 1, "model": model_name, "model_kwargs": {},
             "num_classes": num_classes, "in_channels": channels, "converted_from": source,
             "source_file": Path(src).name}
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
     save_model(dst, model, meta)
     return meta
