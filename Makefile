@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,all]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kdcollapse._optional import require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
 from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, feature_pass, split_metrics
@@ -138,8 +139,7 @@ def _tsne_classes(options: AnalyzeOptions, num_classes: int) -> list[int]:
 def tsne(features: np.ndarray, seed: int) -> np.ndarray:
     """2-D t-SNE (scikit-learn, PCA initialisation) of ``(n, d)`` features; perplexity 30 or less for
     small ``n``."""
-    from sklearn.manifold import TSNE
-
+    TSNE = require("sklearn.manifold", "t-SNE").TSNE
     n = features.shape[0]
     if n < 3:
         raise KdcollapseError(f"t-SNE needs at least 3 points, the sample holds {n}")

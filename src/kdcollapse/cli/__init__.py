@@ -25,6 +25,7 @@ _COMMAND_MODULES = [
     "kdcollapse.cli.geometry",
     "kdcollapse.cli.analyze",
     "kdcollapse.cli.robust_eval",
+    "kdcollapse.cli.recipes",
 ]
 
 

@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     ):
         p = subparsers.add_parser(name, help=text, description=text, epilog=examples,
                                   formatter_class=HelpFormatter)
-        p.add_argument("--config", metavar="FILE", help="YAML run config (see configs/)")
+        p.add_argument("--config", metavar="FILE|RECIPE", help="YAML run config, or the name of a shipped recipe "
+                       "(`kdcollapse recipes list`)")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
         p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace a run already in run_dir")
@@ -84,7 +85,9 @@ def _resolve_config(args) -> RunConfig:
         return cfg
     if not args.config:
         raise ConfigError("give --config FILE (see configs/) or --resume RUN_DIR")
-    return load_config(args.config, args.overrides)
+    from kdcollapse.recipes import config_file
+
+    return load_config(config_file(args.config), args.overrides)
 
 
 def _parse_seeds(text: str) -> list[int]:

@@ -21,16 +21,21 @@ from kdcollapse.models import adapt_state_dict, create_model, unwrap_state_dict
 from kdcollapse.models.heads import head_from_spec
 
 _META_KEY = "kdcollapse"
+_ALIASES_KEY = "kdcollapse.aliases"  # {name: name it is tied to}, see split_aliases
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
+    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path`` (mode 0666 less the
+    umask, like any file the user writes). Tied tensors (one tensor under two names) are stored once."""
     path = Path(path)
+    tensors, aliases = split_aliases(tensors)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={_META_KEY: json.dumps(meta)})
+        header = {_META_KEY: json.dumps(meta)} | ({_ALIASES_KEY: json.dumps(aliases)} if aliases else {})
+        save_file(tensors, tmp, metadata=header)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp (and save_file after it) create 0600
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -39,8 +44,43 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict)
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(unique, aliases)``: safetensors refuses tensors that share memory, so a tensor that is the same
+    view of the same memory as an earlier one (a tied weight, e.g. a language model's output layer and its
+    embedding) is dropped and recorded as ``aliases[name] = earlier name``; a tensor that overlaps another
+    one differently (a slice of it) is copied."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    views: dict[tuple, str] = {}
+    storages: set[tuple] = set()
+    for name, t in tensors.items():
+        storage = (t.device, t.untyped_storage().data_ptr())
+        view = (*storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if view in views:
+            aliases[name] = views[view]
+            continue
+        if storage in storages and t.untyped_storage().nbytes():
+            t = t.clone()
+        views[view] = name
+        storages.add(storage)
+        unique[name] = t
+    return unique, aliases
+
+
+def join_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``tensors`` with every alias of :func:`split_aliases` restored as the same tensor object."""
+    return tensors | {name: tensors[target] for name, target in aliases.items()}
+
+
 def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
-    """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``)."""
+    """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``); tied
+    tensors come back as one tensor under each of their names."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
@@ -51,7 +91,8 @@ def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[
         with safe_open(path, framework="pt") as f:
             header = f.metadata() or {}
         meta = json.loads(header.get(_META_KEY, "{}"))
-    except (SafetensorError, OSError, ValueError) as err:
+        tensors = join_aliases(tensors, json.loads(header.get(_ALIASES_KEY, "{}")))
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
     return tensors, meta
 
