@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[all]'
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
