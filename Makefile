@@ -9,11 +9,11 @@ TORCH_VERSION ?= 2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[all]'
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[dev,llm]'
+	$(PY) -m pip install -q -e '.[dev,all,llm]'
 	touch $@
 
 demo: $(VENV)/.installed

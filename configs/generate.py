@@ -102,7 +102,10 @@ def cifar_recipes() -> dict[Path, str]:
         body = cifar_common(name, f"runs/cifar100/teacher_{name}", 0.05)
         body["method"] = {"name": "vanilla"}
         header = [f"CIFAR-100 teacher {name}: {acc:.2f} % top-1 in the DHKD paper (Tables 1-2).",
-                  f"kdcollapse train --config configs/cifar100/teachers/{name}.yaml"]
+                  f"kdcollapse train --config configs/cifar100/teachers/{name}.yaml",
+                  "Or start from the community's trained teacher (mdistiller/CRD cifar_teachers, docs/distillation.md):",
+                  f"kdcollapse models convert --from mdistiller --model {name} CKPT.pth "
+                  f"runs/cifar100/teacher_{name}/model.safetensors"]
         out[Path("cifar100/teachers") / f"{name}.yaml"] = render(header, order(body))
     for pair in CIFAR_PAIRS:
         lr = 0.01 if pair.student in ("shufflev1", "shufflev2", "mobilenetv2") else 0.05

@@ -32,6 +32,7 @@ from kdcollapse.errors import ConfigError, DataError
 # One invalid value for every field of the run config (the `method:` section is checked by each method).
 INVALID = {
     "run_dir": '""',
+    "imports": '"notalist"',
     "seed": str(2**64),
     "data.name": "nope",
     "data.root": '""',

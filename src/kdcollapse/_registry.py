@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -41,6 +42,23 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def import_modules(names: list[str] | tuple[str, ...], source: str = "imports") -> None:
+    """Import the user's modules ``names`` (dotted, importable from ``sys.path``) so that their
+    ``register_model`` / ``register_dataset`` / ``register_method`` calls run; importing twice is a no-op."""
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise KdcollapseError(f"{source}: a module name must be a non-empty string, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name and name.startswith(err.name):  # the module itself, not one it imports, is missing
+                raise KdcollapseError(
+                    f"{source}: cannot import module {name!r}; is its folder on sys.path "
+                    "(the current directory, or PYTHONPATH)?"
+                ) from None
+            raise
 
 
 def _natural_key(name: str) -> list:

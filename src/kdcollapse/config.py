@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
-from kdcollapse.errors import ConfigError, unknown_choice
+from kdcollapse._registry import import_modules
+from kdcollapse.errors import ConfigError, KdcollapseError, unknown_choice
 from kdcollapse.data import list_datasets
 from kdcollapse.methods import get_method
 from kdcollapse.models import list_models
@@ -166,6 +167,8 @@ class AnalysisConfig:
 
 @dataclass
 class RunConfig:
+    imports: list[str] = valid(rule=Rule("a list of non-empty module names", lambda v: all(isinstance(m, str) and m for m in v)),
+                               factory=list)  # user modules imported first (their registrations)
     run_dir: str = valid("runs/default", NON_EMPTY)
     seed: int = valid(0, Rule("in [0, 2**64 - 1] (64 bits)", interval(0, 2**64 - 1).test))
     data: DataConfig = field(default_factory=DataConfig)
@@ -253,12 +256,27 @@ def read_yaml(path: str | Path) -> dict:
 
 def config_from_dict(data: dict) -> RunConfig:
     data = dict(data)
+    import_user_modules(data.get("imports"))
     method = data.pop("method", None) or {}
     if not isinstance(method, dict):
         raise ConfigError("'method' must be a mapping with at least a 'name' key")
     cfg = _build(RunConfig, data, "")
     cfg.method = method_config(method)
     return check_config(cfg)
+
+
+def import_user_modules(imports) -> None:
+    """Import the config's ``imports:`` (a list of module names) before anything is looked up by name."""
+    if imports is None:
+        return
+    if not isinstance(imports, list):
+        raise ConfigError(f"'imports' must be a list of module names, got {imports!r}")
+    try:
+        import_modules(imports, "imports")
+    except ConfigError:
+        raise
+    except KdcollapseError as err:
+        raise ConfigError(str(err)) from None
 
 
 def method_config(section: dict):

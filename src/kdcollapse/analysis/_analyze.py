@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kdcollapse._optional import require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
 from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, feature_pass, split_metrics
@@ -18,6 +19,7 @@ from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, covariance_spectra
+from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
 
 # One line per key for analysis.md: every metric's from the catalogue (definitions and papers:
@@ -46,7 +48,7 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
     ``out_dir``. Returns the JSON document."""
     options = options or AnalyzeOptions()
-    dataset, model = subject.dataset, subject.model
+    dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,8 +118,7 @@ def _tsne_classes(options: AnalyzeOptions, num_classes: int) -> list[int]:
 def tsne(features: np.ndarray, seed: int) -> np.ndarray:
     """2-D t-SNE (scikit-learn, PCA initialisation) of ``(n, d)`` features; perplexity 30 or less for
     small ``n``."""
-    from sklearn.manifold import TSNE
-
+    TSNE = require("sklearn.manifold", "t-SNE").TSNE
     n = features.shape[0]
     if n < 3:
         raise KdcollapseError(f"t-SNE needs at least 3 points, the sample holds {n}")

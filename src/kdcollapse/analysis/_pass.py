@@ -22,7 +22,7 @@ from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
-from kdcollapse.models import evaluating
+from kdcollapse.models import FeatureSpec, as_classifier, evaluating
 
 DEFAULT_SAMPLE_SIZE = 20_000  # feature rows kept for t-SNE and nearest-class-mean, over all classes
 
@@ -61,15 +61,18 @@ def feature_pass(
     seed: int = 0,
     progress: bool = False,
     description: str = "features",
+    features: FeatureSpec = None,
 ) -> SplitPass:
     """Run ``model`` once over ``batches`` of ``(x, y)`` and accumulate a :class:`SplitPass`.
 
     ``model`` is a :class:`~kdcollapse.models.Classifier` (``forward_features`` -> ``(B, d)``, ``forward_head``
-    -> ``(B, K)``, the "main" head); ``heads`` maps names to extra heads on the same features (DHKD's
+    -> ``(B, K)``, the "main" head) or any module with the feature spec ``features`` (see
+    :func:`~kdcollapse.models.as_classifier`); ``heads`` maps names to extra heads on the same features (DHKD's
     auxiliary head ``g'``); ``teacher`` is a model whose logits are compared with every head's
     (DHKD App. H). The sample keeps about ``sample_size`` feature rows, ``ceil(sample_size / K)`` per
     class, drawn with ``seed``. Modes are restored afterwards, so this is safe inside a training loop.
     """
+    model = as_classifier(model, features)
     heads = dict(heads or {})
     if "main" in heads:
         raise KdcollapseError("'main' names the model's own head; give extra heads other names")

@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from kdcollapse._optional import pyplot as plt
+from kdcollapse._optional import ticker
 
 
 def _save(fig, path: Path) -> str:
@@ -88,8 +86,8 @@ def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: s
         ax.set_title(f"{name} head: mean {mean:.3f}", fontsize=9)
         ax.set_xlabel("logit j")
         ax.set_ylabel("true class k")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85)
     fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kdcollapse.data import load_dataset
+from kdcollapse.models import FeatureSpec
 from kdcollapse.runs import Run, check_split, load_model_file
 
 
@@ -16,8 +17,10 @@ from kdcollapse.runs import Run, check_split, load_model_file
 class Subject:
     """A trained model with the split to analyse.
 
-    ``heads``: extra heads on the model's features (a dual-head student's ``aux``); ``teacher``: the model
-    whose logits each head is compared with (DHKD App. H); ``info``: provenance for the report.
+    ``model``: a :class:`~kdcollapse.models.Classifier` or any module with the feature spec ``features``
+    (see :func:`~kdcollapse.models.as_classifier`); ``heads``: extra heads on the model's features (a
+    dual-head student's ``aux``); ``teacher``: the model whose logits each head is compared with (DHKD
+    App. H); ``info``: provenance for the report.
     """
 
     model: nn.Module
@@ -26,6 +29,7 @@ class Subject:
     heads: dict[str, nn.Module] = field(default_factory=dict)
     teacher: nn.Module | None = None
     info: dict = field(default_factory=dict)
+    features: FeatureSpec = None
 
 
 def load_run(

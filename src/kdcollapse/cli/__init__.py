@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from kdcollapse import __version__
+from kdcollapse._registry import import_modules
 from kdcollapse.cli._common import HelpFormatter
 from kdcollapse.errors import KdcollapseError
 
@@ -24,6 +25,7 @@ _COMMAND_MODULES = [
     "kdcollapse.cli.geometry",
     "kdcollapse.cli.analyze",
     "kdcollapse.cli.robust_eval",
+    "kdcollapse.cli.recipes",
 ]
 
 
@@ -35,15 +37,43 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `kdcollapse COMMAND --help` for a command's options and examples.",
     )
     parser.add_argument("--version", action="version", version=f"kdcollapse {__version__}")
+    parser.add_argument("--import", metavar="MODULE", action="append", dest="imports", default=[],
+                        help="import a module of yours first, so that its register_model / register_dataset / "
+                        "register_method entries exist (repeatable; before or after COMMAND)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _COMMAND_MODULES:
         importlib.import_module(module).register(subparsers)
     return parser
 
 
+def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(modules, rest)``: the values of every ``--import MODULE`` / ``--import=MODULE`` in ``argv`` (before
+    or after the command) and the other arguments."""
+    modules, rest = [], []
+    items = iter(argv)
+    for item in items:
+        if item == "--import":
+            value = next(items, None)
+            if value is None or value.startswith("-"):
+                raise KdcollapseError("--import needs a module name, e.g. --import mymodels")
+            modules.append(value)
+        elif item.startswith("--import="):
+            modules.append(item.partition("=")[2])
+        else:
+            rest.append(item)
+    return modules, rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        imports, argv = split_imports(sys.argv[1:] if argv is None else list(argv))
+        import_modules(imports, "--import")
+    except KdcollapseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.imports = imports
     # key=value overrides may come after options (`--overwrite optim.lr=0.1`): argparse leaves those over.
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]

@@ -1,25 +1,39 @@
-"""``kdcollapse models``: the registered models with their sizes."""
+"""``kdcollapse models [list]``: the registered models with their sizes."""
 
 from __future__ import annotations
 
 _EXAMPLES = """examples:
-  kdcollapse models                    # every model, parameters with 100 classes
-  kdcollapse models 'resnet*' --classes 10
-  kdcollapse models wrn_40_2 --in-channels 1
+  kdcollapse models                         # every model, parameters with 100 classes
+  kdcollapse models list 'resnet*' --classes 10
+  kdcollapse models list wrn_40_2 --in-channels 1
+  kdcollapse models convert --from mdistiller --model resnet32x4 ckpt_epoch_240.pth resnet32x4.safetensors
 """
 
 
 def register(subparsers) -> None:
     from kdcollapse.cli._common import HelpFormatter
 
-    p = subparsers.add_parser("models", help="List the registered models with parameter counts.",
-                              description="List the registered models (shell-style PATTERN) with their "
-                              "parameter counts and feature dimensions.", epilog=_EXAMPLES,
+    p = subparsers.add_parser("models", help="List the registered models; convert community weights.",
+                              description="List the registered models with their parameter counts and "
+                              "feature dimensions (`models list`, the default).", epilog=_EXAMPLES,
                               formatter_class=HelpFormatter)
-    p.add_argument("pattern", nargs="?", default="*", help="shell-style name pattern")
-    p.add_argument("--classes", type=int, default=100, help="number of classes of the head")
-    p.add_argument("--in-channels", type=int, default=3, help="input channels (1 for grey images)")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, pattern="*", classes=100, in_channels=3)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    q = actions.add_parser("list", help="registered models (shell-style PATTERN)", formatter_class=HelpFormatter)
+    q.add_argument("pattern", nargs="?", default="*", help="shell-style name pattern")
+    q.add_argument("--classes", type=int, default=100, help="number of classes of the head")
+    q.add_argument("--in-channels", type=int, default=3, help="input channels (1 for grey images)")
+    q.set_defaults(func=_run)
+    c = actions.add_parser("convert", help="community weights (mdistiller/CRD, timm) into a zoo model file",
+                           description="Convert a .pth/.pt state dict (read with weights_only=True) of the "
+                           "mdistiller/CRD CIFAR layout or timm's ImageNet ResNets into a zoo model file; use it "
+                           "as teacher.checkpoint=OUT.", formatter_class=HelpFormatter)
+    c.add_argument("--from", dest="source", required=True, choices=["mdistiller", "timm"],
+                   help="the weights' layout (mdistiller also covers CRD's cifar_teachers)")
+    c.add_argument("--model", required=True, help="the zoo's name of the architecture, e.g. resnet32x4")
+    c.add_argument("input", help="the community weights (.pth, .pt or .safetensors)")
+    c.add_argument("output", help="the zoo model file to write (.safetensors)")
+    c.set_defaults(func=_convert)
 
 
 def _run(args) -> int:
@@ -34,4 +48,13 @@ def _run(args) -> int:
     for name in names:
         model = create_model(name, args.classes, in_channels=args.in_channels)
         print(f"{name:<16} {count_parameters(model):>12,} {model.feature_dim:>11}")
+    return 0
+
+
+def _convert(args) -> int:
+    from kdcollapse.runs import convert_weights
+
+    meta = convert_weights(args.input, args.output, source=args.source, model_name=args.model)
+    print(f"{args.output}: {meta['model']}, {meta['num_classes']} classes, {meta['in_channels']} input channels "
+          f"(from {args.source} weights {args.input}); use teacher.checkpoint={args.output}")
     return 0

@@ -16,6 +16,7 @@ _TRAIN_EXAMPLES = """examples:
   kdcollapse train --config configs/fashion_mnist/teacher.yaml --seeds 0,1,2
   kdcollapse train --resume runs/fmnist_teacher            # continue exactly where it stopped
   torchrun --nproc_per_node=2 -m kdcollapse train --config configs/fashion_mnist/teacher.yaml
+  kdcollapse --import mymodels train --config configs/fashion_mnist/student.yaml model.name=my_cnn
 """
 
 _DISTILL_EXAMPLES = """examples:
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
     ):
         p = subparsers.add_parser(name, help=text, description=text, epilog=examples,
                                   formatter_class=HelpFormatter)
-        p.add_argument("--config", metavar="FILE", help="YAML run config (see configs/)")
+        p.add_argument("--config", metavar="FILE|RECIPE", help="YAML run config, or the name of a shipped recipe "
+                       "(`kdcollapse recipes list`)")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
         p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace a run already in run_dir")
@@ -55,6 +57,7 @@ def _train(args) -> None:
     from kdcollapse.methods import get_method
 
     cfg = _resolve_config(args)
+    cfg.imports = list(dict.fromkeys([*cfg.imports, *getattr(args, "imports", [])]))  # saved: analyze sees them
     needs_teacher = get_method(cfg.method.name).needs_teacher
     if args.command_name == "distill" and not needs_teacher:
         raise ConfigError(f"method '{cfg.method.name}' trains without a teacher; use `kdcollapse train`, or "
@@ -84,7 +87,9 @@ def _resolve_config(args) -> RunConfig:
         return cfg
     if not args.config:
         raise ConfigError("give --config FILE (see configs/) or --resume RUN_DIR")
-    return load_config(args.config, args.overrides)
+    from kdcollapse.recipes import config_file
+
+    return load_config(config_file(args.config), args.overrides)
 
 
 def _parse_seeds(text: str) -> list[int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from kdcollapse._optional import require
 from kdcollapse.data._dataset import Augment, TensorDataset, derive_seed, register_dataset
 from kdcollapse.errors import DataError
 
@@ -22,9 +23,7 @@ def digits(root: Path | None, split: str) -> TensorDataset:
     first ``count // 5`` samples into ``test`` (355 images) and the rest into ``train`` (1442); each
     split keeps the original order. Mean and std are those of the train pixels.
     """
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    bunch = require("sklearn.datasets", "the digits dataset").load_digits()
     images = torch.from_numpy(bunch.images).mul(255 / 16).round().to(torch.uint8).unsqueeze(1)
     labels = torch.from_numpy(bunch.target).long()
     is_test = torch.zeros(len(labels), dtype=torch.bool)

@@ -5,14 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from kdcollapse.errors import KdcollapseError  # noqa: E402
+from kdcollapse._optional import pyplot as plt
+from kdcollapse.errors import KdcollapseError
 
 
 def plot_code(

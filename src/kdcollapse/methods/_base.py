@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kdcollapse.models import Classifier
+from kdcollapse.models import Classifier, FeatureSpec, as_classifier
 
 
 class FrozenTeacher:
@@ -21,8 +21,9 @@ class FrozenTeacher:
     switch it out of eval mode.
     """
 
-    def __init__(self, model: Classifier):
-        self.model = model.eval().requires_grad_(False)
+    def __init__(self, model: nn.Module, features: FeatureSpec = None):
+        """``model``: a :class:`Classifier`, or any module with a feature spec (see :func:`as_classifier`)."""
+        self.model = as_classifier(model, features).eval().requires_grad_(False)
 
     @property
     def num_classes(self) -> int:
@@ -49,6 +50,8 @@ class Method(nn.Module):
     ``predict`` for evaluation, ``student`` for the per-epoch collapse metrics, ``inference_model`` for the
     saved model file, ``extra_state`` / ``load_extra_state`` for checkpoints. A subclass overrides the
     hooks it needs; the defaults are those of plain cross-entropy training.
+    The student is a :class:`Classifier` or any module :func:`~kdcollapse.models.as_classifier` can wrap
+    with its default feature spec (wrap it yourself to choose another).
     """
 
     @dataclass
@@ -81,7 +84,7 @@ class Method(nn.Module):
 
     def __init__(
         self,
-        student: Classifier,
+        student: nn.Module,
         config,
         *,
         num_classes: int,
@@ -89,7 +92,7 @@ class Method(nn.Module):
         label_smoothing: float = 0.0,
     ):
         super().__init__()
-        self.student = student
+        self.student = as_classifier(student)
         self.config = config
         self.num_classes = num_classes
         self.teacher = teacher

@@ -4,10 +4,10 @@ linear warm-up ramp of the distillation term."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.methods._base import FrozenTeacher, Method
-from kdcollapse.models import Classifier
 
 
 class Distiller(Method):
@@ -19,17 +19,17 @@ class Distiller(Method):
 
     needs_teacher = True
 
-    def __init__(self, student: Classifier, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
+    def __init__(self, student: nn.Module, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
                  label_smoothing: float = 0.0):
         super().__init__(student, config, num_classes=num_classes, teacher=teacher,
                          label_smoothing=label_smoothing)
         name = self.name
         if teacher is None:
             raise ConfigError(f"method '{name}' distils from a teacher; pass teacher=FrozenTeacher(model)")
-        if teacher.num_classes != num_classes or student.num_classes != num_classes:
+        if teacher.num_classes != num_classes or self.student.num_classes != num_classes:
             raise KdcollapseError(
                 f"method '{name}': teacher has {teacher.num_classes} classes, student has "
-                f"{student.num_classes}, the data has {num_classes}; all three must share one label space"
+                f"{self.student.num_classes}, the data has {num_classes}; all three must share one label space"
             )
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ class DualHead(Distiller):
 
     def __init__(self, student, config, *, num_classes, **kwargs):
         super().__init__(student, config, num_classes=num_classes, **kwargs)
-        self.aux_head = make_aux_head(config.aux_head, student.feature_dim, num_classes)
+        self.aux_head = make_aux_head(config.aux_head, self.student.feature_dim, num_classes)
         self.manual_gradient_sync = config.alignment != "off"
 
     def distill_loss(self, aux_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

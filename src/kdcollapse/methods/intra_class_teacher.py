@@ -74,7 +74,7 @@ class IntraClassTeacher(Method):
 
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
-        dim = student.feature_dim
+        dim = self.student.feature_dim
         self._cache = {"anchors": torch.zeros(0, dim), "positives": torch.zeros(0, dim),
                        "labels": torch.zeros(0, dtype=torch.long)}
         self._stats = torch.zeros(len(_STATS), dtype=torch.float64)

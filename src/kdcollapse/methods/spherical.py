@@ -51,8 +51,8 @@ class Spherical(Method):
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
         if config.head != "linear":
-            student.head = make_head(
-                config.head, student.feature_dim, student.num_classes, temperature=config.temperature,
+            self.student.head = make_head(
+                config.head, self.student.feature_dim, self.student.num_classes, temperature=config.temperature,
                 beta=config.beta, code=config.code, code_key=config.code_key, assignment=config.assignment,
             )
 

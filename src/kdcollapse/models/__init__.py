@@ -12,14 +12,17 @@ from torch import nn
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.models._adapter import FeatureSpec, ModuleClassifier, adapt_state_dict, as_classifier
 from kdcollapse.models._base import Classifier, evaluating
+from kdcollapse.models._convert import classifier_shape, convert_state_dict, input_channels, unwrap_state_dict
 
 _MODELS: Registry[Callable[..., Classifier]] = Registry("model")
 register_model = _MODELS.register
 
 
 def create_model(name: str, num_classes: int, in_channels: int = 3, **kwargs) -> Classifier:
-    """Build a registered model. Raises a ``KdcollapseError`` listing the valid names for an unknown name
+    """Build a registered model; a factory returning a plain ``nn.Module`` is wrapped by
+    :func:`as_classifier` (its feature found automatically). Raises a ``KdcollapseError`` listing the valid names for an unknown name
     and the valid options for an unknown keyword argument."""
     factory = _MODELS.get(name)
     params = inspect.signature(factory).parameters
@@ -32,7 +35,8 @@ def create_model(name: str, num_classes: int, in_channels: int = 3, **kwargs) ->
         raise KdcollapseError(
             f"num_classes and in_channels must be >= 1, got {num_classes} and {in_channels}"
         )
-    return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+    model = factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+    return as_classifier(model, num_classes=num_classes)
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -48,4 +52,8 @@ def count_parameters(model: nn.Module) -> int:
 # Importing the family modules registers their models.
 from kdcollapse.models import _families  # noqa: E402,F401
 
-__all__ = ["Classifier", "evaluating", "create_model", "list_models", "register_model", "count_parameters"]
+__all__ = [
+    "Classifier", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
+    "create_model", "list_models", "register_model", "count_parameters",
+    "convert_state_dict", "unwrap_state_dict", "classifier_shape", "input_channels",
+]

@@ -3,10 +3,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from kdcollapse._optional import pyplot as plt
 
 
 def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: str | Path,

@@ -23,12 +23,19 @@ def temporary_path(path: Path) -> Path:
     return Path(tmp)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def writing(path: Path, tmp: Path) -> Iterator[Path]:
     """Write ``tmp`` (the body of the ``with``) and flush it to disk; on any failure remove it. A full
     disk or another OS error becomes a :class:`CheckpointError` naming ``path``."""
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp (and writers that recreate the file) give 0600
         fsync_file(tmp)
     except (OSError, SafetensorError) as err:
         tmp.unlink(missing_ok=True)

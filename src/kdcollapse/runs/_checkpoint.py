@@ -17,12 +17,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
-from kdcollapse.models import create_model
+from kdcollapse.models import adapt_state_dict, create_model, unwrap_state_dict
 from kdcollapse.models.heads import head_from_spec
 from kdcollapse.runs._atomic import replacing
 
 _META_KEY = "kdcollapse"
 _DIGEST_KEY = "kdcollapse.sha256"
+_ALIASES_KEY = "kdcollapse.aliases"  # {name: name it is tied to}, see split_aliases
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -36,7 +37,9 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
-    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``; returns the digest."""
+    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path`` (mode 0666 less the
+    umask, like any file the user writes); returns the digest. Tied tensors (one tensor under two names)
+    are stored once."""
     with replacing(path) as tmp:
         digest = write_tensors(tmp, tensors, meta)
     return digest
@@ -44,10 +47,40 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict)
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> str:
     """Write (not atomically: see :func:`save_tensors`) and return the tensors' digest."""
+    tensors, aliases = split_aliases(tensors)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     digest = tensors_digest(tensors)
-    save_file(tensors, path, metadata={_META_KEY: json.dumps(meta), _DIGEST_KEY: digest})
+    header = {_META_KEY: json.dumps(meta), _DIGEST_KEY: digest}
+    save_file(tensors, path, metadata=header | ({_ALIASES_KEY: json.dumps(aliases)} if aliases else {}))
     return digest
+
+
+def split_aliases(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``(unique, aliases)``: safetensors refuses tensors that share memory, so a tensor that is the same
+    view of the same memory as an earlier one (a tied weight, e.g. a language model's output layer and its
+    embedding) is dropped and recorded as ``aliases[name] = earlier name``; a tensor that overlaps another
+    one differently (a slice of it) is copied."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    views: dict[tuple, str] = {}
+    storages: set[tuple] = set()
+    for name, t in tensors.items():
+        storage = (t.device, t.untyped_storage().data_ptr())
+        view = (*storage, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if view in views:
+            aliases[name] = views[view]
+            continue
+        if storage in storages and t.untyped_storage().nbytes():
+            t = t.clone()
+        views[view] = name
+        storages.add(storage)
+        unique[name] = t
+    return unique, aliases
+
+
+def join_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``tensors`` with every alias of :func:`split_aliases` restored as the same tensor object."""
+    return tensors | {name: tensors[target] for name, target in aliases.items()}
 
 
 def read_header(path: str | Path) -> tuple[dict, str | None]:
@@ -62,20 +95,55 @@ def read_header(path: str | Path) -> tuple[dict, str | None]:
 
 def load_tensors(path: str | Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
     """Read a file written by :func:`save_tensors` (or any safetensors file: its meta is then ``{}``),
-    checking its digest when it carries one."""
+    checking its digest when it carries one; tied tensors come back as one tensor under each name."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
     meta, digest = read_header(path)
     try:
         tensors = load_file(path, device="cpu")
+        with safe_open(path, framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint ({err})") from None
     if digest is not None and tensors_digest(tensors) != digest:
         raise CheckpointError(f"{path} is corrupt: its tensor data does not match the checksum written with it")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} has damaged metadata (not a JSON object)")
-    return {k: v.to(device) for k, v in tensors.items()}, meta
+    try:
+        return join_aliases({k: v.to(device) for k, v in tensors.items()}, aliases), meta
+    except (KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{path} has damaged metadata (its tied-tensor map names a missing tensor)") from None
+
+
+TORCH_SUFFIXES = (".pth", ".pt")
+
+
+def read_torch_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The state dict in a ``.pth``/``.pt`` file, read with ``torch.load(weights_only=True)``: tensors and
+    plain containers only, never arbitrary pickled objects. A training checkpoint holding the state dict
+    under ``model`` or ``state_dict`` (mdistiller/CRD) is unwrapped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    try:
+        obj = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # pickle refuses other objects with UnpicklingError, or a corrupt file
+        raise CheckpointError(
+            f"{path} is not a plain torch state dict that loads with weights_only=True ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); save model.state_dict(), not the model"
+        ) from None
+    try:
+        return unwrap_state_dict(obj)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def read_weights(path: Path, device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
+    """``(tensors, meta)`` of a safetensors file, or of a ``.pth``/``.pt`` state dict (meta ``{}``)."""
+    if path.suffix in TORCH_SUFFIXES:
+        return read_torch_weights(path, device), {}
+    return load_tensors(path, device=device)
 
 
 def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -185,12 +253,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``.
 
     ``path`` is a ``model.safetensors`` file (or a run directory holding one). A plain safetensors file
-    without kdcollapse metadata needs ``model_name`` and ``num_classes`` (and ``in_channels``).
+    without kdcollapse metadata, or a ``.pth``/``.pt`` state dict (read with ``weights_only=True``), needs
+    ``model_name`` and ``num_classes`` (and ``in_channels``); its keys must be the model's (convert a
+    community layout first: ``kdcollapse models convert``).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
-    state, meta = load_tensors(path, device=device)
+    state, meta = read_weights(path, device)
     name = model_name or meta.get("model")
     classes = num_classes or meta.get("num_classes")
     if name is None or classes is None:
@@ -206,5 +276,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
     if "head" in meta:  # a special head recorded by save_model
         model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
-    load_state(model, state, str(path))
+    load_state(model, adapt_state_dict(model, state), str(path))
     return model, meta

@@ -1,0 +1,244 @@
+"""Community teachers: .pth state dicts read safely, mdistiller/CRD and timm layouts converted into the zoo.
+
+The official modules are re-stated here from their published definitions (mdistiller
+``mdistiller/models/cifar/{resnet,resnetv2,wrn,vgg}.py``, timm's ``resnet.py``) with their exact key
+names; a converted zoo model must give the same logits as the official module with the same weights.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kdcollapse.cli import main
+from kdcollapse.errors import CheckpointError
+from kdcollapse.models import convert_state_dict, create_model
+from kdcollapse.runs import load_model
+
+torch.set_grad_enabled(True)
+
+
+def conv_bn(cin, cout, k, stride=1):
+    return nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)
+
+
+class Basic(nn.Module):
+    """mdistiller resnet.py / timm BasicBlock: conv1 bn1 conv2 bn2 [downsample.0/1]."""
+
+    expansion = 1
+
+    def __init__(self, cin, planes, stride, shortcut_name):
+        super().__init__()
+        self.conv1, self.bn1 = conv_bn(cin, planes, 3, stride)
+        self.conv2, self.bn2 = conv_bn(planes, planes, 3)
+        self.shortcut_name = shortcut_name
+        if stride != 1 or cin != planes:
+            setattr(self, shortcut_name, nn.Sequential(*conv_bn(cin, planes, 1, stride)))
+
+    def skip(self, x):
+        layer = getattr(self, self.shortcut_name, None)
+        return x if layer is None else layer(x)
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(out + self.skip(x))
+
+
+class Bottle(Basic):
+    """resnetv2.py / timm Bottleneck: conv1 1x1, conv2 3x3 (stride), conv3 1x1 (x4), shortcut/downsample."""
+
+    expansion = 4
+
+    def __init__(self, cin, planes, stride, shortcut_name):
+        nn.Module.__init__(self)
+        self.conv1, self.bn1 = conv_bn(cin, planes, 1)
+        self.conv2, self.bn2 = conv_bn(planes, planes, 3, stride)
+        self.conv3, self.bn3 = conv_bn(planes, 4 * planes, 1)
+        self.shortcut_name = shortcut_name
+        if stride != 1 or cin != 4 * planes:
+            setattr(self, shortcut_name, nn.Sequential(*conv_bn(cin, 4 * planes, 1, stride)))
+
+    def forward(self, x):
+        out = F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+        return F.relu(self.bn3(self.conv3(out)) + self.skip(x))
+
+
+class OfficialResNet(nn.Module):
+    """conv1 bn1 (maxpool) layer1..N fc/linear: mdistiller resnet.py (CIFAR, BasicBlock, `downsample`),
+    resnetv2.py (ResNet50, Bottleneck, `shortcut`, `linear`) and timm (7x7 stem, max-pool, `downsample`)."""
+
+    def __init__(self, block, depths, widths, stem, num_classes, imagenet=False, shortcut="downsample",
+                 head="fc"):
+        super().__init__()
+        self.conv1, self.bn1 = conv_bn(3, stem, 7 if imagenet else 3, 2 if imagenet else 1)
+        self.imagenet, self.head_name = imagenet, head
+        cin = stem
+        for i, (depth, width) in enumerate(zip(depths, widths)):
+            blocks = []
+            for j in range(depth):
+                blocks.append(block(cin, width, 2 if i > 0 and j == 0 else 1, shortcut))
+                cin = width * block.expansion
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.depth = len(depths)
+        setattr(self, head, nn.Linear(cin, num_classes))
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        if self.imagenet:
+            x = F.max_pool2d(x, 3, 2, 1)
+        for i in range(self.depth):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return getattr(self, self.head_name)(x.mean((2, 3)))
+
+
+class WrnBlock(nn.Module):
+    """mdistiller wrn.py BasicBlock: bn1 conv1 bn2 conv2 [convShortcut on the pre-activated input]."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.equal = cin == cout
+        self.convShortcut = None if self.equal else nn.Conv2d(cin, cout, 1, stride, 0, bias=False)
+
+    def forward(self, x):
+        a = F.relu(self.bn1(x))
+        out = self.conv2(F.relu(self.bn2(self.conv1(a))))
+        return out + (x if self.equal else self.convShortcut(a))
+
+
+class OfficialWRN(nn.Module):
+    """mdistiller wrn.py WideResNet: conv1, block{1,2,3}.layer.N, bn1, fc."""
+
+    def __init__(self, depth, widen, num_classes):
+        super().__init__()
+        n, ch = (depth - 4) // 6, [16, 16 * widen, 32 * widen, 64 * widen]
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        for i in range(3):
+            layer = nn.Sequential(*[WrnBlock(ch[i] if j == 0 else ch[i + 1], ch[i + 1], (1 if i == 0 else 2) if j == 0
+                                             else 1) for j in range(n)])
+            block = nn.Module()
+            block.layer = layer
+            setattr(self, f"block{i + 1}", block)
+        self.bn1 = nn.BatchNorm2d(ch[3])
+        self.fc = nn.Linear(ch[3], num_classes)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        for i in range(3):
+            x = getattr(self, f"block{i + 1}").layer(x)
+        return self.fc(F.relu(self.bn1(x)).mean((2, 3)))
+
+
+class OfficialVGG(nn.Module):
+    """mdistiller vgg.py VGG with batch_norm: block{0..4} of conv(bias)-BN-ReLU, 2x2 pools after blocks
+    0-2 (block 3's pool only at 64x64), average pool, classifier."""
+
+    def __init__(self, stages, num_classes):
+        super().__init__()
+        cin = 3
+        for i, stage in enumerate(stages):
+            layers = []
+            for width in stage:
+                layers += [nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+                cin = width
+            setattr(self, f"block{i}", nn.Sequential(*layers[:-1]))
+        self.classifier = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        for i in range(5):
+            x = F.relu(getattr(self, f"block{i}")(x))
+            if i < 3:
+                x = F.max_pool2d(x, 2)
+        return self.classifier(x.mean((2, 3)))
+
+
+K = 10
+OFFICIAL = {  # zoo name -> (layout, the official module, input size)
+    "resnet32x4": ("mdistiller", lambda: OfficialResNet(Basic, [5] * 3, [64, 128, 256], 32, K), 32),
+    "resnet56": ("mdistiller", lambda: OfficialResNet(Basic, [9] * 3, [16, 32, 64], 16, K), 32),
+    "resnet110": ("mdistiller", lambda: OfficialResNet(Basic, [18] * 3, [16, 32, 64], 16, K), 32),
+    "resnet50_cifar": ("mdistiller", lambda: OfficialResNet(Bottle, [3, 4, 6, 3], [64, 128, 256, 512], 64, K,
+                                                            shortcut="shortcut", head="linear"), 32),
+    "wrn_40_2": ("mdistiller", lambda: OfficialWRN(40, 2, K), 32),
+    "vgg13": ("mdistiller", lambda: OfficialVGG([[64, 64], [128, 128], [256, 256], [512, 512], [512, 512]], K), 32),
+    "resnet18": ("timm", lambda: OfficialResNet(Basic, [2] * 4, [64, 128, 256, 512], 64, K, imagenet=True), 64),
+}
+
+
+def official(name, seed=0):
+    """The official module with random weights and BN statistics, in eval mode."""
+    torch.manual_seed(seed)
+    layout, build, size = OFFICIAL[name]
+    net = build()
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.1, 0.1)
+    return net.eval(), layout, torch.rand(2, 3, size, size)
+
+
+@pytest.mark.parametrize("name", list(OFFICIAL))
+def test_converted_teacher_gives_the_official_logits(name):
+    net, layout, x = official(name)
+    model = create_model(name, K).eval()
+    model.load_state_dict(convert_state_dict({"model": net.state_dict(), "epoch": 240}, model, layout))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cli_convert_into_a_teacher_directory(tmp_path, capsys):
+    net, layout, x = official("resnet56")
+    src, dst = tmp_path / "ckpt_epoch_240.pth", tmp_path / "teacher_resnet56" / "model.safetensors"
+    torch.save({"model": net.state_dict(), "epoch": 240, "best_acc": 72.3}, src)
+    assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet56", str(src), str(dst)]) == 0
+    assert "use teacher.checkpoint=" in capsys.readouterr().out
+    model, meta = load_model(dst.parent)  # what a recipe's teacher.checkpoint: runs/.../teacher_resnet56 reads
+    assert (meta["model"], meta["num_classes"], meta["converted_from"]) == ("resnet56", K, "mdistiller")
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+def test_another_architecture_is_refused():
+    net, _, _ = official("resnet56")
+    with pytest.raises(CheckpointError, match="another architecture"):
+        convert_state_dict(net.state_dict(), create_model("resnet110", K), "mdistiller")
+    with pytest.raises(CheckpointError, match=r"conv1.weight \(16, 3, 3, 3\) does not fit body.0.0.weight"):
+        convert_state_dict(net.state_dict(), create_model("resnet56", K, in_channels=1), "mdistiller")
+    with pytest.raises(CheckpointError, match="fc.weight .* does not fit head.weight"):
+        convert_state_dict(net.state_dict(), create_model("resnet56", 100), "mdistiller")
+    with pytest.raises(CheckpointError, match="unknown weights layout 'crd'"):
+        convert_state_dict(net.state_dict(), create_model("resnet56", K), "crd")
+
+
+def test_pth_state_dicts_load_with_weights_only(tmp_path):
+    model = create_model("resnet8", K)
+    path = tmp_path / "resnet8.pth"
+    torch.save(model.state_dict(), path)
+    loaded, meta = load_model(path, model_name="resnet8", num_classes=K)
+    assert meta == {} and all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                                  model.state_dict().values()))
+    pickled = tmp_path / "whole_model.pth"
+    torch.save(model, pickled)  # a pickled module: refused, never unpickled
+    with pytest.raises(CheckpointError, match="weights_only=True.*save model.state_dict"):
+        load_model(pickled, model_name="resnet8", num_classes=K)
+    community = tmp_path / "community.pth"
+    torch.save(official("resnet56")[0].state_dict(), community)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        load_model(community, model_name="resnet56", num_classes=K)
+
+
+def test_plain_module_weights_load_with_their_own_keys(tmp_path, monkeypatch):
+    """A user's module registered as a model: its own state dict (no `module.` prefix) is accepted."""
+    from kdcollapse.models import _MODELS
+
+    monkeypatch.setitem(_MODELS._entries, "byo_official_wrn",
+                        lambda num_classes, in_channels=3: OfficialWRN(16, 1, num_classes))
+    net = OfficialWRN(16, 1, K)
+    torch.save(net.state_dict(), tmp_path / "wrn.pt")
+    model, _ = load_model(tmp_path / "wrn.pt", model_name="byo_official_wrn", num_classes=K)
+    assert torch.equal(model.module.fc.weight, net.fc.weight)
