@@ -1,7 +1,8 @@
 """Tests of kdcollapse.metrics against slow, obviously-correct references and the papers' identities.
 
-The references (numpy/scipy, every feature in memory) are written straight from the definitions in
-SPEC Sec. 4 with the empirical class prior pi_k = n_k / N documented in kdcollapse/metrics/_collapse.py.
+The references (numpy/scipy, every feature in memory) are written straight from the papers' definitions
+(Papyan et al. 2020, the VCI and GNC papers) with the empirical class prior pi_k = n_k / N documented in
+src/kdcollapse/metrics/_collapse.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ covariance uses the empirical class prior :math:`\pi_k = n_k/N`:
     \Sigma_B = \sum_k \pi_k (\mu_k-\mu_G)(\cdot)^\top,\quad
     \Sigma_T = \tfrac1N \sum_i (h_i-\mu_G)(\cdot)^\top = \Sigma_W + \Sigma_B .
 
-With balanced classes :math:`\pi_k = 1/K` and these are exactly SPEC Sec. 4 and the papers' definitions.
+With balanced classes :math:`\pi_k = 1/K` and these are exactly the papers' definitions.
 With imbalanced classes it is the only weighting that (i) is a function of one global second moment
 (a class-uniform Sigma_W would need K separate d x d moments) and (ii) keeps Sigma_T = Sigma_W + Sigma_B,
 on which VCI Thm 5.2 and Cor. 5.4 rest. ``linear_probe_mse`` is the exact minimum of the probe loss

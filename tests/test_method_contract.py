@@ -1,0 +1,133 @@
+"""The method contract (``kdcollapse.methods.Method``), checked for every registered method.
+
+Each method gets the teacher and the views it declares (``needs_teacher``, ``views``) and its default
+options. Method-specific behaviour (loss values, gradient alignment, class weights, attacks) is tested in
+the method's own test module; this file checks only what the trainer relies on for all of them.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from kdcollapse.config import load_config, method_config
+from kdcollapse.data import load_dataset
+from kdcollapse.methods import FrozenTeacher, build_method, get_method, list_methods
+from kdcollapse.models import create_model
+from kdcollapse.runs import load_tensors
+from kdcollapse.train import fit
+
+# The package's methods; tests may register private ones (tests/test_train.py), which this file skips.
+METHODS = [name for name in list_methods() if get_method(name).__module__.startswith("kdcollapse.methods.")]
+K, B = 10, 20  # digits classes; a batch with two images of each class
+
+
+def identity(loss):
+    return loss
+
+
+def digits_batch(views: int):
+    """B digits, two per class, standardised with the dataset's statistics: (x, y, the images in [0, 1])."""
+    data = load_dataset("digits", "train")
+    index = torch.cat([torch.nonzero(data.labels == k)[:2, 0] for k in range(K)])
+    images, y = data.inputs[index].float() / 255, data.labels[index]
+    x = (images - data.mean[0]) / data.std[0]
+    if views > 1:  # independently augmented views in the trainer; here, a second view slightly shifted
+        x = torch.stack([x, *[x.roll(v, dims=-1) for v in range(1, views)]], dim=1)
+    return x, y, data
+
+
+def make(name: str):
+    cls = get_method(name)
+    torch.manual_seed(0)
+    student = create_model("mlp", K, in_channels=1, input_size=8, hidden=(16,))
+    teacher = FrozenTeacher(create_model("mlp", K, in_channels=1, input_size=8, hidden=(12,))) if cls.needs_teacher else None
+    method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher)
+    data = load_dataset("digits", "train")
+    method.set_input_normalization(data.mean, data.std)
+    return method
+
+
+@pytest.fixture(params=METHODS)
+def name(request):
+    return request.param
+
+
+@pytest.fixture
+def method(name):
+    return make(name)
+
+
+def test_every_method_is_covered():
+    assert len(METHODS) >= 14 and {"vanilla", "kd", "trades", "intra_class_teacher", "spherical"} <= set(METHODS)
+
+
+def test_forward_backward_and_the_teacher(method):
+    x, y, _ = digits_batch(method.views)
+    method.train()
+    method.on_epoch_start(0)
+    out = method(x, y)
+    assert out["loss"].shape == () and torch.isfinite(out["loss"]), out["loss"]
+    assert out["logits"].shape == (B, K)
+    for key, value in out.items():
+        if key not in ("loss", "logits"):
+            assert value.shape == () and torch.isfinite(value), key  # logged parts are finite scalars
+    method.zero_grad(set_to_none=True)
+    method.backward(out, identity)
+    trainable = [(n, p) for n, p in method.named_parameters() if p.requires_grad]
+    assert trainable and any(p.grad is not None and p.grad.abs().sum() > 0 for _, p in trainable)
+    for n, p in method.named_parameters():
+        assert p.grad is None or (p.requires_grad and torch.isfinite(p.grad).all()), n
+    for buffer in method.buffers():
+        assert buffer.grad is None
+    if method.teacher is not None:  # the teacher: no gradient, and neither a parameter nor saved state
+        teacher_params = [*method.teacher.model.parameters()]
+        assert all(p.grad is None and not p.requires_grad for p in teacher_params)
+        own = {id(p) for p in method.parameters()}
+        assert not any(id(p) in own for p in teacher_params)
+        assert not any(key.startswith("teacher") for key in method.state_dict())
+    method.after_step()
+
+
+def test_predict_and_inference_model_give_logits(method):
+    x, _, _ = digits_batch(1)
+    method.eval()
+    with torch.no_grad():
+        logits = method.predict(x)
+        model = method.inference_model()
+        assert isinstance(model, nn.Module)
+        assert logits.shape == (B, K) and torch.isfinite(logits).all()
+        assert model.eval()(x).shape == (B, K)
+
+
+def test_extra_state_round_trips(name, method):
+    x, y, _ = digits_batch(method.views)
+    method.train()
+    method.on_epoch_start(0)
+    method(x, y)
+    method.on_epoch_end(0)  # end-of-epoch state (class weights, caches) is what a checkpoint holds
+    state = method.extra_state()
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    fresh = make(name)
+    fresh.load_extra_state({k: v.clone() for k, v in state.items()})
+    again = fresh.extra_state()
+    assert again.keys() == state.keys()
+    for key in state:
+        assert torch.equal(again[key], state[key]), key
+
+
+def test_one_epoch_and_resume_equals_two_epochs(name, tmp_path, tiny_config, digits_teacher):
+    """The trainer's checkpoint (parameters, buffers, optimizer, ``extra_state``, random state) holds
+    everything the method needs: 1 epoch + resume for 1 ends bit-identical to 2 epochs straight."""
+    teacher = [f"teacher.checkpoint={digits_teacher}"] if get_method(name).needs_teacher else []
+    common = [f"method.name={name}", "data.train_per_class=4", "data.test_per_class=1", "data.batch_size=20",
+              "data.crop_padding=1", *teacher]
+    straight = fit(tiny_config(tmp_path / "straight", *common, "train.epochs=2"))
+    fit(tiny_config(tmp_path / "split", *common, "train.epochs=1"))
+    fit(load_config(tmp_path / "split" / "config.yaml", ["train.epochs=2"]), resume=True)
+    a, _ = load_tensors(Path(straight.run_dir) / "checkpoint.safetensors")
+    b, _ = load_tensors(tmp_path / "split" / "checkpoint.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
