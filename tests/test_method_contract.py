@@ -5,6 +5,7 @@ options. Method-specific behaviour (loss values, gradient alignment, class weigh
 the method's own test module; this file checks only what the trainer relies on for all of them.
 """
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,14 @@ def identity(loss):
     return loss
 
 
+@functools.cache
+def digits():
+    return load_dataset("digits", "train")
+
+
 def digits_batch(views: int):
-    """B digits, two per class, standardised with the dataset's statistics: (x, y, the images in [0, 1])."""
-    data = load_dataset("digits", "train")
+    """B digits, two per class, standardised with the dataset's statistics: (x, y, the dataset)."""
+    data = digits()
     index = torch.cat([torch.nonzero(data.labels == k)[:2, 0] for k in range(K)])
     images, y = data.inputs[index].float() / 255, data.labels[index]
     x = (images - data.mean[0]) / data.std[0]
@@ -44,8 +50,7 @@ def make(name: str):
     student = create_model("mlp", K, in_channels=1, input_size=8, hidden=(16,))
     teacher = FrozenTeacher(create_model("mlp", K, in_channels=1, input_size=8, hidden=(12,))) if cls.needs_teacher else None
     method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher)
-    data = load_dataset("digits", "train")
-    method.set_input_normalization(data.mean, data.std)
+    method.set_input_normalization(digits().mean, digits().std)
     return method
 
 
@@ -75,10 +80,13 @@ def test_forward_backward_and_the_teacher(method):
             assert value.shape == () and torch.isfinite(value), key  # logged parts are finite scalars
     method.zero_grad(set_to_none=True)
     method.backward(out, identity)
-    trainable = [(n, p) for n, p in method.named_parameters() if p.requires_grad]
-    assert trainable and any(p.grad is not None and p.grad.abs().sum() > 0 for _, p in trainable)
-    for n, p in method.named_parameters():
-        assert p.grad is None or (p.requires_grad and torch.isfinite(p.grad).all()), n
+    # Every trainable parameter gets a finite gradient (DDP without find_unused_parameters relies on it),
+    # frozen ones none.
+    params = dict(method.named_parameters())
+    assert any(p.requires_grad and p.grad.abs().sum() > 0 for p in params.values())
+    for n, p in params.items():
+        assert (p.grad is not None) == p.requires_grad, n
+        assert p.grad is None or torch.isfinite(p.grad).all(), n
     for buffer in method.buffers():
         assert buffer.grad is None
     if method.teacher is not None:  # the teacher: no gradient, and neither a parameter nor saved state
