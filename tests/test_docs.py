@@ -1,7 +1,9 @@
-"""Docs and code cite only files that exist: every relative markdown link, every repository path
-(``src/...``, ``docs/...``, ``results/...``, ``benchmarks/...``, ``configs/...``, ``tests/...``) and every
-markdown file named in docs/, README.md, results/ and the package's docstrings and comments."""
+"""Docs and code cite only what exists: every relative markdown link, every repository path (``src/...``,
+``docs/...``, ``results/...``, ``benchmarks/...``, ``configs/...``, ``tests/...``) and every markdown file
+named in docs/, README.md, results/, the scripts and the package's docstrings and comments; every
+``kdcollapse.x.y`` named in the markdown; and no document outside the repository (cite the paper instead)."""
 
+import importlib
 import re
 from pathlib import Path
 
@@ -61,6 +63,25 @@ def outside_citations(path: Path) -> list[str]:
     return sorted(set(OUTSIDE.findall(path.read_text())))
 
 
+DOTTED = re.compile(r"(?<![\w./-])(kdcollapse(?:\.[A-Za-z_]\w*)+)")
+
+
+def resolves(dotted: str) -> bool:
+    """``kdcollapse.runs.load_model``: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
 def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
 
@@ -75,6 +96,13 @@ def test_cited_files_exist(path):
     assert not missing_citations(path), f"{rel(path)} cites files that do not exist"
 
 
+@pytest.mark.parametrize("path", MARKDOWN, ids=rel)
+def test_named_modules_and_functions_exist(path):
+    """``kdcollapse.x.y`` in the docs names a module, class or function that exists."""
+    missing = sorted({name for name in DOTTED.findall(path.read_text()) if not resolves(name)})
+    assert not missing, f"{rel(path)} names what the package does not have: {missing}"
+
+
 @pytest.mark.parametrize("path", [*MARKDOWN, *SOURCES, *SCRIPTS], ids=rel)
 def test_no_citation_of_documents_outside_the_repository(path):
     assert not outside_citations(path), f"{rel(path)}: cite the paper (section, equation) or a page of docs/"
@@ -87,3 +115,4 @@ def test_the_checker_finds_what_it_should():
     assert set(BARE_MD.findall(text)) == {"SPEC.md"}
     assert LINK.findall(text) == ["../results/none.md#a"]
     assert OUTSIDE.findall(text) == ["SPEC"]
+    assert resolves("kdcollapse.runs.load_model") and not resolves("kdcollapse.train.load_model")
