@@ -63,7 +63,8 @@ def outside_citations(path: Path) -> list[str]:
     return sorted(set(OUTSIDE.findall(path.read_text())))
 
 
-DOTTED = re.compile(r"(?<![\w./-])(kdcollapse(?:\.[A-Za-z_]\w*)+)")
+# A dotted name in the text; a quoted one ("kdcollapse.model", a format tag) is a value, not a name.
+DOTTED = re.compile(r"(?<![\w./\"-])(kdcollapse(?:\.[A-Za-z_]\w*)+)")
 
 
 def resolves(dotted: str) -> bool:
