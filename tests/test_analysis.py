@@ -298,7 +298,8 @@ def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path, tiny_overrides)
     (tmp_path / "empty.yaml").write_text("{}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "train", "--config", str(tmp_path / "empty.yaml"), *tiny_overrides, *RUN, "data.batch_size=32", "train.epochs=2",
+           "train", "--config", str(tmp_path / "empty.yaml"), *tiny_overrides, *RUN, "data.batch_size=32",
+           "train.epochs=2",
            "analysis.every=1", f"analysis.train_per_class={PER_CLASS}", f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -48,7 +48,9 @@ def make(name: str):
     cls = get_method(name)
     torch.manual_seed(0)
     student = create_model("mlp", K, in_channels=1, input_size=8, hidden=(16,))
-    teacher = FrozenTeacher(create_model("mlp", K, in_channels=1, input_size=8, hidden=(12,))) if cls.needs_teacher else None
+    teacher = None
+    if cls.needs_teacher:
+        teacher = FrozenTeacher(create_model("mlp", K, in_channels=1, input_size=8, hidden=(12,)))
     method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher)
     method.set_input_normalization(digits().mean, digits().std)
     return method

@@ -374,7 +374,8 @@ def test_torchrun_dhkd_alignment_matches_one_process(tmp_path, digits_teacher, t
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     (empty := tmp_path / "empty.yaml").write_text("{}\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "distill", "--config", str(empty), *tiny_overrides, *common, "data.batch_size=25", f"run_dir={tmp_path / 'ddp'}"]
+           "distill", "--config", str(empty), *tiny_overrides, *common, "data.batch_size=25",
+           f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     single = fit(tiny_config(tmp_path / "one", *common))
