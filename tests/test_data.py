@@ -56,8 +56,11 @@ WRITERS = {
     "tiny_imagenet": write_tiny_imagenet,
     "imagenet": write_imagenet,
     "image_folder": write_imagenet,  # any train/ + val/ class folders
+    "fashion_mnist_pairs": write_idx_files,  # built from the Fashion-MNIST files
 }
-ABSENT = {"image_folder": "needs root=DIR"}  # the user's own folders: the message names the layout
+# What the "not found" error must say, where it is not `kdcollapse data download <name>`.
+HOW_TO_GET = {"image_folder": "needs root=DIR",  # the user's own folders: the message names the layout
+              "fashion_mnist_pairs": "kdcollapse data download fashion_mnist"}
 
 
 @pytest.mark.parametrize("name", list_datasets())
@@ -69,9 +72,9 @@ def test_every_dataset_loads_or_says_how_to_get_it(name, tmp_path):
         splits = {split: load_dataset(name, split) for split in ("train", "test")}
     else:
         (empty := tmp_path / "empty").mkdir()
-        how = ABSENT.get(name, "kdcollapse data download " + name)  # the download, or why there is none
+        how = HOW_TO_GET.get(name, "kdcollapse data download " + name)  # the download, or why there is none
         with pytest.raises(DataError, match=how):
-            load_dataset(name, "train", root=None if name in ABSENT else empty)
+            load_dataset(name, "train", root=None if name == "image_folder" else empty)
         WRITERS[name](tmp_path / "files")
         splits = {split: load_dataset(name, split, root=tmp_path / "files") for split in ("train", "test")}
     for split, data in splits.items():
