@@ -1,10 +1,10 @@
 """Single-view loader cost before the `views` option (commit 49c816e) and after it, alternating in one process.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python results/intra_class/bench_single_view.py
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_single_view.py
 
 The "before" loader is read from the repository's own history (``git show 49c816e:...``), so this runs in a
 git checkout. Checks that both yield identical batches, then times 40 batches of 256 CIFAR-sized images
-(crop 4 + flip) five times each, alternating. Result: docs/intra_class.md, "Two views from the loader".
+(crop 4 + flip) five times each, alternating. Results: results/benchmarks/bench_single_view.md.
 """
 
 import statistics
@@ -22,7 +22,7 @@ BEFORE = "49c816e"  # the last commit before `views`
 
 def loader_before_views() -> types.ModuleType:
     """``kdcollapse.data._loader`` as it was at BEFORE, as a module."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     source = subprocess.run(["git", "-C", str(repo), "show", f"{BEFORE}:src/kdcollapse/data/_loader.py"],
                             check=True, capture_output=True, text=True).stdout
     module = types.ModuleType("loader_before_views")
