@@ -1,6 +1,6 @@
 """Benchmark: exact one-vs-rest distances against the paper's projected gradient descent, and softmax codes.
 
-    python benchmarks/bench_geometry.py --markdown results/bench_geometry.md        # full (minutes)
+    python benchmarks/bench_geometry.py --markdown results/benchmarks/bench_geometry.md        # full (minutes)
     python benchmarks/bench_geometry.py --quick                                       # smoke run
 
 1. ``one_vs_rest_distances`` on random unit rows and on a clustered ("trained-like": classes grouped

@@ -7,7 +7,7 @@ case (B·T = 4096 positions, K = 32,000) runs only the O(B·K) form: the B×K×K
 need 4096·32000²·4 bytes = 16.8 TB.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_ikl.py --runs 5 \
-        --markdown results/bench_ikl.md
+        --markdown results/benchmarks/bench_ikl.md
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
         f"the start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, "
         f"torch {torch.__version__}, float32.",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
-        f"benchmarks/bench_ikl.py --runs {runs} --markdown results/bench_ikl.md`",
+        f"benchmarks/bench_ikl.py --runs {runs} --markdown results/benchmarks/bench_ikl.md`",
         f"Forward + backward of the whole IKL loss (wMSE + soft CE, sample-wise weights, mse_weight "
         f"{MSE_WEIGHT}, ce_weight {CE_WEIGHT}, τ = {TEMPERATURE}); median of {runs} timed calls after "
         "one warm-up, both forms in one process. Peak = growth of the resident set during one call "

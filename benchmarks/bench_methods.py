@@ -1,7 +1,7 @@
 """Time per training step of each distillation method relative to KD, measured in one process.
 
     PYTHONPATH=src python benchmarks/bench_methods.py            # resnet32x4 -> resnet8x4, batch 64, CIFAR shapes
-    PYTHONPATH=src python benchmarks/bench_methods.py --steps 3 --out results/distillation/bench_methods.md
+    PYTHONPATH=src python benchmarks/bench_methods.py --steps 3 --out results/benchmarks/bench_methods.md
 
 A step is what the trainer does: forward (teacher pass included), the method's ``backward`` (two
 gradient computations for DHKD's alignment), one SGD step. Methods are timed round-robin, one step each

@@ -25,28 +25,25 @@ from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.train import fit
 from kdcollapse.runs import load_model, load_tensors, read_metrics, run_dataset
 
-TINY = ["data.name=digits", "data.batch_size=64", "data.eval_batch_size=100", "train.progress=false",
-        "optim.lr=0.05", "schedule.name=constant", "model.name=mlp", "model.kwargs={input_size: 8, hidden: [32]}"]
+# How these runs differ from the tiny run (conftest.py): every digit, a wider hidden layer.
+RUN = ["data.batch_size=64", "data.eval_batch_size=100", "data.train_per_class=null", "data.test_per_class=null",
+       "model.kwargs={input_size: 8, hidden: [32]}"]
 PER_CLASS = 40  # analysis.train_per_class of the tiny run
 
 
-def tiny(path, *extra):
-    return load_config(None, [*TINY, f"run_dir={path}", *extra])
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, tiny_config):
     """Two epochs of an MLP on digits with collapse metrics every epoch."""
     path = tmp_path_factory.mktemp("analysis") / "run"
-    fit(tiny(path, "train.epochs=2", "analysis.every=1", f"analysis.train_per_class={PER_CLASS}"))
+    fit(tiny_config(path, *RUN, "train.epochs=2", "analysis.every=1", f"analysis.train_per_class={PER_CLASS}"))
     return path
 
 
 @pytest.fixture(scope="module")
-def dual_head_run(tmp_path_factory, run):
+def dual_head_run(tmp_path_factory, tiny_config, run):
     """A DHKD student (linear auxiliary head) distilled from `run` as its teacher."""
     path = tmp_path_factory.mktemp("analysis") / "dual"
-    fit(tiny(path, "train.epochs=1", "method.name=dhkd", f"teacher.checkpoint={run}"))
+    fit(tiny_config(path, *RUN, "train.epochs=1", "method.name=dhkd", f"teacher.checkpoint={run}"))
     return path
 
 
@@ -124,8 +121,8 @@ def test_epoch_metrics_are_logged_and_equal_offline_analysis_of_the_last_checkpo
     assert records[0]["train_nc1"] != last["train_nc1"]  # the epochs really differ
 
 
-def test_epoch_metrics_do_not_change_training(run, tmp_path):
-    plain = fit(tiny(tmp_path / "plain", "train.epochs=2"))
+def test_epoch_metrics_do_not_change_training(run, tmp_path, tiny_config):
+    plain = fit(tiny_config(tmp_path / "plain", *RUN, "train.epochs=2"))
     a = load_tensors(run / "checkpoint.safetensors")[0]
     b = load_tensors(plain.run_dir / "checkpoint.safetensors")[0]
     assert a.keys() == b.keys()
@@ -261,7 +258,7 @@ def test_weights_file_mode_and_model_mismatch(run, tmp_path, capsys):
                  "--no-progress"]) == 0
 
 
-def test_bad_input_errors(run, tmp_path, capsys):
+def test_bad_input_errors(run, tmp_path, capsys, tiny_config):
     cases = [
         (["analyze", str(tmp_path / "missing")], "run directory not found"),
         (["analyze", str(run), "--split", "dev"], "unknown split 'dev'. Valid choices: test, train, val"),
@@ -279,7 +276,7 @@ def test_bad_input_errors(run, tmp_path, capsys):
         assert main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
     with pytest.raises(ConfigError, match="analysis.every must be >= 0"):
-        tiny(tmp_path / "r", "analysis.every=-1")
+        tiny_config(tmp_path / "r", "analysis.every=-1")
 
 
 def test_plot_command_draws_several_runs(run, dual_head_run, tmp_path, capsys):
@@ -292,7 +289,7 @@ def test_plot_command_draws_several_runs(run, dual_head_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path):
+def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path, tiny_overrides):
     """Two gloo processes: rank 0 measures alone while rank 1 waits; the run finishes, both epochs carry the
     keys, and the last equals an offline analysis of the saved model."""
     import os
@@ -302,7 +299,8 @@ def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path):
     (tmp_path / "empty.yaml").write_text("{}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "train", "--config", str(tmp_path / "empty.yaml"), *TINY, "data.batch_size=32", "train.epochs=2",
+           "train", "--config", str(tmp_path / "empty.yaml"), *tiny_overrides, *RUN, "data.batch_size=32",
+           "train.epochs=2",
            "analysis.every=1", f"analysis.train_per_class={PER_CLASS}", f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_data import write_idx_files, write_tiny_imagenet
+from formats import write_idx_files, write_tiny_imagenet
 
 from kdcollapse.cli import main
 from kdcollapse.data import download_dataset, download_file, list_datasets, load_dataset, verify_file

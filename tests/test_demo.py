@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from kdcollapse.errors import DataError
 from kdcollapse.experiments import demo
 
 
@@ -19,11 +20,13 @@ def test_demo_pipeline_writes_the_report(tmp_path, monkeypatch, capsys):
     assert "## Collapse of the test features" in text
 
 
-def test_demo_prefers_fashion_mnist_when_installed(monkeypatch):
-    from conftest import FASHION_MNIST_DIR
-    import os
+def test_demo_prefers_fashion_mnist_when_it_loads(monkeypatch):
+    monkeypatch.setattr(demo, "load_dataset", lambda name, split: object())
+    assert demo.choose_dataset() == "fashion_mnist"
 
-    expected = "fashion_mnist" if os.path.exists(os.path.join(FASHION_MNIST_DIR, "t10k-images-idx3-ubyte.gz")) \
-        else "digits"
-    assert demo.choose_dataset() == expected
-    assert demo.choose_dataset("digits") == "digits"
+    def absent(name, split):
+        raise DataError(f"dataset {name!r} not found")
+
+    monkeypatch.setattr(demo, "load_dataset", absent)
+    assert demo.choose_dataset() == "digits"
+    assert demo.choose_dataset("fashion_mnist") == "fashion_mnist"  # a requested dataset is never second-guessed

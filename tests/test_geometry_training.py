@@ -23,8 +23,9 @@ from kdcollapse.train._trainer import seed_everything
 # The feature is a linear bottleneck of d = 5, so K = 2d: the softmax code is the cross-polytope (Thm 3.3).
 K, D = 10, 5
 KWARGS = {"input_size": 8, "hidden": [32], "bottleneck": D}
-TINY = ["data.name=digits", "data.batch_size=60", "data.train_per_class=12", "train.progress=false",
-        "schedule.name=constant", "model.name=mlp", f"model.kwargs={KWARGS}", "method.name=spherical"]
+# How these runs differ from the tiny run (conftest.py).
+RUN = ["data.batch_size=60", "data.train_per_class=12", "data.test_per_class=null", f"model.kwargs={KWARGS}",
+       "method.name=spherical"]
 ASSIGNMENT = [3, 1, 4, 0, 5, 9, 2, 6, 8, 7]
 HEADS = {
     "linear": ["method.head=linear"],
@@ -37,8 +38,10 @@ HEADS = {
 FIRST_LOSS = {"linear": 2.3579743, "cosine": 3.8220296, "cmf": 6.4060016, "fixed": 7.5462079}
 
 
-def config(tmp_path, head, *extra, name=None):
-    return load_config(None, [*TINY, *HEADS[head], f"run_dir={tmp_path / (name or head)}", *extra])
+@pytest.fixture(scope="module")
+def config(tiny_config):
+    """``config(root, head, *overrides, name=head)``: a spherical run with that head, in ``root / name``."""
+    return lambda root, head, *extra, name=None: tiny_config(root / (name or head), *RUN, *HEADS[head], *extra)
 
 
 def replay(cfg):
@@ -68,7 +71,7 @@ def cmf_step(W, h, y, beta):
 
 
 @pytest.mark.parametrize("head", list(HEADS))
-def test_two_steps_through_the_trainer_match_the_definitions(tmp_path, head):
+def test_two_steps_through_the_trainer_match_the_definitions(tmp_path, head, config):
     # lr = 0: the backbone stays at its initial weights, so both steps can be recomputed by hand.
     cfg = config(tmp_path, head, "optim.lr=0", "train.epochs=1")
     method, [(x1, y1), (x2, y2)] = replay(cfg)
@@ -98,7 +101,7 @@ def test_two_steps_through_the_trainer_match_the_definitions(tmp_path, head):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, config):
     """Each head trained for two epochs (four SGD steps) with the default learning rate."""
     root = tmp_path_factory.mktemp("heads")
     return {head: fit(config(root, head, "train.epochs=2")).run_dir for head in HEADS}
@@ -108,7 +111,7 @@ def checkpoint(run_dir):
     return load_tensors(Path(run_dir) / "checkpoint.safetensors")[0]
 
 
-def test_which_heads_learn(tmp_path, trained):
+def test_which_heads_learn(tmp_path, trained, config):
     initial = {head: replay(config(tmp_path, head))[0].student.head.weight.detach() for head in HEADS}
     after = {head: checkpoint(trained[head])["method.student.head.weight"] for head in HEADS}
     for head in ("linear", "cosine", "cmf"):
@@ -141,7 +144,7 @@ def test_cmf_rows_get_no_gradient():
 
 
 @pytest.mark.parametrize("head", ["cosine", "cmf"])
-def test_resume_restores_the_head(tmp_path, trained, head):
+def test_resume_restores_the_head(tmp_path, trained, head, config):
     fit(config(tmp_path, head, "train.epochs=1", name="split"))
     resumed = fit(load_config(tmp_path / "split" / "config.yaml", ["train.epochs=2"]), resume=True)
     a, b = checkpoint(trained[head]), checkpoint(resumed.run_dir)
@@ -258,8 +261,8 @@ def test_select_classes_rejects_bad_lists(classes):
         load_dataset("digits", "test").select_classes(classes)
 
 
-def test_training_on_selected_classes(tmp_path):
-    cfg = load_config(None, [*TINY[:-1], "data.classes=[4, 9, 0]", "train.epochs=1", f"run_dir={tmp_path / 'r'}"])
+def test_training_on_selected_classes(tmp_path, tiny_config):
+    cfg = tiny_config(tmp_path / "r", *RUN[:-1], "data.classes=[4, 9, 0]", "train.epochs=1")
     run = fit(cfg)
     model, meta = load_model(run.run_dir)
     assert model.num_classes == 3 and meta["classes"] == ["4", "9", "0"] and meta["num_classes"] == 3

@@ -93,19 +93,17 @@ def test_views_of_decoded_folder_images(tmp_path):
 
 # --- methods in the trainer --------------------------------------------------------------------------
 
-# Digits, 12 images per class: 2 steps of 64 and 56 images per epoch.
-TINY = ["data.name=digits", "data.batch_size=64", "data.train_per_class=12", "data.test_per_class=5",
-        "data.crop_padding=1", "train.progress=false", "optim.lr=0.05", "schedule.name=constant",
-        "model.name=mlp"]
-TEACHER = [*TINY, "model.kwargs={input_size: 8, hidden: [32]}", "method.name=intra_class_teacher",
+# How these runs differ from the tiny run (conftest.py): 12 images per class, 2 steps of 64 and 56 images
+# per epoch, crops.
+RUN = ["data.batch_size=64", "data.train_per_class=12", "data.test_per_class=5", "data.crop_padding=1"]
+TEACHER = [*RUN, "model.kwargs={input_size: 8, hidden: [32]}", "method.name=intra_class_teacher",
            "method.margin_threshold=-1.0", "method.cache_min_count=20", "method.cache_capacity=32"]
-STUDENT = [*TINY, "model.kwargs={input_size: 8, hidden: [16]}"]  # feature dim 16, the teacher's is 32
+STUDENT = RUN  # the tiny run's hidden layer of 16: feature dim 16, the teacher's is 32
 
 
 @pytest.fixture(scope="module")
-def teacher_run(tmp_path_factory):
-    cfg = load_config(None, [*TEACHER, f"run_dir={tmp_path_factory.mktemp('teacher')}", "train.epochs=1"])
-    return fit(cfg).run_dir
+def teacher_run(tmp_path_factory, tiny_config):
+    return fit(tiny_config(tmp_path_factory.mktemp("teacher"), *TEACHER, "train.epochs=1")).run_dir
 
 
 def test_teacher_trains_with_pinned_first_loss(teacher_run):
@@ -121,9 +119,9 @@ def test_teacher_trains_with_pinned_first_loss(teacher_run):
 
 
 @pytest.mark.parametrize("method, pinned", [("rkd", 4.670581), ("kd_rkd", 2.594583)])
-def test_rkd_students_first_step_and_pinned_loss(tmp_path, teacher_run, method, pinned):
-    cfg = load_config(None, [*STUDENT, f"method.name={method}", f"teacher.checkpoint={teacher_run}",
-                             f"run_dir={tmp_path / method}", "train.epochs=1"])
+def test_rkd_students_first_step_and_pinned_loss(tmp_path, tiny_config, teacher_run, method, pinned):
+    cfg = tiny_config(tmp_path / method, *STUDENT, f"method.name={method}", f"teacher.checkpoint={teacher_run}",
+                      "train.epochs=1")
     trainer = Trainer(cfg)
     trainer.train_loader.set_epoch(0)
     x, y = next(iter(trainer.train_loader))
@@ -141,11 +139,11 @@ def test_rkd_students_first_step_and_pinned_loss(tmp_path, teacher_run, method, 
     assert record["train_loss"] == pytest.approx(pinned, abs=1e-5)
 
 
-def test_resume_with_a_non_empty_cache_is_exact(tmp_path):
+def test_resume_with_a_non_empty_cache_is_exact(tmp_path, tiny_config):
     # The cache persists across epochs (it is method extra_state): with a minimum count of 20 and 12
     # images per class per epoch, epoch 1 ends with 12 cached per class, and epoch 2 uses them.
-    straight = fit(load_config(None, [*TEACHER, f"run_dir={tmp_path / 'straight'}", "train.epochs=3"]))
-    fit(load_config(None, [*TEACHER, f"run_dir={tmp_path / 'split'}", "train.epochs=1"]))
+    straight = fit(tiny_config(tmp_path / "straight", *TEACHER, "train.epochs=3"))
+    fit(tiny_config(tmp_path / "split", *TEACHER, "train.epochs=1"))
     split_state, _ = load_tensors(tmp_path / "split" / "checkpoint.safetensors")
     assert len(split_state["extra.cache_labels"]) == 120
     resumed = fit(load_config(tmp_path / "split" / "config.yaml", ["train.epochs=3"]), resume=True)

@@ -239,21 +239,10 @@ def test_ikl_class_weights_accumulate_and_blend():
     assert torch.equal(m.class_means.counts, counted)
 
 
-TINY = ["data.name=digits", "data.batch_size=50", "data.train_per_class=20", "data.test_per_class=10",
-        "train.progress=false", "optim.lr=0.05", "schedule.name=constant", "model.name=mlp",
-        "model.kwargs={input_size: 8, hidden: [16]}"]
-
-
-@pytest.fixture(scope="module")
-def digits_teacher(tmp_path_factory):
-    root = tmp_path_factory.mktemp("teacher")
-    return fit(load_config(None, [*TINY, f"run_dir={root}", "train.epochs=2"])).run_dir
-
-
-def test_ikl_kd_weights_through_the_trainer_and_resume(tmp_path, digits_teacher):
-    common = [*TINY, "method.name=ikl_kd", "method.weight_temperature=1.0", f"teacher.checkpoint={digits_teacher}"]
-    straight = fit(load_config(None, [*common, "train.epochs=2", f"run_dir={tmp_path / 'a'}"]))
-    fit(load_config(None, [*common, "train.epochs=1", f"run_dir={tmp_path / 'b'}"]))
+def test_ikl_kd_weights_through_the_trainer_and_resume(tmp_path, digits_teacher, tiny_config):
+    common = ["method.name=ikl_kd", "method.weight_temperature=1.0", f"teacher.checkpoint={digits_teacher}"]
+    straight = fit(tiny_config(tmp_path / "a", *common, "train.epochs=2"))
+    fit(tiny_config(tmp_path / "b", *common, "train.epochs=1"))
     resumed = fit(load_config(tmp_path / "b" / "config.yaml", ["train.epochs=2"]), resume=True)
     a = load_tensors(Path(straight.run_dir) / "checkpoint.safetensors")[0]
     b = load_tensors(Path(resumed.run_dir) / "checkpoint.safetensors")[0]
@@ -269,7 +258,7 @@ def test_ikl_kd_weights_through_the_trainer_and_resume(tmp_path, digits_teacher)
                               for x, y in make_loader(data, 64, train=False, device="cpu", seed=0)])
     probs, labels = torch.cat(probs), torch.cat(labels)
     means = torch.stack([probs[labels == k].mean(0) for k in range(10)])
-    first = fit(load_config(None, [*common, "train.epochs=1", f"run_dir={tmp_path / 'c'}"]))
+    first = fit(tiny_config(tmp_path / "c", *common, "train.epochs=1"))
     weights = load_tensors(Path(first.run_dir) / "checkpoint.safetensors")[0]["extra.class_weights"]
     torch.testing.assert_close(weights, means, rtol=1e-5, atol=1e-6)
     # A frozen teacher on un-augmented data gives epoch 2 the same means again.
@@ -384,18 +373,19 @@ def test_bad_method_config(section, message):
 
 
 @pytest.mark.slow
-def test_torchrun_dhkd_alignment_matches_one_process(tmp_path, digits_teacher):
+def test_torchrun_dhkd_alignment_matches_one_process(tmp_path, digits_teacher, tiny_overrides, tiny_config):
     """The trainer under torchrun (2 gloo ranks, batch 25 each) with DHKD's global alignment ends where one
     process with batch 50 does: the trainer honours ``manual_gradient_sync`` and the method averages."""
-    common = [*TINY, "method.name=dhkd", "method.alignment=global", "method.alpha=4.0", "train.epochs=2",
+    common = ["method.name=dhkd", "method.alignment=global", "method.alpha=4.0", "train.epochs=2",
               f"teacher.checkpoint={digits_teacher}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     (empty := tmp_path / "empty.yaml").write_text("{}\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "distill", "--config", str(empty), *common, "data.batch_size=25", f"run_dir={tmp_path / 'ddp'}"]
+           "distill", "--config", str(empty), *tiny_overrides, *common, "data.batch_size=25",
+           f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    single = fit(load_config(None, [*common, f"run_dir={tmp_path / 'one'}"]))
+    single = fit(tiny_config(tmp_path / "one", *common))
     a = load_tensors(tmp_path / "ddp" / "checkpoint.safetensors")[0]
     b = load_tensors(Path(single.run_dir) / "checkpoint.safetensors")[0]
     for key in a:

@@ -23,15 +23,14 @@ SMALL = {"mlp", "convnet_small", "convnet"}
 # Published parameter counts in millions, CIFAR models at 100 classes, ImageNet models at 1000.
 PUBLISHED = {
     # CRD CIFAR-100 zoo (Tian et al., ICLR 2020; the models of DKD, DHKD and DKL): the figures quoted for
-    # the zoo in the KD literature, as restated in SPEC §6 and the project brief.
+    # the zoo in the KD literature.
     "resnet8": 0.08, "resnet20": 0.28, "resnet32": 0.47, "resnet44": 0.67, "resnet110": 1.74,
     "resnet8x4": 1.23, "resnet32x4": 7.43, "wrn_40_1": 0.57, "wrn_40_2": 2.25, "vgg8": 3.96,
     "vgg13": 9.46, "mobilenetv2": 0.81, "shufflev1": 0.95, "shufflev2": 1.36,
     # CIFAR-100 settings table of Heo et al., "A Comprehensive Overhaul of Feature Distillation"
     # (ICCV 2019): WRN 16-2 0.70M, ResNet 56 0.86M.
     "wrn_16_2": 0.70, "resnet56": 0.86,
-    # WRN-34-10 of the adversarial-robustness literature: 46.16M at 10 classes (checked in
-    # tests/test_adversarial_training.py), 46.22M at 100.
+    # WRN-34-10 of the adversarial-robustness literature: 46.16M at 10 classes (checked below), 46.22M at 100.
     "wrn_34_10": 46.22,
     # CIFAR-100 ResNet-50 23.71M: rentainhe/pytorch-models model_information/classic-network.md.
     "resnet50_cifar": 23.71,
@@ -237,6 +236,13 @@ def test_vgg_exact_count(name):
 def test_wrn_exact_count(name):
     _, depth, k = name.split("_")
     assert count_parameters(_model(name)) == _wrn_count(int(depth), int(k), 100)
+
+
+def test_wrn_34_10_published_parameter_count_at_10_classes():
+    # 46.16M parameters at 10 classes: the WRN-34-10 of TRADES, AWP and IKL-AT (CIFAR-10).
+    count = count_parameters(create_model("wrn_34_10", 10))
+    assert count == 46_160_474 == _wrn_count(34, 10, 10)
+    assert round(count / 1e6, 2) == 46.16
 
 
 def test_small_net_sizes():

@@ -11,7 +11,6 @@ import yaml
 
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
-from test_methods import digits_teacher  # noqa: F401  (a fixture)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 AREAS = ("cifar100", "imagenet", "fashion_mnist", "fashion_mnist_pairs")
@@ -88,7 +87,7 @@ PINNED = {
 
 
 @pytest.mark.parametrize("stem", sorted(PINNED))
-def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, digits_teacher):  # noqa: F811
+def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, digits_teacher):
     recipe = CONFIGS / "fashion_mnist" / f"{stem}.yaml"
     command = "train" if stem == "student" else "distill"
     overrides = ["data.name=digits", "data.train_per_class=3", "data.batch_size=30", "data.test_per_class=2",

@@ -7,27 +7,24 @@ import pytest
 import torch
 
 from kdcollapse.cli import main
-from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.runs import Run, run_dataset
 from kdcollapse.train import Trainer, fit
 
 CLASSES = [1, 3, 5, 7]
-SUBSET = ["data.name=digits", "data.batch_size=32", "data.train_per_class=20", "data.test_per_class=10",
-          "train.progress=false", "optim.lr=0.05", "schedule.name=constant", "model.name=mlp",
-          "model.kwargs={input_size: 8, hidden: [16]}", "train.epochs=1", f"data.classes={CLASSES}"]
+SUBSET = ["data.batch_size=32", "train.epochs=1", f"data.classes={CLASSES}"]  # on top of the tiny run
 
 
 @pytest.fixture(scope="module")
-def subset_run(tmp_path_factory):
+def subset_run(tmp_path_factory, tiny_config):
     run_dir = tmp_path_factory.mktemp("runs") / "heads" / "linear" / "seed0"
-    fit(load_config(None, [*SUBSET, f"run_dir={run_dir}"]))
+    fit(tiny_config(run_dir, *SUBSET))
     return run_dir
 
 
-def test_run_gives_the_data_the_trainer_saw(subset_run, tmp_path):
+def test_run_gives_the_data_the_trainer_saw(subset_run, tmp_path, tiny_config):
     run = Run(subset_run)
-    cfg = load_config(None, [*SUBSET, f"run_dir={tmp_path / 'again'}"])
+    cfg = tiny_config(tmp_path / "again", *SUBSET)
     trainer = Trainer(cfg)
     for split, seen in (("train", trainer.train_set), ("test", trainer.test_set)):
         mine = run.dataset(split)
@@ -79,11 +76,11 @@ def test_heads_report_features_of_a_run_trained_on_a_subset_of_classes(subset_ru
     assert h.shape == (40, 16) and sorted(y.unique().tolist()) == [0, 1, 2, 3]
 
 
-def test_run_gives_the_validation_split_the_trainer_saw(tmp_path):
-    cfg = load_config(None, [*SUBSET, "data.val_per_class=5", f"run_dir={tmp_path / 'val'}"])
+def test_run_gives_the_validation_split_the_trainer_saw(tmp_path, tiny_config):
+    cfg = tiny_config(tmp_path / "val", *SUBSET, "data.val_per_class=5")
     trainer = Trainer(cfg)
     val = run_dataset(cfg, "val")
     assert torch.equal(val.inputs, trainer.val_set.inputs) and torch.equal(val.labels, trainer.val_set.labels)
     assert val.labels.bincount().tolist() == [5, 5, 5, 5]
     with pytest.raises(Exception, match="no validation split"):
-        run_dataset(load_config(None, SUBSET), "val")
+        run_dataset(tiny_config(tmp_path / "none", *SUBSET), "val")

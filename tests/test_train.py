@@ -18,13 +18,14 @@ from kdcollapse.train import fit
 from kdcollapse.runs import load_model, load_tensors, read_metrics
 from kdcollapse.train import TrainingDiverged
 
-# scikit-learn's digits: 8x8 grey images, always available offline.
-TINY = ["data.name=digits", "data.batch_size=64", "train.progress=false", "optim.lr=0.05",
-        "schedule.name=constant"]
+# How these runs differ from the tiny run (conftest.py): every digit, the mlp's default hidden layers.
+RUN = ["data.batch_size=64", "data.train_per_class=null", "data.test_per_class=null", "model.kwargs={input_size: 8}"]
 
 
-def tiny(tmp_path, *extra, name="run"):
-    return load_config(None, [*TINY, f"run_dir={tmp_path / name}", *extra])
+@pytest.fixture
+def tiny(tiny_config, tmp_path):
+    """``tiny(*overrides, name="run")``: this module's run config, writing to ``tmp_path / name``."""
+    return lambda *overrides, name="run": tiny_config(tmp_path / name, *RUN, *overrides)
 
 
 def state_of(run_dir):
@@ -51,12 +52,12 @@ class NanAtEpoch2Step3(Method):
         return {"loss": loss, "logits": logits}
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_resume_continues_exactly(tmp_path, tiny):
     # BN buffers, momentum, augmentation and shuffling all have to line up for bitwise equality.
-    common = ["model.name=convnet_small", "data.crop_padding=1", "data.flip=true",
+    common = ["model.name=convnet_small", "model.kwargs={}", "data.crop_padding=1", "data.flip=true",
               "schedule.name=multistep", "schedule.milestones=[2]"]
-    straight = fit(tiny(tmp_path, *common, "train.epochs=4", name="straight"))
-    fit(tiny(tmp_path, *common, "train.epochs=2", name="split"))
+    straight = fit(tiny(*common, "train.epochs=4", name="straight"))
+    fit(tiny(*common, "train.epochs=2", name="split"))
     resumed_cfg = load_config(tmp_path / "split" / "config.yaml", ["train.epochs=4"])
     resumed = fit(resumed_cfg, resume=True)
     a, b = state_of(straight.run_dir), state_of(resumed.run_dir)
@@ -68,8 +69,8 @@ def test_resume_continues_exactly(tmp_path):
     assert straight.last_acc > 60  # it does learn digits
 
 
-def test_run_dir_safety(tmp_path):
-    cfg = tiny(tmp_path, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1")
+def test_run_dir_safety(tmp_path, tiny):
+    cfg = tiny("train.epochs=1")
     fit(cfg)
     with pytest.raises(CheckpointError, match="already holds a run.*--resume.*--overwrite"):
         fit(cfg)
@@ -77,23 +78,23 @@ def test_run_dir_safety(tmp_path):
     fit(cfg, overwrite=True)
     assert (cfg_dir / "notes.txt").read_text() == "mine"  # --overwrite removes only the run's own files
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
-        fit(tiny(tmp_path, name="empty"), resume=True)
+        fit(tiny(name="empty"), resume=True)
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(CheckpointError, match="cannot write to run directory"):
-        fit(load_config(None, [*TINY, f"run_dir={blocker / 'sub'}", "model.name=mlp"]))
+        fit(tiny(name="file/sub"))
 
 
-def test_resume_refuses_another_model(tmp_path):
-    cfg = tiny(tmp_path, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1")
+def test_resume_refuses_another_model(tmp_path, tiny):
+    cfg = tiny("train.epochs=1")
     fit(cfg)
     other = load_config(Path(cfg.run_dir) / "config.yaml", ["model.name=convnet_small", "model.kwargs={}"])
     with pytest.raises(KdcollapseError, match="cannot resume: .*model.name='mlp'.*model.name='convnet_small'"):
         fit(other, resume=True)
 
 
-def test_model_file_roundtrip_and_mismatch(tmp_path):
-    run = fit(tiny(tmp_path, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1"))
+def test_model_file_roundtrip_and_mismatch(tmp_path, tiny):
+    run = fit(tiny("train.epochs=1"))
     model, meta = load_model(run.run_dir)
     assert meta["dataset"] == "digits" and meta["num_classes"] == 10 and meta["model"] == "mlp"
     with pytest.raises(CheckpointError, match="holds a 'mlp', not a 'convnet_small'"):
@@ -103,19 +104,19 @@ def test_model_file_roundtrip_and_mismatch(tmp_path):
         load_model(tmp_path / "junk.safetensors")
 
 
-def test_bad_input_errors(tmp_path):
+def test_bad_input_errors(tmp_path, tiny):
     with pytest.raises(KdcollapseError, match="unknown model 'resnet9'.*Valid choices"):
-        fit(tiny(tmp_path, "model.name=resnet9"))
+        fit(tiny("model.name=resnet9"))
     with pytest.raises(KdcollapseError, match="unknown dataset 'cifar11'.*Valid choices"):
-        fit(tiny(tmp_path, "data.name=cifar11", name="c11"))
+        fit(tiny("data.name=cifar11", name="c11"))
     with pytest.raises(ConfigError, match="model.num_classes=7 does not match dataset 'digits'.*10 classes"):
-        fit(tiny(tmp_path, "model.num_classes=7", name="k7"))
+        fit(tiny("model.num_classes=7", name="k7"))
     with pytest.raises(ConfigError, match="does not use a teacher"):
-        fit(tiny(tmp_path, "teacher.checkpoint=x", name="t"))
+        fit(tiny("teacher.checkpoint=x", name="t"))
 
 
-def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path):
-    cfg = tiny(tmp_path, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=3",
+def test_divergence_names_the_step_and_keeps_the_last_checkpoint(tmp_path, tiny):
+    cfg = tiny("train.epochs=3",
                "method.name=_nan_at_epoch_2_step_3")
     with pytest.raises(TrainingDiverged, match=r"epoch 2, step 3 .*last good checkpoint \(after epoch 1\)"):
         fit(cfg)
@@ -131,9 +132,9 @@ def empty_yaml(tmp_path):
     return str(path)
 
 
-def test_cli_seeds_summary(tmp_path, capsys, empty_yaml):
-    code = main(["train", "--config", empty_yaml, *TINY, f"run_dir={tmp_path / 's'}", "model.name=mlp",
-                 "model.kwargs={input_size: 8}", "train.epochs=1", "--seeds", "0,1"])
+def test_cli_seeds_summary(tmp_path, capsys, empty_yaml, tiny_overrides):
+    code = main(["train", "--config", empty_yaml, *tiny_overrides, *RUN, f"run_dir={tmp_path / 's'}",
+                 "train.epochs=1", "--seeds", "0,1"])
     assert code == 0
     summary = json.loads((tmp_path / "s" / "seeds.json").read_text())
     assert summary["seeds"] == [0, 1] and len(summary["best_acc"]) == 2
@@ -160,16 +161,16 @@ def test_every_command_has_help_with_examples():
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml):
+def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml, tiny_overrides, tiny):
     """DDP over 2 gloo processes (batch 32 each) equals one process with batch 64 for a BN-free model."""
-    common = [*TINY, "model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=2", "optim.momentum=0.9"]
+    common = ["train.epochs=2", "optim.momentum=0.9"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", empty_yaml, *common, "data.batch_size=32",
+           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides, *RUN, *common, "data.batch_size=32",
            f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    single = fit(load_config(None, [*common, "data.batch_size=64", f"run_dir={tmp_path / 'one'}"]))
+    single = fit(tiny(*common, name="one"))
     a, b = state_of(tmp_path / "ddp"), state_of(single.run_dir)
     for key in a:
         if key.startswith("method."):
@@ -179,13 +180,14 @@ def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, em
 
 
 @pytest.mark.slow
-def test_torchrun_run_dir_failure_on_rank_0_stops_every_rank(tmp_path, empty_yaml):
+def test_torchrun_run_dir_failure_on_rank_0_stops_every_rank(tmp_path, empty_yaml, tiny_overrides):
     """The main process cannot create the run directory (its parent is a file): both ranks exit with the
     error instead of the other rank waiting at a barrier until the process-group timeout."""
     (tmp_path / "a_file").write_text("")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", empty_yaml, *TINY, f"run_dir={tmp_path / 'a_file' / 'run'}"]
+           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides,
+           f"run_dir={tmp_path / 'a_file' / 'run'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("cannot write to run directory") == 1, proc.stderr[-3000:]

@@ -8,7 +8,7 @@ from typing import NamedTuple
 from kdcollapse.errors import KdcollapseError
 
 # Proven optima of the Tammes problem (GNC eq. 11) as the largest minimal angle in degrees, keyed by
-# (d, K); from the tables of spherical codes (Cohn 2022) restated in SPEC.md section 4.
+# (d, K); from the tables of spherical codes (Cohn 2022).
 TAMMES_OPTIMA: dict[tuple[int, int], float] = {
     (3, 4): 109.4712206,
     (3, 6): 90.0,

@@ -87,7 +87,7 @@ class FeatureStatistics(Metric):
     batches and processes: per-class counts ``n_k``; per-class sums of ``h - c``; the second moment
     :math:`\sum_i (h_i - c)(h_i - c)^\top`; and the same sums and moment for the L2-normalised features
     :math:`\hat h_i = h_i/\lVert h_i\rVert` about their own shift (zero vectors stay zero, as in
-    ``torch.nn.functional.normalize``). The shift ``c`` is the first batch's mean (SPEC Sec. 4): moments
+    ``torch.nn.functional.normalize``). The shift ``c`` is the first batch's mean: moments
     about a point inside the data do not cancel catastrophically. Features at 1e8 from the origin with unit
     spread still give every metric to 1e-6 relative; moments about the origin would give VCI = -0.25 for
     a true 0.002 (``tests/test_metrics.py``).

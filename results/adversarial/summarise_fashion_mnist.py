@@ -5,7 +5,7 @@ recipes ``configs/adversarial/fashion_mnist_*.yaml`` and evaluated by ``kdcollap
 (PGD-20 on the full test set, AutoAttack standard on the first 500 test images), and writes
 ``fashion_mnist.json``, ``fashion_mnist_results.md`` (tables) and two figures into ``--out``.
 
-    PYTHONPATH=src python benchmarks/adversarial_fashion_mnist_report.py --runs /work/runs/adversarial \\
+    PYTHONPATH=src python results/adversarial/summarise_fashion_mnist.py --runs /work/runs/adversarial \\
         --out results/adversarial
 """
 
@@ -127,7 +127,7 @@ def plot_training(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("/work/runs/adversarial"))
-    parser.add_argument("--out", type=Path, default=Path("results/adversarial"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)  # beside this script
     args = parser.parse_args()
     write(collect(args.runs), args.out)
     print(f"wrote {args.out}/fashion_mnist.json, fashion_mnist_results.md and two figures")
