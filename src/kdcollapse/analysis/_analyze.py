@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,8 @@ import torch
 
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
-from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, feature_pass, split_metrics
+from kdcollapse.analysis._options import AnalyzeOptions
+from kdcollapse.analysis._pass import classifier_weight, feature_pass, split_metrics
 from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
@@ -48,18 +48,6 @@ MEANINGS = {
     "ncc_samples": "feature rows the NC4 rates were measured on",
     "ncc_exact": "whether those rows are the whole split (else a uniform per-class sample)",
 }
-
-
-@dataclass
-class AnalyzeOptions:
-    """How ``analyze`` runs: batching, the bounded feature sample, t-SNE and progress display."""
-
-    batch_size: int = 512
-    sample_size: int = DEFAULT_SAMPLE_SIZE  # feature rows kept (t-SNE, NC4), about evenly per class
-    tsne_classes: list[int] | None = None  # None: the first min(K, 10) classes
-    tsne_per_class: int = 200  # 0 switches t-SNE off
-    seed: int = 0  # the feature sample and t-SNE
-    progress: bool = True
 
 
 def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None) -> dict:

@@ -18,13 +18,13 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from kdcollapse.analysis._options import DEFAULT_SAMPLE_SIZE
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
 from kdcollapse.models import evaluating
 
-DEFAULT_SAMPLE_SIZE = 20_000  # feature rows kept for t-SNE and nearest-class-mean, over all classes
 
 
 @dataclass

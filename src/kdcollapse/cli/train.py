@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from pathlib import Path
 
 from kdcollapse.config import RunConfig, load_config
@@ -107,6 +106,8 @@ def _report(result) -> None:
 
 
 def _summarise(run_dir: Path, seeds: list[int], results) -> None:
+    import statistics  # loads decimal and fractions: kept out of `kdcollapse --help`
+
     best = [r.best_acc for r in results]
     last = [r.last_acc for r in results]
 
