@@ -48,6 +48,7 @@ class TeacherConfig:
     checkpoint: str | None = None  # run directory of `kdcollapse train` (uses its model.safetensors)
     model: str | None = None  # or: a registered model name ...
     weights: str | None = None  # ... plus a safetensors file of its weights
+    cache: Literal["off", "logits"] = "off"  # logits: one teacher pass before training, then stored logits
 
 
 @dataclass
@@ -73,7 +74,7 @@ class TrainConfig:
     epochs: int = 240
     eval_every: int = 1  # epochs; the last epoch is always evaluated
     label_smoothing: float = 0.0
-    amp: Literal["off", "bf16", "fp16"] = "off"  # autocast on CUDA only
+    amp: Literal["off", "bf16", "fp16"] = "off"  # autocast: bf16 on CPU or CUDA, fp16 on CUDA only
     channels_last: bool = False
     compile: bool = False  # torch.compile the student
     deterministic: bool = False  # torch.use_deterministic_algorithms

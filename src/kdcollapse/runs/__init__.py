@@ -6,8 +6,9 @@ here. See docs/training.md."""
 from kdcollapse.runs._checkpoint import load_model, load_tensors, save_model, save_tensors
 from kdcollapse.runs._data import check_split, run_dataset
 from kdcollapse.runs._run import Run, check_inputs, load_model_file
-from kdcollapse.runs._run_dir import MetricsLog, prepare_run_dir, read_metrics
-from kdcollapse.runs._teacher import load_teacher
+from kdcollapse.runs._run_dir import MetricsLog, prepare_run_dir, read_metrics, update_run_record
+from kdcollapse.runs._teacher import TeacherLogitCache, check_teacher_cache, load_teacher
 
-__all__ = ["MetricsLog", "Run", "check_inputs", "check_split", "load_model", "load_model_file", "load_teacher",
-           "load_tensors", "prepare_run_dir", "read_metrics", "run_dataset", "save_model", "save_tensors"]
+__all__ = ["MetricsLog", "Run", "TeacherLogitCache", "check_teacher_cache", "check_inputs", "check_split", "load_model", "load_model_file", "load_teacher",
+           "load_tensors", "prepare_run_dir", "read_metrics", "run_dataset", "save_model", "save_tensors",
+           "update_run_record"]

@@ -84,6 +84,13 @@ def _write_run_dir(cfg: RunConfig, run_dir: Path, *, clear: bool, record: bool) 
         (run_dir / "run.json").write_text(json.dumps(provenance(), indent=2) + "\n")
 
 
+def update_run_record(run_dir: Path, facts: dict) -> None:
+    """Add ``facts`` (what the run actually executes: precision, memory layout, ...) to ``run.json``."""
+    path = Path(run_dir) / "run.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(record | facts, indent=2) + "\n")
+
+
 def provenance() -> dict:
     return {
         "kdcollapse_version": __version__,
