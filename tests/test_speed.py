@@ -112,3 +112,20 @@ def test_stored_teacher_logits_need_a_selected_batch(teacher_run):
     assert cache.logits(torch.zeros(2, 1, 8, 8)).tolist() == [[12.0, 13.0, 14.0], [3.0, 4.0, 5.0]]
     with pytest.raises(KdcollapseError, match="logits only, not its features"):
         cache(torch.zeros(2, 1, 8, 8))
+
+
+def test_analyze_defaults_skip_tsne_and_bf16_channels_last_agree_with_fp32(tmp_path, teacher_run):
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run
+
+    def report(out, **options):
+        subject = load_run(teacher_run, "test", device=torch.device("cpu"))
+        return analyze(subject, tmp_path / out, AnalyzeOptions(progress=False, **options))
+
+    fp32, fast = report("a"), report("b", precision="bf16", channels_last=True)
+    assert "tsne" not in fp32["figures"] and not (tmp_path / "a" / "tsne.png").exists()
+    assert fast["metrics"]["accuracy"] == pytest.approx(fp32["metrics"]["accuracy"], abs=0.02)
+    for key in ("nc1", "vci", "ncc_accuracy"):
+        assert fast["metrics"][key] == pytest.approx(fp32["metrics"][key], rel=0.05), key
+    assert fast["metrics"]["nc1"] != fp32["metrics"]["nc1"]  # bf16 did run: the numbers moved a little
+    with pytest.raises(ConfigError, match="--precision=fp16 needs a CUDA device"):
+        report("c", precision="fp16")
