@@ -65,7 +65,7 @@ def test_bf16_first_epoch_matches_fp32_within_bf16_rounding(tmp_path):
     assert isinstance(bf16["train_loss"], float) and isinstance(bf16["test_loss"], float)
     assert bf16["train_loss"] == pytest.approx(fp32["train_loss"], rel=0.05)
     assert bf16["test_acc"] == pytest.approx(fp32["test_acc"], abs=8)
-    assert run_json(tmp_path / "a")["precision"] == "fp32"
+    assert (run_json(tmp_path / "a")["precision"], run_json(tmp_path / "a")["memory_format"]) == ("fp32", "channels_last")
 
 
 def test_frozen_teacher_runs_in_inference_mode_and_returns_ordinary_float32_tensors():

@@ -75,7 +75,7 @@ class TrainConfig:
     eval_every: int = 1  # epochs; the last epoch is always evaluated
     label_smoothing: float = 0.0
     amp: Literal["off", "bf16", "fp16"] = "off"  # autocast: bf16 on CPU or CUDA, fp16 on CUDA only
-    channels_last: bool = False
+    channels_last: bool = True  # image batches, student and teacher in NHWC (faster on both CPU families measured)
     compile: bool = False  # torch.compile the student
     deterministic: bool = False  # torch.use_deterministic_algorithms
     device: str = "auto"  # auto | cpu | cuda | cuda:N
