@@ -30,3 +30,9 @@ def test_demo_prefers_fashion_mnist_when_it_loads(monkeypatch):
     monkeypatch.setattr(demo, "load_dataset", absent)
     assert demo.choose_dataset() == "digits"
     assert demo.choose_dataset("fashion_mnist") == "fashion_mnist"  # a requested dataset is never second-guessed
+
+
+def test_the_command_offers_exactly_the_demo_plans():
+    from kdcollapse.cli.demo import DATASETS
+
+    assert sorted(DATASETS) == sorted(demo.PLANS)

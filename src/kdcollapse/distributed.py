@@ -1,8 +1,9 @@
-"""Where work runs: the device resolver, process-group setup for ``torchrun`` and the few collectives the
-trainer and the methods need."""
+"""Where work runs and in what precision: the device resolver, the autocast precision, process-group setup
+for ``torchrun`` and the few collectives the trainer and the methods need."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from collections.abc import Iterator
@@ -129,3 +130,37 @@ def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, op
             device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     return device
+
+
+PRECISIONS = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_precision(name: str, device: torch.device, *, option: str = "precision") -> torch.dtype | None:
+    """The autocast dtype that ``name`` (off | bf16 | fp16) asks for on ``device``; ``None`` for off.
+
+    A precision that cannot be honoured is an error, never silently dropped: fp16 needs CUDA (its
+    gradient scaler and fast kernels are CUDA's), bf16 a CPU or a GPU that supports it. bf16 on a CPU
+    without native bf16 instructions (avx512_bf16, AMX) is honoured but can be slower than float32.
+
+    >>> resolve_precision("bf16", torch.device("cpu"))
+    torch.bfloat16
+    """
+    if name not in PRECISIONS:
+        raise ConfigError(f"{option} must be one of {', '.join(PRECISIONS)}, got {name!r}")
+    dtype = PRECISIONS[name]
+    if dtype is None:
+        return None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{option}={name} runs on cpu or cuda, not {device.type}; use {option}=off")
+    if dtype is torch.float16 and device.type != "cuda":
+        raise ConfigError(f"{option}=fp16 needs a CUDA device; on the CPU use {option}=bf16 or {option}=off")
+    if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"{option}=bf16: this GPU does not support bfloat16; use {option}=fp16 or off")
+    return dtype
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``, or nothing for ``dtype=None`` (float32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)

@@ -7,38 +7,34 @@ App. G) and, with a teacher, the teacher-minus-student class logit matrices of e
 ``analysis.every`` hook. See docs/analysis.md.
 """
 
-from kdcollapse.analysis._analyze import MEANINGS, AnalyzeOptions, analyze, markdown_report, meaning, tsne
-from kdcollapse.analysis._epoch import EPOCH_KEYS, analysis_due, epoch_collapse_metrics
-from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins, logit_matrix_difference, off_diagonal_mean_abs
-from kdcollapse.analysis._plots import plot_logit_matrices, plot_margins, plot_spectra, plot_tsne
-from kdcollapse.analysis._pass import SplitPass, classifier_weight, feature_pass, split_metrics
-from kdcollapse.analysis._sample import ClassReservoir
-from kdcollapse.analysis._source import Subject, load_run, load_weights
+import importlib
 
-__all__ = [
-    "EPOCH_KEYS",
-    "MEANINGS",
-    "AnalyzeOptions",
-    "ClassLogitMatrix",
-    "ClassReservoir",
-    "SplitPass",
-    "Subject",
-    "analysis_due",
-    "analyze",
-    "classifier_weight",
-    "epoch_collapse_metrics",
-    "feature_pass",
-    "load_run",
-    "load_weights",
-    "logit_margins",
-    "logit_matrix_difference",
-    "markdown_report",
-    "meaning",
-    "off_diagonal_mean_abs",
-    "plot_logit_matrices",
-    "plot_margins",
-    "plot_spectra",
-    "plot_tsne",
-    "split_metrics",
-    "tsne",
-]
+# Each public name and the module that defines it. The package loads a module on first use of one of its
+# names (PEP 562), so importing ``kdcollapse.analysis._options`` (the command line's --help does) does not
+# load torchmetrics and matplotlib.
+_HOME = {
+    "_analyze": ("MEANINGS", "analyze", "markdown_report", "meaning", "tsne"),
+    "_epoch": ("EPOCH_KEYS", "analysis_due", "epoch_collapse_metrics"),
+    "_logits": ("ClassLogitMatrix", "logit_margins", "logit_matrix_difference", "off_diagonal_mean_abs"),
+    "_options": ("AnalyzeOptions",),
+    "_plots": ("plot_logit_matrices", "plot_margins", "plot_spectra", "plot_tsne"),
+    "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics"),
+    "_sample": ("ClassReservoir",),
+    "_source": ("Subject", "load_run", "load_weights"),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])
+
+
+__all__ = sorted(_MODULE_OF)

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from kdcollapse._optional import require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
-from kdcollapse.analysis._pass import DEFAULT_SAMPLE_SIZE, classifier_weight, feature_pass, split_metrics
+from kdcollapse.analysis._options import AnalyzeOptions
+from kdcollapse.analysis._pass import classifier_weight, feature_pass, split_metrics
 from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
+from kdcollapse.distributed import resolve_precision
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, covariance_spectra
 from kdcollapse.models import as_classifier
@@ -31,18 +33,6 @@ MEANINGS = {m.name: m.meaning for m in METRICS} | {
 }
 
 
-@dataclass
-class AnalyzeOptions:
-    """How ``analyze`` runs: batching, the bounded feature sample, t-SNE and progress display."""
-
-    batch_size: int = 512
-    sample_size: int = DEFAULT_SAMPLE_SIZE  # feature rows kept (t-SNE, NC4), about evenly per class
-    tsne_classes: list[int] | None = None  # None: the first min(K, 10) classes
-    tsne_per_class: int = 200  # 0 switches t-SNE off
-    seed: int = 0  # the feature sample and t-SNE
-    progress: bool = True
-
-
 def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None) -> dict:
     """Analyse ``subject`` in one pass and write ``analysis.json``, ``analysis.md`` and PNG figures
     (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
@@ -53,12 +43,18 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
+    precision = resolve_precision(options.precision, device, option="--precision")
+    channels_last = options.channels_last and len(dataset.input_shape) == 3
+    if channels_last:
+        for module in (model, *subject.heads.values(), subject.teacher):
+            if module is not None:
+                module.to(memory_format=torch.channels_last)
     start = time.perf_counter()
     loader = make_loader(dataset, options.batch_size, train=False, device=device, seed=0)
     result = feature_pass(
         model, loader, num_classes=dataset.num_classes, heads=subject.heads, teacher=subject.teacher,
         sample_size=options.sample_size, seed=options.seed, progress=options.progress,
-        description=f"{subject.split} features",
+        description=f"{subject.split} features", precision=precision, channels_last=channels_last,
     )  # fmt: skip
     spectra = {k: v.tolist() for k, v in covariance_spectra(result.stats).items()}
     report = {
@@ -80,7 +76,8 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     }  # fmt: skip
     if tsne_classes:
         index = result.sample.first(options.tsne_per_class, tsne_classes)
-        embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
+        with tqdm(total=1, desc=f"t-SNE of {index.numel()} points", disable=not options.progress, leave=False):
+            embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
         labels = result.sample.labels[index].numpy()
         figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
         report["tsne"] = {"classes": tsne_classes, "points": int(index.numel())}
@@ -106,13 +103,11 @@ def meaning(key: str) -> str:
 def _tsne_classes(options: AnalyzeOptions, num_classes: int) -> list[int]:
     if options.tsne_per_class < 0:
         raise KdcollapseError(f"tsne_per_class must be >= 0, got {options.tsne_per_class}")
-    if options.tsne_per_class == 0:
-        return []
     classes = options.tsne_classes if options.tsne_classes is not None else list(range(min(num_classes, 10)))
     bad = [c for c in classes if not 0 <= c < num_classes]
     if bad or not classes:
         raise KdcollapseError(f"t-SNE classes must be indices in 0..{num_classes - 1}, got {classes}")
-    return sorted(set(classes))
+    return sorted(set(classes)) if options.tsne_per_class else []
 
 
 def tsne(features: np.ndarray, seed: int) -> np.ndarray:

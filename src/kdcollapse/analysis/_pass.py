@@ -18,13 +18,14 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from kdcollapse.analysis._options import DEFAULT_SAMPLE_SIZE
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
+from kdcollapse.distributed import autocast
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
 from kdcollapse.models import FeatureSpec, as_classifier, evaluating
 
-DEFAULT_SAMPLE_SIZE = 20_000  # feature rows kept for t-SNE and nearest-class-mean, over all classes
 
 
 @dataclass
@@ -62,6 +63,8 @@ def feature_pass(
     progress: bool = False,
     description: str = "features",
     features: FeatureSpec = None,
+    precision: torch.dtype | None = None,
+    channels_last: bool = False,
 ) -> SplitPass:
     """Run ``model`` once over ``batches`` of ``(x, y)`` and accumulate a :class:`SplitPass`.
 
@@ -71,6 +74,9 @@ def feature_pass(
     auxiliary head ``g'``); ``teacher`` is a model whose logits are compared with every head's
     (DHKD App. H). The sample keeps about ``sample_size`` feature rows, ``ceil(sample_size / K)`` per
     class, drawn with ``seed``. Modes are restored afterwards, so this is safe inside a training loop.
+    ``precision`` (a dtype or None) runs the forward passes under autocast and ``channels_last`` feeds
+    image batches in that layout (the modules must be in it already); every statistic is accumulated
+    in float32 or float64 whatever the precision.
     """
     model = as_classifier(model, features)
     heads = dict(heads or {})
@@ -83,24 +89,28 @@ def feature_pass(
     matrices: dict[str, ClassLogitMatrix] = {}
     with evaluating(modules):
         for x, y in tqdm(batches, desc=description, disable=not progress, leave=False, dynamic_ncols=True):
-            features = model.forward_features(x)
+            if channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with autocast(x.device, precision):
+                features = model.forward_features(x)
+                logits = {"main": model.forward_head(features), **{n: h(features) for n, h in heads.items()}}
+                z_teacher = None if teacher is None else teacher(x)
             if stats is None:
                 stats = FeatureStatistics(num_classes, features.shape[1], sync_on_compute=False).to(features.device)
                 sample = ClassReservoir(num_classes, sample_per_class(sample_size, num_classes), seed)
                 if teacher is not None:
                     matrices = {name: ClassLogitMatrix(num_classes, sync_on_compute=False).to(features.device)
                                 for name in correct}
-            logits = {"main": model.forward_head(features), **{n: h(features) for n, h in heads.items()}}
+            features = features.float()  # bf16/fp16 features under autocast: statistics see float32 values
             stats.update(features, y)
-            sample.update(y, features=features.float(), prediction=logits["main"].argmax(1))
+            sample.update(y, features=features, prediction=logits["main"].argmax(1))
             margins.append(logit_margins(logits["main"].float(), y).cpu())
             labels.append(y.cpu())
             for name, z in logits.items():
                 correct[name] += int((z.argmax(1) == y).sum())
             if teacher is not None:
-                z_teacher = teacher(x).double()
                 for name, z in logits.items():
-                    matrices[name].update(z_teacher - z.double(), y)
+                    matrices[name].update(z_teacher.double() - z.double(), y)
     if stats is None:
         raise KdcollapseError("the split is empty: no batches to analyse")
     return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)

@@ -12,6 +12,7 @@ from kdcollapse.errors import ConfigError, KdcollapseError
 _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze runs/fmnist_teacher                        # test split -> runs/fmnist_teacher/analysis_test/
   kdcollapse analyze runs/fmnist_teacher --split train --per-class 1000
+  kdcollapse analyze runs/fmnist_teacher --tsne-per-class 200 --precision bf16 --channels-last
   kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
@@ -20,7 +21,7 @@ output (analysis.md lists every metric with its meaning; logit_matrices.png only
   $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
   runs/fmnist_teacher (test): accuracy 93.16 %, nc1 0.3983, vci 0.1745, ncc_accuracy 0.922 -> /tmp/t/analysis.md
   $ ls /tmp/t
-  analysis.json  analysis.md  margins.png  spectra.png  tsne.png
+  analysis.json  analysis.md  margins.png  spectra.png            # tsne.png too with --tsne-per-class N
 """
 
 _PLOT_EXAMPLES = """examples:
@@ -35,7 +36,7 @@ _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci",
 
 
 def register(subparsers) -> None:
-    from kdcollapse.analysis._analyze import AnalyzeOptions
+    from kdcollapse.analysis._options import AnalyzeOptions
     from kdcollapse.cli._common import HelpFormatter
 
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
@@ -60,7 +61,11 @@ def register(subparsers) -> None:
     p.add_argument("--sample-size", type=int, default=defaults.sample_size,
                    help="feature rows kept for t-SNE and nearest-class-mean, about evenly per class")
     add("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: the first 10)")
-    p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class, help="t-SNE points per class; 0: off")
+    p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class,
+                   help="t-SNE points per class (200 is a good figure); 0: no t-SNE, which costs more than the pass")
+    p.add_argument("--precision", choices=("off", "bf16", "fp16"), default=defaults.precision,
+                   help="autocast of the forward pass (bf16 on CPU or GPU, fp16 on GPU); metrics stay float64")
+    p.add_argument("--channels-last", action="store_true", help="channels-last layout for image models")
     add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -104,7 +109,7 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from kdcollapse.analysis._analyze import AnalyzeOptions, analyze
+    from kdcollapse.analysis import AnalyzeOptions, analyze
     from kdcollapse.analysis._source import load_run, load_weights
     from kdcollapse.config import load_config
 
@@ -131,6 +136,7 @@ def _analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or batch_size, sample_size=args.sample_size,
         tsne_classes=_int_list(args.tsne_classes, "--tsne-classes"), tsne_per_class=args.tsne_per_class,
         seed=seed if args.seed is None else args.seed, progress=not args.no_progress,
+        precision=args.precision, channels_last=args.channels_last,
     )  # fmt: skip
     report = analyze(subject, out, options)
     m = report["metrics"]

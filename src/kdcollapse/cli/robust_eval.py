@@ -15,11 +15,16 @@ AutoAttack standard.
 """
 
 
+# What --help shows, without importing the attacks (tests/test_cli_startup.py checks these against
+# kdcollapse.adversarial and kdcollapse.experiments.robust_eval).
+NORMS = ("Linf", "L2")
+ATTACKS = ("pgd", "standard")
+DEFAULT_ATTACKS = ("standard", "pgd")
+WEIGHTS = ("last", "best")
+STANDARD_BUDGET = {"n_iter": 100, "n_targets": 9, "n_queries": 5000}
+
+
 def register(subparsers) -> None:
-    from kdcollapse.adversarial._common import NORMS
-    from kdcollapse.adversarial import list_attacks
-    from kdcollapse.adversarial._registry import STANDARD_BUDGET
-    from kdcollapse.experiments.robust_eval import DEFAULT_ATTACKS, WEIGHTS
     from kdcollapse.cli._common import HelpFormatter
 
     text = "Clean and robust accuracy of a trained run under AutoAttack (standard) and PGD-k."
@@ -31,9 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--n-examples", type=int, metavar="N", help="evaluate the first N test images; all of them without it")
     p.add_argument("--batch-size", type=int, default=500, metavar="B")
     p.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS), metavar="LIST",
-                   help=f"comma-separated, from: {', '.join(list_attacks())} (standard = AutoAttack)")
+                   help=f"comma-separated, from: {', '.join(ATTACKS)} (standard = AutoAttack)")
     p.add_argument("--pgd-steps", type=int, default=20, metavar="K", help="steps of PGD-k (step 2.5·eps/K)")
-    p.add_argument("--weights", choices=tuple(WEIGHTS), default="last",
+    p.add_argument("--weights", choices=WEIGHTS, default="last",
                    help="model.safetensors (last epoch) or best.safetensors")
     p.add_argument("--seed", type=int, default=0, help="seeds the attacks' random starts and searches")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")

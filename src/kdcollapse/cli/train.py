@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 import json
-import statistics
 from pathlib import Path
 
-from kdcollapse.config import RunConfig, check_config, load_config
 from kdcollapse.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kdcollapse.config import RunConfig
 
 _TRAIN_EXAMPLES = """examples:
   kdcollapse train --config configs/fashion_mnist/teacher.yaml
@@ -69,6 +71,8 @@ def _train(args) -> None:
         _report(_fit(cfg, args))
         return
     # every seed is checked before the first run starts
+    from kdcollapse.config import check_config  # the library loads when a command runs, not for --help
+
     runs = [check_config(dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}")))
             for seed in seeds]
     results = []
@@ -79,6 +83,8 @@ def _train(args) -> None:
 
 
 def _resolve_config(args) -> RunConfig:
+    from kdcollapse.config import load_config
+
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes its config from the run directory; drop --config")
@@ -118,6 +124,8 @@ def _report(result) -> None:
 
 
 def _summarise(run_dir: Path, seeds: list[int], results) -> None:
+    import statistics  # loads decimal and fractions: kept out of `kdcollapse --help`
+
     best = [r.best_acc for r in results]
     last = [r.last_acc for r in results]
 

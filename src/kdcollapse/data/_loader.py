@@ -68,6 +68,7 @@ class Loader:
         self.seed, self.augment, self.drop_last = seed, augment, drop_last
         self.rank, self.world_size, self.views = rank, world_size, views
         self.epoch = 0
+        self._current: dict[str, torch.Tensor] = {}  # the plan of the epoch being iterated
         n = len(dataset)
         self.num_samples = n // world_size if train else len(range(rank, n, world_size))
         channels = dataset.in_channels if len(dataset.mean) > 1 else 1
@@ -85,6 +86,10 @@ class Loader:
     def __len__(self) -> int:
         whole, rest = divmod(self.num_samples, self.batch_size)
         return whole + (rest > 0 and not self.drop_last)
+
+    def batch_index(self, b: int) -> torch.Tensor:
+        """Dataset indices of batch ``b`` of the epoch being iterated (valid once it was yielded)."""
+        return self._current["index"][b * self.batch_size:(b + 1) * self.batch_size]
 
     def _plan(self, device: torch.device, extra_seeds: bool = False) -> dict[str, torch.Tensor]:
         """This rank's share of the epoch plan: ``index`` and, if used, ``offsets``, ``flips``, ``seeds``,
@@ -148,7 +153,7 @@ class TensorLoader(Loader):
         self._labels = dataset.labels.to(self.device)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        plan = self._plan(self.device)
+        self._current = plan = self._plan(self.device)
         for part in self._batch_slices():
             index = plan["index"][part]
             yield self._finish(self._inputs.index_select(0, index), plan, part), self._labels[index]
@@ -159,7 +164,6 @@ class FolderLoader(Loader):
 
     def __init__(self, dataset: FolderDataset, batch_size: int, *, num_workers: int, **kwargs):
         super().__init__(dataset, batch_size, **kwargs)
-        self._current: dict[str, torch.Tensor] = {}
         self._loader = torch.utils.data.DataLoader(
             _Decoded(dataset, self.train),
             batch_sampler=_PlanBatches(self),

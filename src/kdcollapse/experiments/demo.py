@@ -1,10 +1,5 @@
-"""``kdcollapse demo``: teacher, student and distilled students on real data, with a report.
-
-Runs on Fashion-MNIST when its files are found (``apt-get install dataset-fashion-mnist``, or
-``kdcollapse data download fashion_mnist``), otherwise on scikit-learn's bundled digits, and says
-which. Every step is an ordinary ``kdcollapse`` run with its own run directory under ``--out``, so any
-of them can be inspected, resumed or analysed like a run of your own.
-"""
+"""The demo behind ``kdcollapse demo`` (its description: :mod:`kdcollapse.cli.demo`): the plans per dataset
+and the runs, analyses and report they make."""
 
 from __future__ import annotations
 
@@ -14,20 +9,12 @@ from pathlib import Path
 
 import torch
 
-from kdcollapse.analysis import AnalyzeOptions, analyze, load_run
 from kdcollapse.config import load_config
 from kdcollapse.data import load_dataset
 from kdcollapse.errors import DataError
 from kdcollapse.models import count_parameters
-from kdcollapse.report import markdown_table, plot_curves
+from kdcollapse.report import markdown_table
 from kdcollapse.runs import Run
-from kdcollapse.train import fit
-
-EXAMPLES = """examples:
-  kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
-  kdcollapse demo --out /tmp/demo --data digits
-"""
-
 
 @dataclass(frozen=True)
 class DemoPlan:
@@ -85,6 +72,8 @@ def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: 
         f"run_dir={out / name}", f"data.name={plan.dataset}", f"model.name={model}", f"method.name={method}",
         f"train.epochs={epochs}", *plan.overrides, *extra,
     ])
+    from kdcollapse.train import fit  # loads torchmetrics: only when the demo runs, not for its --help
+
     start = time.perf_counter()
     result = fit(cfg, overwrite=True)
     return result, time.perf_counter() - start
@@ -92,6 +81,9 @@ def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: 
 
 def run_demo(out: Path, dataset: str | None = None) -> Path:
     """Train the plan's teacher, student baseline and distilled students; write ``out/report.md``."""
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run  # torchmetrics, matplotlib: see _run
+    from kdcollapse.report import plot_curves
+
     requested, dataset = dataset, choose_dataset(dataset)
     plan = PLANS[dataset]
     note = " (Fashion-MNIST not found: apt-get install dataset-fashion-mnist)" if requested is None and \

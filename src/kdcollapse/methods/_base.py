@@ -33,11 +33,20 @@ class FrozenTeacher:
         self.model.to(*args, **kwargs)
         return self
 
-    @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features (B, d), logits (B, K)) in float32 whatever autocast is active."""
-        h = self.model.forward_features(x)
-        return h.float(), self.model.forward_head(h).float()
+        """(features (B, d), logits (B, K)) in float32 whatever autocast is active.
+
+        The forward runs in ``inference_mode`` (no autograd bookkeeping at all) in the caller's autocast
+        precision and memory layout; the float32 copies made after it are ordinary tensors, which the
+        student's losses may save for their backward pass (inference tensors may not be saved)."""
+        with torch.inference_mode():
+            h = self.model.forward_features(x)
+            z = self.model.forward_head(h)
+        return h.to(torch.float32, copy=True), z.to(torch.float32, copy=True)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, K) logits, float32, without gradient."""
+        return self(x)[1]
 
 
 class Method(nn.Module):
@@ -64,6 +73,10 @@ class Method(nn.Module):
 
     needs_teacher: ClassVar[bool] = False
     """Whether the trainer must load ``teacher:`` and pass it as a :class:`FrozenTeacher`."""
+
+    teacher_features: ClassVar[bool] = False
+    """Whether the method reads the teacher's penultimate features, not only its logits; such a method
+    cannot train from stored teacher logits (``teacher.cache=logits``)."""
 
     views: ClassVar[int] = 1
     """Independently augmented views per training image; with V > 1, ``forward`` gets x of shape

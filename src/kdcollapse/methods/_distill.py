@@ -34,7 +34,7 @@ class Distiller(Method):
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K) teacher logits, float32, without gradient."""
-        return self.teacher(x)[1]
+        return self.teacher.logits(x)
 
 
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:

@@ -23,6 +23,8 @@ from kdcollapse.methods._distill import Distiller, check_config
 class RKD(Distiller):
     """ce_weight·CE + distance_weight·RKD-D + angle_weight·RKD-A on penultimate features."""
 
+    teacher_features = True
+
     @dataclass
     class Config:
         ce_weight: float = 1.0

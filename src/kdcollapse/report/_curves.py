@@ -3,8 +3,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kdcollapse._optional import pyplot as plt
-
 
 def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: str | Path,
                 title: str | None = None, columns: int = 4) -> Path:
@@ -14,6 +12,11 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: s
     Records lacking a key are skipped, so test accuracy evaluated every few epochs plots as points
     joined by lines.
     """
+    import matplotlib  # here, not at import: `kdcollapse.report.markdown_table` users need no matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     columns = min(columns, len(keys))
     rows = -(-len(keys) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)

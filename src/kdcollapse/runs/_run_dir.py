@@ -213,6 +213,13 @@ def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
         )
 
 
+def update_run_record(run_dir: Path, facts: dict) -> None:
+    """Add ``facts`` (what the run actually executes: precision, memory layout, ...) to ``run.json``."""
+    path = Path(run_dir) / "run.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    write_text(path, json.dumps(record | facts, indent=2) + "\n")
+
+
 def provenance() -> dict:
     return {
         "kdcollapse_version": __version__,

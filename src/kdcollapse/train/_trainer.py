@@ -25,11 +25,13 @@ from tqdm import tqdm
 from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
 from kdcollapse.data import Augment, make_loader
-from kdcollapse.distributed import all_ranks_ok, all_reduce_sum, init_distributed, resolve_device
+from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init_distributed, resolve_device,
+                                    resolve_precision)
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import build_method, get_method
 from kdcollapse.models import create_model
-from kdcollapse.runs import MetricsLog, claim_run_dir, load_teacher, run_dataset, start_run_dir
+from kdcollapse.runs import (MetricsLog, TeacherLogitCache, check_teacher_cache, claim_run_dir, load_teacher,
+                             run_dataset, start_run_dir, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
 
@@ -110,6 +112,8 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=False)
             torch.backends.cudnn.benchmark = False
+        # Checked before the run directory is touched: a precision that cannot be honoured is an error.
+        self.amp_dtype = resolve_precision(cfg.train.amp, self.device, option="train.amp")
         self.run_dir = Path(cfg.run_dir)
         self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
         self._build_data()
@@ -129,11 +133,9 @@ class Trainer:
         start_run_dir(cfg, self.run_files)
         self.log = MetricsLog(self.run_dir, start_epoch=self.start_epoch, enabled=self.dist.is_main,
                               tensorboard=cfg.train.tensorboard)
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.amp)
-        if self.device.type != "cuda":
-            self.amp_dtype = None  # autocast is a GPU feature here; CPU runs in float32
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
         self.model = self._wrap_ddp()
+        self._record_execution()
 
     # ----------------------------------------------------------------------------------- setup
     def _build_data(self) -> None:
@@ -161,9 +163,14 @@ class Trainer:
     def _build_method(self) -> None:
         cfg = self.cfg
         method_cls = get_method(cfg.method.name)
-        teacher = None
+        teacher = self.teacher_cache = None
         if method_cls.needs_teacher:
             teacher = load_teacher(cfg.teacher, self.train_set).to(self.device)
+            if self._channels_last():
+                teacher.to(memory_format=torch.channels_last)
+            if cfg.teacher.cache == "logits":
+                check_teacher_cache(cfg.method.name, method_cls, cfg.data, self.train_set)
+                teacher = self.teacher_cache = self._cache_teacher_logits(teacher)
         elif cfg.teacher.checkpoint or cfg.teacher.weights:
             raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
         student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels,
@@ -171,12 +178,46 @@ class Trainer:
         self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
                                    label_smoothing=cfg.train.label_smoothing).to(self.device)
         self.method.set_input_normalization(self.train_set.mean, self.train_set.std)
-        if cfg.train.channels_last:
+        if self._channels_last():
             self.method.to(memory_format=torch.channels_last)
-            if teacher is not None:
-                teacher.to(memory_format=torch.channels_last)
         if cfg.train.compile:
             self.method.student.compile()
+
+    def _cache_teacher_logits(self, teacher) -> TeacherLogitCache:
+        """One teacher pass over the unaugmented training images, in the run's precision and layout."""
+        loader = make_loader(self.train_set, self.cfg.data.eval_batch_size, train=False, seed=0, device=self.device,
+                             num_workers=self.cfg.data.num_workers)
+        rows = []
+        for x, _ in loader:
+            with self._autocast():
+                rows.append(teacher.logits(self._to_layout(x)))
+        return TeacherLogitCache(teacher, torch.cat(rows))
+
+    def _select_teacher_rows(self, batch: int) -> None:
+        """Tell stored teacher logits which images training batch ``batch`` holds."""
+        if self.teacher_cache is not None:
+            self.teacher_cache.select(self.train_loader.batch_index(batch))
+
+    def _channels_last(self) -> bool:
+        """Whether inputs, student and teacher use the channels-last layout (images only)."""
+        return self.cfg.train.channels_last and len(self.train_set.input_shape) == 3
+
+    def _to_layout(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch in the run's memory layout (``(B, V, C, H, W)`` multi-view batches stay as they are)."""
+        if self._channels_last() and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _record_execution(self) -> None:
+        """Write what actually runs into run.json: autocast precision, memory layout, compiled or not."""
+        if self.dist.is_main:
+            update_run_record(self.run_dir, {
+                "precision": {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype],
+                "memory_format": "channels_last" if self._channels_last() else "contiguous",
+                "compiled": self.cfg.train.compile, "device": str(self.device),
+                "teacher": None if self.method.teacher is None else
+                "stored logits" if self.teacher_cache is not None else "online",
+            })  # fmt: skip
 
     def _wrap_ddp(self):
         if not self.dist.enabled:
@@ -311,16 +352,14 @@ class Trainer:
         return epoch_collapse_metrics(self.cfg, epoch, self.method.student, self.train_set, self.test_set)
 
     def _autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return autocast(self.device, self.amp_dtype)
 
     def _train_epoch(self, epoch: int) -> dict:
         cfg, method, loader = self.cfg, self.method, self.train_loader
         method.train()
         steps = len(loader)
         sums: dict[str, torch.Tensor] = {}
-        correct = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.float64)
         seen = 0
         check_every = 1 if self.device.type == "cpu" else 25  # NaN checks cost a host sync on GPU
         bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
@@ -330,9 +369,8 @@ class Trainer:
             lr = learning_rate(cfg, epoch + i / steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            if cfg.train.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            out = self._step(x, y)
+            self._select_teacher_rows(i)
+            out = self._step(self._to_layout(x), y)
             for name, value in out.items():
                 if name != "logits" and value.dim() == 0:
                     sums[name] = sums.get(name, 0) + value.detach().float()
@@ -415,10 +453,8 @@ class Trainer:
         correct = torch.zeros((), device=self.device, dtype=torch.float64)
         loss = torch.zeros((), device=self.device, dtype=torch.float64)
         for x, y in loader:
-            if self.cfg.train.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
             with self._autocast():
-                logits = self.method.predict(x).float()
+                logits = self.method.predict(self._to_layout(x)).float()
             loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         self.method.train()

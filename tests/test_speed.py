@@ -1,0 +1,131 @@
+"""Speed options of the trainer (issue 15): bf16 autocast on the CPU, channels-last, the teacher in
+inference mode and its stored logits (``teacher.cache=logits``), exact where they claim to be."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kdcollapse.config import load_config
+from kdcollapse.distributed import resolve_precision
+from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.methods import FrozenTeacher
+from kdcollapse.models import create_model
+from kdcollapse.runs import read_metrics
+from kdcollapse.train import Trainer, fit
+
+# scikit-learn's digits: 8x8 grey images, always available offline.
+TINY = ["data.name=digits", "data.batch_size=64", "train.progress=false", "optim.lr=0.05", "schedule.name=constant",
+        "train.epochs=1"]
+
+
+def tiny(path, *extra):
+    return load_config(None, [*TINY, f"run_dir={path}", *extra])
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory):
+    return fit(tiny(tmp_path_factory.mktemp("t") / "teacher", "model.name=convnet_small")).run_dir
+
+
+def run_json(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "run.json").read_text())
+
+
+def test_precision_that_cannot_be_honoured_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="train.amp=fp16 needs a CUDA device; on the CPU use train.amp=bf16"):
+        Trainer(tiny(tmp_path / "r", "train.amp=fp16", "train.device=cpu"))
+    assert not (tmp_path / "r").exists()  # refused before the run directory was made
+    assert resolve_precision("off", torch.device("cpu")) is None
+    with pytest.raises(ConfigError, match="must be one of off, bf16, fp16"):
+        resolve_precision("fp8", torch.device("cpu"))
+
+
+def test_bf16_autocast_runs_on_cpu_with_float32_sums(tmp_path):
+    cfg = tiny(tmp_path / "bf16", "model.name=convnet_small", "train.amp=bf16", "train.channels_last=true",
+               "train.device=cpu")
+    trainer = Trainer(cfg)
+    trainer.train_loader.set_epoch(0)
+    x, y = next(iter(trainer.train_loader))
+    out = trainer._step(trainer._to_layout(x), y)
+    assert out["logits"].dtype == torch.bfloat16  # autocast is on: the old trainer ignored it on CPU
+    assert trainer.method.student.head.weight.dtype == torch.float32  # master weights stay float32
+    assert x.is_contiguous() and trainer._to_layout(x).is_contiguous(memory_format=torch.channels_last)
+    record = trainer.run()
+    assert record.last_acc > 30  # it learns digits in one bf16 epoch
+    facts = run_json(cfg.run_dir)
+    assert (facts["precision"], facts["memory_format"], facts["compiled"]) == ("bf16", "channels_last", False)
+
+
+def test_bf16_first_epoch_matches_fp32_within_bf16_rounding(tmp_path):
+    common = ["model.name=convnet_small", "train.device=cpu"]
+    fp32 = read_metrics(fit(tiny(tmp_path / "a", *common)).run_dir)[0]
+    bf16 = read_metrics(fit(tiny(tmp_path / "b", *common, "train.amp=bf16")).run_dir)[0]
+    assert isinstance(bf16["train_loss"], float) and isinstance(bf16["test_loss"], float)
+    assert bf16["train_loss"] == pytest.approx(fp32["train_loss"], rel=0.05)
+    assert bf16["test_acc"] == pytest.approx(fp32["test_acc"], abs=8)
+    assert (run_json(tmp_path / "a")["precision"], run_json(tmp_path / "a")["memory_format"]) == ("fp32", "channels_last")
+
+
+def test_frozen_teacher_runs_in_inference_mode_and_returns_ordinary_float32_tensors():
+    model = create_model("convnet_small", 10, in_channels=1).eval()
+    teacher, x = FrozenTeacher(model), torch.randn(4, 1, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h, z = teacher(x)
+    assert h.dtype == z.dtype == torch.float32 and not (h.is_inference() or z.is_inference())
+    with torch.no_grad():
+        assert torch.equal(teacher.logits(x), model(x))
+    s = torch.randn(4, 10, requires_grad=True)  # a loss may save the teacher's probabilities for backward
+    (z.softmax(1) * s.log_softmax(1)).sum().backward()
+    assert s.grad is not None
+
+
+@pytest.mark.parametrize("method", ["kd", "dhkd"])
+def test_stored_teacher_logits_equal_the_online_teacher(tmp_path, teacher_run, method):
+    common = ["model.name=mlp", "model.kwargs={input_size: 8}", f"method.name={method}",
+              f"teacher.checkpoint={teacher_run}", "train.epochs=2"]
+    online = fit(tiny(tmp_path / "online", *common)).run_dir
+    offline = fit(tiny(tmp_path / "offline", *common, "teacher.cache=logits")).run_dir
+    drop = ("images_per_s", "epoch_time_s")
+    a, b = ([{k: v for k, v in r.items() if k not in drop} for r in read_metrics(d)] for d in (online, offline))
+    assert a == b  # every logged loss part, accuracy and test metric, bit for bit
+    assert (run_json(online)["teacher"], run_json(offline)["teacher"]) == ("online", "stored logits")
+
+
+def test_stored_teacher_logits_are_refused_where_they_would_not_be_exact(tmp_path, teacher_run):
+    base = [f"teacher.checkpoint={teacher_run}", "teacher.cache=logits", "model.name=convnet_small"]
+    with pytest.raises(ConfigError, match=r"augmented \(data.crop_padding=1, data.flip=false\).*teacher.cache=off"):
+        Trainer(tiny(tmp_path / "a", *base, "method.name=kd", "data.crop_padding=1"))
+    with pytest.raises(ConfigError, match="method 'rkd' also uses the teacher's features"):
+        Trainer(tiny(tmp_path / "b", *base, "method.name=rkd"))
+
+
+def test_stored_teacher_logits_need_a_selected_batch(teacher_run):
+    from kdcollapse.runs import TeacherLogitCache, load_model
+
+    model, _ = load_model(teacher_run)
+    cache = TeacherLogitCache(FrozenTeacher(model), torch.arange(30.0).view(10, 3))
+    with pytest.raises(KdcollapseError, match="was not selected"):
+        cache.logits(torch.zeros(2, 1, 8, 8))
+    cache.select(torch.tensor([4, 1]))
+    assert cache.logits(torch.zeros(2, 1, 8, 8)).tolist() == [[12.0, 13.0, 14.0], [3.0, 4.0, 5.0]]
+    with pytest.raises(KdcollapseError, match="logits only, not its features"):
+        cache(torch.zeros(2, 1, 8, 8))
+
+
+def test_analyze_defaults_skip_tsne_and_bf16_channels_last_agree_with_fp32(tmp_path, teacher_run):
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run
+
+    def report(out, **options):
+        subject = load_run(teacher_run, "test", device=torch.device("cpu"))
+        return analyze(subject, tmp_path / out, AnalyzeOptions(progress=False, **options))
+
+    fp32, fast = report("a"), report("b", precision="bf16", channels_last=True)
+    assert "tsne" not in fp32["figures"] and not (tmp_path / "a" / "tsne.png").exists()
+    assert fast["metrics"]["accuracy"] == pytest.approx(fp32["metrics"]["accuracy"], abs=0.02)
+    for key in ("nc1", "vci", "ncc_accuracy"):
+        assert fast["metrics"][key] == pytest.approx(fp32["metrics"][key], rel=0.05), key
+    assert fast["metrics"]["nc1"] != fp32["metrics"]["nc1"]  # bf16 did run: the numbers moved a little
+    with pytest.raises(ConfigError, match="--precision=fp16 needs a CUDA device"):
+        report("c", precision="fp16")
