@@ -18,7 +18,7 @@ from kdcollapse.runs._checkpoint import save_tensors
 
 
 def official_binary_kl(student, teacher, temperature):
-    """SPEC §1 / DHKD eq. 1 as the official code states it: σ clamped to [1e-8, 1 − 1e-8], KL summed
+    """DHKD eq. 1 as the official code states it: σ clamped to [1e-8, 1 − 1e-8], KL summed
     over every entry through KLDivLoss(reduction="none"), times τ², divided by the batch size."""
     q_s = torch.clamp(torch.sigmoid(student / temperature), min=1e-8, max=1 - 1e-8)
     q_t = torch.clamp(torch.sigmoid(teacher / temperature), min=1e-8, max=1 - 1e-8)

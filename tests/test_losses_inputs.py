@@ -134,8 +134,8 @@ def test_specific_errors():
 WRAPPERS = {
     "KDLoss": (L.kd_loss, ["temperature", "reduction"]),
     "DKDLoss": (L.dkd_loss, ["alpha", "beta", "temperature", "ignore_index", "reduction"]),
-    "BinaryKLLoss": (L.binary_kl_loss, ["temperature", "reduction"]),
-    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature", "reduction"]),
+    "BinaryKLLoss": (L.binary_kl_loss, ["temperature", "form", "reduction"]),
+    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature", "form", "reduction"]),
     "DKLLoss": (L.dkl_loss, ["alpha", "beta", "reduction"]),
     "IKLLoss": (L.ikl_loss, ["mse_weight", "ce_weight", "temperature", "ignore_index", "reduction"]),
     "IntraClassContrastiveLoss": (L.intra_class_contrastive_loss, ["temperature", "reduction"]),
