@@ -1,0 +1,68 @@
+"""Run a list of training jobs in one process, skipping those already finished; a diverged run is a result.
+
+    PYTHONPATH=src python results/distillation/run_queue.py JOBS [WORKER NWORKERS]
+
+``JOBS``: one job a line, ``RUN_DIR CONFIG key=value ...`` (``#`` starts a comment). Worker ``w`` of
+``n`` takes the lines ``i`` with ``i % n == w``, so two processes share a list without overlap. Each run
+ends with ``RUN_DIR/outcome.json``: ``{"status": "finished" | "diverged", "epochs_done": N, "message": ...,
+"max_logit": ...}``, where ``max_logit`` is the largest student logit on the run's validation split (test
+split if it has none) of the last saved model (for a diverged run: the last good epoch; the DHKD paper's
+official BinaryKL is inf/NaN once a logit exceeds 24·ln 2·τ). A job whose ``outcome.json`` exists is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kdcollapse.config import load_config
+from kdcollapse.runs import Run, read_metrics
+from kdcollapse.train import TrainingDiverged, fit
+
+
+@torch.no_grad()
+def max_logit(run_dir: Path) -> float | None:
+    """Largest logit of the run's last saved model on its validation (else test) split; None without one."""
+    if not (run_dir / "model.safetensors").is_file():
+        return None
+    run = Run(run_dir)
+    split = "val" if run.config.data.val_per_class > 0 else "test"
+    model, _ = run.model()
+    model.eval()
+    data = run.dataset(split)
+    loader = torch.utils.data.DataLoader(data, batch_size=500)
+    return max(float(model(x).max()) for x, _ in loader)
+
+
+def run_job(line: str) -> None:
+    run_dir, config, *overrides = shlex.split(line)
+    run_dir = Path(run_dir)
+    if (run_dir / "outcome.json").is_file():
+        return
+    cfg = load_config(config, [*overrides, f"run_dir={run_dir}", "train.progress=false"])
+    start = time.time()
+    try:
+        fit(cfg, overwrite=True)
+        status, message = "finished", ""
+    except TrainingDiverged as err:
+        status, message = "diverged", str(err)
+    outcome = {"status": status, "epochs_done": len(read_metrics(run_dir)), "message": message,
+               "max_logit": max_logit(run_dir), "wall_s": round(time.time() - start, 1)}
+    (run_dir / "outcome.json").write_text(json.dumps(outcome, indent=1) + "\n")
+    print(run_dir, outcome["status"], outcome["epochs_done"], flush=True)
+
+
+def main(jobs: Path, worker: int = 0, workers: int = 1) -> None:
+    lines = [ln.split("#")[0].strip() for ln in jobs.read_text().splitlines()]
+    for i, line in enumerate(ln for ln in lines if ln):
+        if i % workers == worker:
+            run_job(line)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), *map(int, sys.argv[2:]))
