@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from kdcollapse.config import load_config
+from kdcollapse.data import make_loader
 from kdcollapse.runs import Run, read_metrics
 from kdcollapse.train import TrainingDiverged, fit
 
@@ -34,8 +35,7 @@ def max_logit(run_dir: Path) -> float | None:
     split = "val" if run.config.data.val_per_class > 0 else "test"
     model, _ = run.model()
     model.eval()
-    data = run.dataset(split)
-    loader = torch.utils.data.DataLoader(data, batch_size=500)
+    loader = make_loader(run.dataset(split), 500, train=False, device="cpu", seed=0)
     return max(float(model(x).max()) for x, _ in loader)
 
 
