@@ -17,7 +17,8 @@ PY=${PY:-python}
   data.test_per_class=10 data.batch_size=64 train.epochs=5 train.progress=false --overwrite
 bash $HERE/jobs.sh "$RUNS" "$SEEDS" > $RUNS/collapse_jobs.txt
 for w in $(seq 0 $((WORKERS - 1))); do
-  $PY results/distillation/run_queue.py $RUNS/collapse_jobs.txt $w $WORKERS > $RUNS/collapse_worker$w.log 2>&1 &
+  sleep $((w * 3))  # staggered, so that claims do not race on start-up
+  $PY results/distillation/run_queue.py $RUNS/collapse_jobs.txt > $RUNS/collapse_worker$w.log 2>&1 &
 done
 wait
 $PY $HERE/summarise.py $RUNS $HERE

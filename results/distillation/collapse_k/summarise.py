@@ -23,6 +23,7 @@ SETTINGS = {
     "ce_bkl_official_a1_lr0.1": "CE + BinaryKL one head, official, α 1, lr 0.1",
     "ce_bkl_official_a1_lr0.01": "CE + BinaryKL one head, official, α 1, lr 0.01",
     "ce_bkl_stable_a10_lr0.1": "CE + BinaryKL one head, stable, α 10, lr 0.1",
+    "bkl_only_a10_lr0.1": "BinaryKL only (stable), α 10, lr 0.1",
     "ce_bkl_official_a10_lr0.1": "CE + BinaryKL one head, official, α 10, lr 0.1",
     "ce_bkl_official_a0.1_lr0.1": "CE + BinaryKL one head, official, α 0.1, lr 0.1",
     "ce_bkl_official_a1_lr0.1_clip0.5": "CE + BinaryKL one head, official, α 1, lr 0.1, grad clip 0.5",
