@@ -67,7 +67,7 @@ def main(root: Path, out: Path) -> None:
         tests = [row for row in (
             paired_row(f"β = {chosen} − β = 8", runs[chosen], runs.get(8, {})) if chosen != 8 else None,
             paired_row(f"β = {chosen} − student", runs[chosen], student),
-            paired_row("β = 8 − student", runs.get(8, {}), student)) if row]
+            paired_row("β = 8 − student", runs.get(8, {}), student) if chosen != 8 else None) if row]
         if tests:
             text.append(markdown_table(["difference (test acc at best val epoch)", "seeds", "per seed (pp)",
                                         "mean (pp)", "paired t-test p"], tests))
