@@ -2,5 +2,6 @@
 
 from kdcollapse.report._curves import plot_curves
 from kdcollapse.report._markdown import markdown_table
+from kdcollapse.report._stats import mean_std, paired_t_test
 
-__all__ = ["markdown_table", "plot_curves"]
+__all__ = ["markdown_table", "mean_std", "paired_t_test", "plot_curves"]

@@ -1,0 +1,83 @@
+"""Tables of the DKD beta study (``run.sh``): beta chosen on validation, its test accuracy, paired tests.
+
+    PYTHONPATH=src python results/distillation/dkd_beta/summarise.py RUNS results/distillation/dkd_beta
+
+Reads ``RUNS/dkd_beta/k<K>/{beta<B>,student}/seed<N>/metrics.jsonl`` (finished runs only); writes
+``tables.md`` and ``summary.json``. Each run's "best" epoch is its highest validation accuracy; beta is chosen
+by the mean over seeds of that validation accuracy; only then is the test accuracy of the choice read.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from kdcollapse.report import markdown_table, mean_std, paired_t_test
+from kdcollapse.runs import read_metrics
+
+BETAS = (1, 2, 4, 8)
+
+
+def load(run: Path) -> dict | None:
+    outcome = run / "outcome.json"
+    if not outcome.is_file() or json.loads(outcome.read_text())["status"] != "finished":
+        return None
+    records = read_metrics(run)
+    best = max(records, key=lambda r: r["val_acc"])
+    return {"val": best["val_acc"], "test": best["test_acc"], "last_test": records[-1]["test_acc"]}
+
+
+def runs_of(root: Path, name: str) -> dict[int, dict]:
+    return {int(p.name[4:]): r for p in sorted(root.glob(f"{name}/seed*")) if (r := load(p)) is not None}
+
+
+def paired_row(label: str, a: dict[int, dict], b: dict[int, dict]) -> list[str] | None:
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d, p = paired_t_test([a[s]["test"] for s in seeds], [b[s]["test"] for s in seeds])
+    per = ", ".join(f"{a[s]['test'] - b[s]['test']:+.2f}" for s in seeds)
+    return [label, ",".join(map(str, seeds)), per, f"{d:+.2f}", f"{p:.3f}"]
+
+
+def main(root: Path, out: Path) -> None:
+    text, summary = [], {}
+    for k in (10, 100):
+        base = root / f"dkd_beta/k{k}"
+        runs = {b: runs_of(base, f"beta{b}") for b in BETAS}
+        runs = {b: r for b, r in runs.items() if r}
+        student = runs_of(base, "student")
+        if not runs:
+            continue
+        shared = sorted(set.intersection(*(set(r) for r in runs.values())))  # seeds every beta finished
+        chosen = max(runs, key=lambda b: statistics.mean(runs[b][s]["val"] for s in shared) if shared else -1)
+        rows = [[f"β = {b}" + (" (chosen on val)" if b == chosen else ""), ",".join(map(str, r)),
+                 mean_std([x["val"] for x in r.values()]), mean_std([x["test"] for x in r.values()]),
+                 mean_std([x["last_test"] for x in r.values()])] for b, r in runs.items()]
+        if student:
+            rows.append(["student alone (CE)", ",".join(map(str, student)),
+                         mean_std([x["val"] for x in student.values()]),
+                         mean_std([x["test"] for x in student.values()]),
+                         mean_std([x["last_test"] for x in student.values()])])
+        text.append(f"### K = {k} (β chosen on the seeds {','.join(map(str, shared))}: β = {chosen})\n\n" + markdown_table(
+            ["setting", "seeds", "val acc at best val epoch (%)", "test acc at best val epoch (%)",
+             "last test acc (%)"], rows))
+        tests = [row for row in (
+            paired_row(f"β = {chosen} − β = 8", runs[chosen], runs.get(8, {})) if chosen != 8 else None,
+            paired_row(f"β = {chosen} − student", runs[chosen], student),
+            paired_row("β = 8 − student", runs.get(8, {}), student) if chosen != 8 else None) if row]
+        if tests:
+            text.append(markdown_table(["difference (test acc at best val epoch)", "seeds", "per seed (pp)",
+                                        "mean (pp)", "paired t-test p"], tests))
+        summary[f"k{k}"] = {"chosen_beta": chosen, "selection_seeds": shared,
+                            "runs": {str(b): r for b, r in runs.items()}, "student": student}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tables.md").write_text("\n\n".join(text) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n\n".join(text))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
