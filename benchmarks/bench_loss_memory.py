@@ -15,7 +15,7 @@ teacher has no gradient, and ratios are against ``kd_loss`` on the same inputs.
 Times are medians over --runs calls after one warm-up, in the same process.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_loss_memory.py --runs 3 \\
-        --markdown results/bench_loss_memory.md
+        --markdown results/benchmarks/bench_loss_memory.md
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
         f"the start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, "
         f"torch {torch.__version__}.",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
-        f"benchmarks/bench_loss_memory.py --runs {runs} --markdown results/bench_loss_memory.md`",
+        f"benchmarks/bench_loss_memory.py --runs {runs} --markdown results/benchmarks/bench_loss_memory.md`",
         f"One forward + backward per cell, student logits requiring grad, teacher without; "
         f"N = {ROWS} rows, V = {VOCAB}, τ = 2, DKD α = 1, β = 8, IKL mse_weight 8 with sample-wise "
         f"weights. Peak = the largest running total of PyTorch CPU-allocator bytes during the call "

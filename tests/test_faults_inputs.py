@@ -48,6 +48,7 @@ INVALID = {
     "model.name": "resnet",
     "model.num_classes": "0",
     "model.kwargs": "{1: 2}",
+    "teacher.cache": "disk",
     "teacher.checkpoint": '""',
     "teacher.model": "nope",
     "teacher.weights": '""',

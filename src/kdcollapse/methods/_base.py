@@ -95,6 +95,10 @@ class Method(nn.Module):
     student: Classifier
     """The network being trained; the per-epoch collapse metrics read its features and head."""
 
+    teacher: FrozenTeacher | None
+    """The frozen teacher (``None`` without one): the trainer reads it to record whether the teacher runs
+    online or from stored logits (``teacher.cache``), never to train it."""
+
     def __init__(
         self,
         student: nn.Module,
