@@ -18,7 +18,7 @@ TEACHER='{name: intra_class_teacher, embedding: logits, normalize: true, tempera
 run() {  # run COMMAND RUN_DIR OVERRIDES...
     command=$1 dir=$2
     shift 2
-    [ -f "$dir/model.safetensors" ] && return 0
+    grep -q "\"epoch\": 8," "$dir/metrics.jsonl" 2>/dev/null && return 0  # finished: its last (8th) epoch is logged
     $PYTHON -m kdcollapse "$command" --config $BASE run_dir="$dir" "$@" --overwrite
 }
 
