@@ -14,7 +14,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
     assert cfg.optim.weight_decay == 5e-4  # PyYAML reads 5e-4 as a string; the float field converts it
     assert cfg.schedule.milestones == [2, 4]
     assert cfg.method.name == "vanilla"
-    assert config_to_dict(cfg)["method"] == {"name": "vanilla"}
+    assert config_to_dict(cfg)["method"] == {"name": "vanilla", "temperature": 1.0, "cosine_weight": 0.0}
     # int given for a float field is accepted and converted
     assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0
     # YAML reads `off` as False; choice fields that offer "off" take it back
@@ -33,7 +33,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
         ("optim=3", "'optim' must be a mapping"),
         ("nonsense", "must look like key=value"),
         ("method.name=kd_typo", "unknown method 'kd_typo'"),
-        ("method.temperature=4", "unknown key 'method.temperature' in section 'method'"),
+        ("method.alpha=4", "unknown key 'method.alpha' in section 'method'"),
     ],
 )
 def test_bad_config_names_the_key(override, message):

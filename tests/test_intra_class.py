@@ -262,3 +262,26 @@ def test_bad_config_and_inputs():
     with pytest.raises(CheckpointError, match=r"cache does not fit this model.*\(n, 3\)"):
         method.load_extra_state({"cache_anchors": torch.zeros(2, 5), "cache_positives": torch.zeros(2, 5),
                                  "cache_labels": torch.zeros(2, dtype=torch.long)})
+
+
+def test_loss_on_raw_classifier_outputs_as_written():
+    # embedding: logits, normalize: false: eq. 4 on f(x) itself, f(x)ᵀf(x⁺) of the raw outputs; the
+    # Readout's outputs are the first K = 2 input coordinates. The cache then holds K-dimensional rows.
+    method = teacher(embedding="logits", normalize=False, temperature=2.0)
+    first = [[2.0, 0.1, 0.3], [1.5, -0.4, 0.8], [3.0, 0.5, -1.0], [0.2, 1.0, 0.5]]
+    second = [[1.8, 0.3, 0.2], [1.2, -0.1, 1.0], [2.5, 0.9, -0.6], [0.1, 1.2, 0.4]]
+    out = method(views(first, second), torch.tensor([0, 0, 0, 1]))
+    a, p = [[c / 2.0 for c in v[:2]] for v in first], [v[:2] for v in second]  # a·p / τ = (a/τ)·p
+    raw = [v[:2] for v in first]
+    expected = sum(tuplet(a[i], p[i], [raw[j] for j in range(3) if j != i]) for i in range(3)) / 3
+    assert out["intra"].item() == pytest.approx(expected, rel=1e-6)
+    assert method.embedding_dim == 2
+    torch.testing.assert_close(method._cache["anchors"], torch.tensor([[0.2, 1.0]]))
+    # Normalised outputs: the same with unit K-vectors.
+    method = teacher(embedding="logits")
+    out = method(views(first, second), torch.tensor([0, 0, 0, 1]))
+    a, p = [unit(*v[:2]) for v in first], [unit(*v[:2]) for v in second]
+    expected = sum(tuplet(a[i], p[i], [a[j] for j in range(3) if j != i]) for i in range(3)) / 3
+    assert out["intra"].item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ConfigError, match="method.embedding"):
+        teacher(embedding="penultimate")

@@ -13,9 +13,12 @@ from kdcollapse.losses._shapes import check_positive, check_tensor, check_values
 
 def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: Tensor,
                                  negative_mask: Tensor | None = None,
-                                 temperature: float = 1.0, *, reduction: str = "mean",
+                                 temperature: float = 1.0, *, normalize: bool = True, reduction: str = "mean",
                                  validate: bool | None = None) -> Tensor:
     """mean_b −log exp(a·p/τ) / (exp(a·p/τ) + Σ_k exp(a·n_k/τ)) on L2-normalised embeddings.
+
+    ``normalize=False`` takes the embeddings as given: eqs. 1, 4 and 7 as written, f(x)ᵀf(x⁺) of raw
+    outputs (e.g. logits), where the similarities are unbounded; the default is the theory's ‖φ‖ = 1.
 
     The (n+1)-tuplet loss with negatives from the anchor's own class (L_Intra, eq. 4, where τ = 1):
     ``anchors`` and ``positives`` (an augmented view of each anchor) are (B, d), ``negatives``
@@ -47,7 +50,9 @@ def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: 
     if validating(validate):
         check_values(named)
     dtype = accumulation_dtype(anchors, positives, negatives)
-    a, p, n = (F.normalize(x.to(dtype), dim=-1) for x in (anchors, positives, negatives))
+    a, p, n = (x.to(dtype) for x in (anchors, positives, negatives))
+    if normalize:
+        a, p, n = (F.normalize(x, dim=-1) for x in (a, p, n))
     positive_logit = (a * p).sum(-1, keepdim=True) / temperature  # (B, 1)
     negative_logits = torch.einsum("bd,bmd->bm", a, n) / temperature  # (B, m)
     if negative_mask is not None:

@@ -36,6 +36,7 @@ and the quantities of Theorem 1-2 on each batch's first-view embeddings, average
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,8 @@ class IntraClassTeacher(Method):
         cache_capacity: int = 64  # per class: at most this many (newest) embeddings enter one loss
         cache_min_count: int = 16  # a class's pipeline is used, then cleared, once it holds this many
         temperature: float = 1.0  # τ of L_Intra; eq. 4 has none (τ = 1)
+        embedding: Literal["features", "logits"] = "features"  # φ: penultimate features or classifier outputs f(x)
+        normalize: bool = True  # L2-normalise φ in L_Intra (the theory's ‖φ‖ = 1); eqs. 1, 4, 7 as written: False
 
         def __post_init__(self):
             _check_config(self)
@@ -74,7 +77,7 @@ class IntraClassTeacher(Method):
 
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
-        dim = self.student.feature_dim
+        dim = self.embedding_dim
         self._cache = {"anchors": torch.zeros(0, dim), "positives": torch.zeros(0, dim),
                        "labels": torch.zeros(0, dtype=torch.long)}
         self._stats = torch.zeros(len(_STATS), dtype=torch.float64)
@@ -89,17 +92,31 @@ class IntraClassTeacher(Method):
         batch = x.shape[0]
         self._stats = self._stats.to(y.device)  # a plain tensor (not a buffer, which DDP would broadcast)
         features = self.student.forward_features(torch.cat(x.unbind(1)))  # first views, then second views
-        logits = self.student.forward_head(features[:batch])
+        embeddings, logits = self._embed(features, batch)
         ce = self.cross_entropy(logits, y)
-        phi = F.normalize(features.float(), dim=1)
+        unit = F.normalize(embeddings.float(), dim=1)
+        phi = unit if self.config.normalize else embeddings.float()
         anchors, positives = phi[:batch], phi[batch:]
         with torch.no_grad():
             gate = classification_margin(logits.detach(), y) > self.config.margin_threshold
         intra = self._pipeline_loss(anchors[gate], positives[gate], y[gate])
-        self.similarity.update(anchors.detach(), positives.detach(), y)
+        self.similarity.update(unit[:batch].detach(), unit[batch:].detach(), y)  # diagnostics: unit φ
         self._add(seen=batch, gated=gate.sum())
         loss = ce + self.config.intra_weight * intra
         return {"loss": loss, "logits": logits, "ce": ce.detach(), "intra": intra.detach()}
+
+    @property
+    def embedding_dim(self) -> int:
+        """Width of φ: the feature dimension d, or the number of classes K for ``embedding: logits``."""
+        return self.student.num_classes if self.config.embedding == "logits" else self.student.feature_dim
+
+    def _embed(self, features: Tensor, batch: int) -> tuple[Tensor, Tensor]:
+        """(φ of both views (2B, ·), first-view logits (B, K)): φ = the features, or the classifier outputs
+        f(x) of eqs. 1, 4, 7 (then the second view also goes through the head)."""
+        if self.config.embedding == "logits":
+            outputs = self.student.forward_head(features)
+            return outputs, outputs[:batch]
+        return features, self.student.forward_head(features[:batch])
 
     # ------------------------------------------------------------------------------ pipeline
     def _pipeline_loss(self, anchors: Tensor, positives: Tensor, labels: Tensor) -> Tensor:
@@ -126,7 +143,8 @@ class IntraClassTeacher(Method):
         pool = a.new_zeros(len(size), int(size.max()), a.shape[1]).index_put((group, slot), a)
         j = torch.arange(pool.shape[1], device=a.device)
         valid = (j < size[group, None]) & (j != slot[:, None])  # the other members of the anchor's pool
-        loss = intra_class_contrastive_loss(a, p, pool[group], valid, temperature=cfg.temperature)
+        loss = intra_class_contrastive_loss(a, p, pool[group], valid, temperature=cfg.temperature,
+                                            normalize=cfg.normalize)
         self._add(pool_anchors=len(a), pool_loss=loss.detach() * len(a), pool_members=size[group].sum())
         return loss
 
@@ -167,7 +185,7 @@ class IntraClassTeacher(Method):
         cache = {k: state[f"cache_{k}"] for k in self._cache if f"cache_{k}" in state}
         if not cache:
             return
-        dim, n = self.student.feature_dim, len(cache.get("labels", ()))
+        dim, n = self.embedding_dim, len(cache.get("labels", ()))
         shapes = {k: tuple(v.shape) for k, v in cache.items()}
         if shapes != {"anchors": (n, dim), "positives": (n, dim), "labels": (n,)}:
             raise CheckpointError(f"the checkpoint's intra-class cache does not fit this model: expected "
