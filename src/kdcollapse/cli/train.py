@@ -82,12 +82,26 @@ def _train(args) -> None:
     _summarise(Path(cfg.run_dir), seeds, results)
 
 
+def _check_resume_overrides(overrides: list[str]) -> None:
+    """Refuse, before any config is built, an override that a resume may not make (the saved config's
+    method section, say, need not even be valid for another method)."""
+    from kdcollapse.runs import RESUMABLE_KEYS
+
+    refused = sorted({o.split("=", 1)[0].strip() for o in overrides} - set(RESUMABLE_KEYS))
+    if refused:
+        raise ConfigError(
+            f"cannot resume: the run was trained with its own {', '.join(refused)}; a resume may change only "
+            f"{', '.join(RESUMABLE_KEYS[1:])}; start a new run_dir for anything else"
+        )
+
+
 def _resolve_config(args) -> RunConfig:
     from kdcollapse.config import load_config
 
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes its config from the run directory; drop --config")
+        _check_resume_overrides(args.overrides)
         cfg = load_config(Path(args.resume) / "config.yaml", args.overrides)
         cfg.run_dir = args.resume
         return cfg
