@@ -2,7 +2,7 @@
 # Intra-class teachers where distillation can help: convnet teacher -> convnet_small student on a
 # Fashion-MNIST subset, the contrastive loss on the classifier outputs f(x) (L2-normalised, temperature
 # 0.1, so similarities span [-10, 10]). Run from the repository root:
-#   sh results/intra_class/convnet/run.sh            # SEEDS="0 1 2" LAMBDAS="0 0.1 1" by default
+#   sh results/intra_class/convnet/run.sh            # SEEDS="0 1 2" LAMBDAS="0 0.1 0.3 1" RKD_LAMBDAS="0 1" by default
 # then: python results/intra_class/convnet/summarise.py
 # Runs go to $OUT (default /work/runs/intra_class_convnet); finished runs are skipped.
 set -eu
@@ -10,7 +10,7 @@ OUT=${OUT:-/work/runs/intra_class_convnet}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONPATH=src
 SEEDS=${SEEDS:-0 1 2}
-LAMBDAS=${LAMBDAS:-0 0.1 1}
+LAMBDAS=${LAMBDAS:-0 0.1 0.3 1}
 RKD_LAMBDAS=${RKD_LAMBDAS:-0 1}
 BASE=results/intra_class/convnet/base.yaml  # data subset, optimiser, schedule, epochs
 TEACHER='{name: intra_class_teacher, embedding: logits, normalize: true, temperature: 0.1, margin_threshold: 0.5, cache_capacity: 64, cache_min_count: 16, intra_weight: LAM}'
