@@ -4,7 +4,7 @@ Two knobs of the VCI paper §6.3 (its transferability families): ``temperature``
 softmax(z/τ) (the reported logits stay z, so accuracies are unchanged by τ); and ``cosine_weight`` λ,
 which adds λ·d̄_within, the batch's within-class cosine distance (Kornblith et al. 2021; the paper's
 "average within-class cosine similarity" regulariser, with the sign that makes its "Cosine Similarity"
-metric fall as λ grows, as in its Table 2). docs/methods.md has the discussion.
+metric fall as λ grows, as in its Table 2). docs/distillation.md has the discussion.
 """
 
 from __future__ import annotations
