@@ -42,6 +42,7 @@ def test_run_model_teacher_heads_and_metrics(subset_run):
     assert best.num_classes == 4
     assert run.teacher() is None and run.heads(model, meta) == {}
     assert [r["epoch"] for r in run.metrics()] == [1]
+    assert run.finished()
     with pytest.raises(Exception, match="unknown model file 'last'.*model, best"):
         run.model("last")
 
@@ -84,3 +85,15 @@ def test_run_gives_the_validation_split_the_trainer_saw(tmp_path, tiny_config):
     assert val.labels.bincount().tolist() == [5, 5, 5, 5]
     with pytest.raises(Exception, match="no validation split"):
         run_dataset(tiny_config(tmp_path / "none", *SUBSET), "val")
+
+
+def test_an_interrupted_run_is_not_finished(subset_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "interrupted"
+    shutil.copytree(subset_run, copy)
+    config = copy / "config.yaml"
+    config.write_text(config.read_text().replace("epochs: 1\n", "epochs: 3\n"))
+    assert Run(subset_run).finished() and not Run(copy).finished()
+    (copy / "metrics.jsonl").unlink()
+    assert not Run(copy).finished()

@@ -112,15 +112,6 @@ def measure(run: Run, tasks) -> dict:
             "mlog": mean_log_odds_gain(list(downstream.values()), source_acc)}
 
 
-def finished(run_dir: Path) -> bool:
-    """The run wrote its last epoch (a model file alone is also written by an interrupted run)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return False
-    epochs = Run(run_dir).config.train.epochs
-    return any(json.loads(line).get("epoch") == epochs for line in path.read_text().splitlines() if line)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="0")
@@ -136,7 +127,7 @@ def main() -> None:
             if (member, seed) in done:
                 continue
             run_dir = Path(args.out) / member / f"seed{seed}"
-            if not finished(run_dir):
+            if not (run_dir.is_dir() and Run(run_dir).finished()):
                 fit(config_from_dict(config(run_dir, seed, method)), overwrite=True)
             run = Run(run_dir)
             if tasks is None:

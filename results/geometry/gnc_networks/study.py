@@ -65,15 +65,6 @@ def measure(run: Run) -> dict:
             "val_acc_best": max((r.get("val_acc", 0) for r in run.metrics()), default=None)}
 
 
-def finished(run_dir: Path) -> bool:
-    """The run wrote its last epoch (a model file alone is also written by an interrupted run)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return False
-    epochs = Run(run_dir).config.train.epochs
-    return any(json.loads(line).get("epoch") == epochs for line in path.read_text().splitlines() if line)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="0")
@@ -88,7 +79,7 @@ def main() -> None:
             if (tau, dim, seed) in done:
                 continue
             run_dir = Path(args.out) / f"tau{tau:g}_d{dim}" / f"seed{seed}"
-            if not finished(run_dir):
+            if not (run_dir.is_dir() and Run(run_dir).finished()):
                 fit(config_from_dict(config(run_dir, seed, tau, dim)), overwrite=True)
             row = {"tau": tau, "dim": dim, "seed": seed, **measure(Run(run_dir))}
             rows.append(row)

@@ -51,6 +51,13 @@ class Run:
         """The per-epoch records of ``metrics.jsonl``."""
         return read_metrics(self.dir)
 
+    def finished(self) -> bool:
+        """Whether the run recorded its last epoch (``train.epochs``); a model file alone is also written by
+        an interrupted run."""
+        if not (self.dir / "metrics.jsonl").is_file():
+            return False
+        return any(r.get("epoch") == self.config.train.epochs for r in self.metrics())
+
     def model(self, which: str = "model", device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
         """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) saved epoch."""
         if which not in MODEL_FILES:
