@@ -24,7 +24,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("optim.lrr=1", "unknown key 'optim.lrr' in section 'optim'. Valid keys: grad_clip, lr,"),
+        ("optim.lrr=1", "unknown key 'optim.lrr' in section 'optim'. Valid keys: accumulate, grad_clip,"),
         ("bogus=1", "unknown key 'bogus' in the config. Valid keys:"),
         ("optim.lr=fast", "'optim.lr' must be float, got 'fast'"),
         ("train.epochs=2.5", "'train.epochs' must be int"),

@@ -127,23 +127,61 @@ class TeacherConfig:
     cache: Literal["off", "logits"] = "off"  # logits: one teacher pass before training, then stored logits
 
 
+def torch_class(kind: Literal["optimizer", "scheduler"], name: str) -> type | None:
+    """The ``torch.optim`` optimizer or ``torch.optim.lr_scheduler`` schedule called ``name`` (any case),
+    ``None`` if there is none. Schedules that need a metric or callables (ReduceLROnPlateau, LambdaLR, ...)
+    cannot be configured by name and are left out."""
+    return _torch_classes(kind).get(name.lower())
+
+
+def _torch_classes(kind: str) -> dict[str, type]:
+    import torch
+
+    module, base = ((torch.optim, torch.optim.Optimizer) if kind == "optimizer"
+                    else (torch.optim.lr_scheduler, torch.optim.lr_scheduler.LRScheduler))
+    left_out = {"lrscheduler", "lambdalr", "multiplicativelr", "sequentiallr", "chainedscheduler",
+                "reducelronplateau"}
+    return {name.lower(): cls for name, cls in vars(module).items()
+            if isinstance(cls, type) and issubclass(cls, base) and cls is not base and name.lower() not in left_out}
+
+
+def _torch_names(kind: str) -> Rule:
+    builtin = ("multistep", "cosine", "constant") if kind == "scheduler" else ()
+
+    def names() -> list[str]:
+        return [*builtin, *sorted(cls.__name__ for cls in _torch_classes(kind).values())]
+
+    return Rule(lambda: ", ".join(names()), lambda v: v in builtin or torch_class(kind, v) is not None,
+                lambda v: unknown_choice(f"torch.optim {kind}" if not builtin else "schedule", v, names()))
+
+
 @dataclass
 class OptimConfig:
+    name: str = valid("sgd", _torch_names("optimizer"))  # sgd, adamw, or any torch.optim optimizer (any case)
     lr: float = valid(0.05, AT_LEAST_0)  # at the configured batch size; no automatic scaling; 0 freezes the weights
-    momentum: float = valid(0.9, interval(0, 1, open_high=True))
-    nesterov: bool = False  # needs momentum > 0
+    momentum: float = valid(0.9, interval(0, 1, open_high=True))  # SGD only (Adam-type: kwargs.betas)
+    nesterov: bool = False  # SGD only; needs momentum > 0
     weight_decay: float = valid(5e-4, AT_LEAST_0)  # on every parameter, as in the papers' official code
     grad_clip: float | None = valid(None, interval(0, open_low=True))  # max global L2 norm of the gradient
+    kwargs: dict = valid(rule=Rule("a mapping with string keys", lambda v: all(isinstance(k, str) for k in v)),
+                         factory=dict)  # further arguments of the optimizer, e.g. {betas: [0.9, 0.95], eps: 1e-8}
+    accumulate: int = valid(1, AT_LEAST_1)  # batches whose gradients are summed into one optimizer step
 
 
 @dataclass
 class ScheduleConfig:
-    name: Literal["multistep", "cosine", "constant"] = "multistep"
+    # multistep, cosine, constant (per optimizer step, with warm-up), or a torch.optim.lr_scheduler name
+    name: str = valid("multistep", _torch_names("scheduler"))
     # epochs (multistep)
     milestones: list[int] = valid(rule=each(AT_LEAST_1, "increasing"), factory=lambda: [150, 180, 210])
     gamma: float = valid(0.1, interval(0, 1, open_low=True))  # multistep factor
     warmup_epochs: float = valid(0.0, AT_LEAST_0)  # linear warm-up from 0, per step
     min_lr: float = valid(0.0, AT_LEAST_0)  # cosine floor, <= optim.lr
+    # torch schedules only: their arguments (T_max, total_iters, total_steps and max_lr default to the run's
+    # length and optim.lr) and whether they step after every epoch or every optimizer step
+    kwargs: dict = valid(rule=Rule("a mapping with string keys", lambda v: all(isinstance(k, str) for k in v)),
+                         factory=dict)
+    interval: Literal["epoch", "step"] = "epoch"
 
 
 @dataclass
@@ -158,6 +196,7 @@ class TrainConfig:
     device: str = valid("auto", Rule("auto, cpu, cuda, cuda:N or mps", lambda v: bool(_DEVICE.fullmatch(v))))
     progress: bool = True  # progress bar on the console
     tensorboard: bool = False  # also log to run_dir/tensorboard (needs the tensorboard package)
+    ema: float = valid(0.0, interval(0, 1, open_high=True))  # weight-average decay per optimizer step; 0: off
 
 
 @dataclass
@@ -187,6 +226,12 @@ _RELATIONS = (
     (("schedule.min_lr", "optim.lr"), lambda c: c.schedule.min_lr <= c.optim.lr, "schedule.min_lr <= optim.lr"),
     (("optim.nesterov", "optim.momentum"), lambda c: not c.optim.nesterov or c.optim.momentum > 0,
      "optim.momentum > 0 when optim.nesterov is true"),
+    (("optim.name", "optim.momentum", "optim.nesterov"),
+     lambda c: c.optim.name.lower() == "sgd" or (c.optim.momentum == 0.9 and not c.optim.nesterov),
+     "optim.momentum and optim.nesterov only with optim.name=sgd (Adam-type optimizers: optim.kwargs.betas)"),
+    (("schedule.name", "schedule.warmup_epochs"),
+     lambda c: c.schedule.name in ("multistep", "cosine", "constant") or c.schedule.warmup_epochs == 0,
+     "schedule.warmup_epochs = 0 with a torch schedule (warm-up belongs to multistep, cosine and constant)"),
 )
 
 

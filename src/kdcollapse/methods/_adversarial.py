@@ -205,6 +205,10 @@ class AdversarialTraining(Method):
         if self.average is not None and self.config.ema_every == "epoch":
             self.average.update(self.student, copy_only=epoch + 1 <= self.config.ema_start_epoch)
 
+    @property
+    def sums_batch_gradients(self) -> bool:
+        return self.awp is None
+
     def inference_model(self) -> nn.Module:
         return self.student if self.average is None else self.average.model
 

@@ -138,6 +138,13 @@ class Method(nn.Module):
         """Called after every optimizer step (e.g. to remove a weight perturbation or update an average)."""
 
     @property
+    def sums_batch_gradients(self) -> bool:
+        """Whether summing the gradients of several batches (``optim.accumulate`` > 1) trains this method on
+        their union: false when ``backward`` transforms each batch's gradient (DHKD's alignment, see
+        ``manual_gradient_sync``) or ``forward`` perturbs the weights (AWP)."""
+        return not self.manual_gradient_sync
+
+    @property
     def divergence_hint(self) -> str | None:
         """A sentence the trainer adds to its error when the training loss becomes NaN or inf, naming a
         cause specific to this method's settings (e.g. the official BinaryKL clamp); ``None``: nothing to

@@ -34,6 +34,8 @@ from kdcollapse.runs import (MetricsLog, TeacherLogitCache, check_teacher_cache,
                              run_dataset, start_run_dir, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
+from kdcollapse.train._optim import (BUILTIN_SCHEDULES, build_optimizer, build_schedule, build_weight_average, check_schedule_length,
+                                     schedule_steps_per)
 
 
 class TrainingDiverged(KdcollapseError):
@@ -76,19 +78,6 @@ def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
     torch.manual_seed(value)
 
 
-def learning_rate(cfg: RunConfig, epoch_progress: float) -> float:
-    """Learning rate at a (fractional) epoch: linear warm-up, then multi-step or cosine decay."""
-    lr, sched, epochs = cfg.optim.lr, cfg.schedule, cfg.train.epochs
-    if epoch_progress < sched.warmup_epochs:
-        return lr * epoch_progress / sched.warmup_epochs
-    if sched.name == "multistep":
-        return lr * sched.gamma ** sum(epoch_progress >= m for m in sched.milestones)
-    if sched.name == "cosine":
-        t = (epoch_progress - sched.warmup_epochs) / max(epochs - sched.warmup_epochs, 1e-12)
-        return sched.min_lr + (lr - sched.min_lr) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-    return lr
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False):
         self.run_files = None
@@ -119,13 +108,8 @@ class Trainer:
         self._build_data()
         seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
         self._build_method()
-        self.optimizer = torch.optim.SGD(
-            [p for p in self.method.parameters() if p.requires_grad],
-            lr=cfg.optim.lr,
-            momentum=cfg.optim.momentum,
-            nesterov=cfg.optim.nesterov,
-            weight_decay=cfg.optim.weight_decay,
-        )
+        self.optimizer = build_optimizer(cfg, [p for p in self.method.parameters() if p.requires_grad])
+        self.schedule = build_schedule(cfg, self.optimizer, len(self.train_loader))
         self.start_epoch, self.best_acc, self.best_epoch, self.last_acc = 0, 0.0, 0, float("nan")
         self.best_val_acc, self.last_val_acc = None, None
         if resume:
@@ -180,8 +164,23 @@ class Trainer:
         self.method.set_input_normalization(self.train_set.mean, self.train_set.std)
         if self._channels_last():
             self.method.to(memory_format=torch.channels_last)
+        self._check_accumulation()
+        self.ema = build_weight_average(cfg, self.method.student)
+        if self.ema is not None and self.method.inference_model() is not self.method.student:
+            raise ConfigError(f"method '{cfg.method.name}' keeps its own weight average (method.ema_decay); "
+                              "set train.ema=0")
         if cfg.train.compile:
             self.method.student.compile()
+
+    def _check_accumulation(self) -> None:
+        if self.cfg.optim.accumulate > 1 and not self.method.sums_batch_gradients:
+            raise ConfigError(f"optim.accumulate={self.cfg.optim.accumulate}: method '{self.cfg.method.name}' with "
+                              "these settings does not train on the sum of its batches' gradients (see "
+                              "docs/training.md); set optim.accumulate=1")
+
+    def _inference_model(self) -> torch.nn.Module:
+        """The network evaluated and saved as the run's model: the weight average when ``train.ema`` is on."""
+        return self.method.inference_model() if self.ema is None else self.ema.module
 
     def _cache_teacher_logits(self, teacher) -> TeacherLogitCache:
         """One teacher pass over the unaugmented training images, in the run's precision and layout."""
@@ -240,8 +239,10 @@ class Trainer:
         tensors = {f"method.{k}": v for k, v in self.method.state_dict().items()}
         tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
         tensors |= {f"extra.{k}": v for k, v in self.method.extra_state().items()}
-        meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest}
-        model = ckpt.model_file(self.method.inference_model(),
+        if self.ema is not None:
+            tensors |= {f"ema.{k}": v for k, v in self.ema.state_dict().items()}
+        meta = self._checkpoint_meta(epoch) | {"optimizer": optim_rest, "schedule": self.schedule.state_dict()}
+        model = ckpt.model_file(self._inference_model(),
                                 ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc,
                                                val_acc=self.last_val_acc))
         return {"checkpoint.safetensors": (tensors, meta), "model.safetensors": model,
@@ -271,6 +272,8 @@ class Trainer:
                 )
         ckpt.load_state(self.method, ckpt.split_prefix(tensors, "method."), str(path))
         self.method.load_extra_state(ckpt.split_prefix(tensors, "extra."))
+        if self.ema is not None:
+            ckpt.load_state(self.ema, ckpt.split_prefix(tensors, "ema."), str(path))
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         optimizer_state = ckpt.unflatten_optimizer(ckpt.split_prefix(tensors, "optim."), meta["optimizer"], params,
                                                    str(path))
@@ -279,10 +282,22 @@ class Trainer:
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"{path}: its optimizer state does not fit this run ({err})") from None
         self.start_epoch = meta["epoch"]
+        self._load_schedule(meta.get("schedule"))
         self.best_acc, self.best_epoch, self.last_acc = meta["best_acc"], meta["best_epoch"], meta["last_acc"]
         self.best_val_acc = meta.get("best_val_acc")
         on_main_process(self.dist.is_main, self._repair_model_files,
                         f"the main process could not repair the model files of {self.run_dir}")
+
+    def _load_schedule(self, state: dict | None) -> None:
+        """Continue the schedule; checkpoints without its state (older versions) used the papers' schedules,
+        which are a function of the step count."""
+        if state is None and self.cfg.schedule.name in BUILTIN_SCHEDULES:
+            state = {"last_epoch": self.start_epoch * self.schedule.steps_per_epoch}
+        if state is None:
+            raise CheckpointError(f"cannot resume: {self.run_dir / 'checkpoint.safetensors'} holds no state of "
+                                  f"schedule '{self.cfg.schedule.name}'")
+        check_schedule_length(self.cfg, self.schedule, state)
+        self.schedule.load_state_dict(state)
 
     def _repair_model_files(self) -> None:
         """Make ``model.safetensors`` and ``best.safetensors`` match the checkpoint: a crash between their
@@ -298,7 +313,7 @@ class Trainer:
                     f"(it holds epoch {files.file_epoch(name)}), and the checkpoint (epoch {epoch}) cannot restore it"
                 )
             meta = ckpt.model_meta(self.cfg, self.train_set, epoch=epoch, test_acc=self.last_acc)
-            files.replace_file(name, *ckpt.model_file(self.method.inference_model(), meta))
+            files.replace_file(name, *ckpt.model_file(self._inference_model(), meta))
 
     # ---------------------------------------------------------------------------------- loop
     def run(self) -> RunResult:
@@ -366,11 +381,9 @@ class Trainer:
                    disable=not (cfg.train.progress and self.dist.is_main), dynamic_ncols=True)
         start = time.perf_counter()
         for i, (x, y) in enumerate(bar):
-            lr = learning_rate(cfg, epoch + i / steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
             self._select_teacher_rows(i)
-            out = self._step(self._to_layout(x), y)
+            lr = self.optimizer.param_groups[0]["lr"]
+            out = self._step(self._to_layout(x), y, i, steps)
             for name, value in out.items():
                 if name != "logits" and value.dim() == 0:
                     sums[name] = sums.get(name, 0) + value.detach().float()
@@ -383,6 +396,8 @@ class Trainer:
                 bar.set_postfix(loss=f"{sums['loss'].item() / (i + 1):.3f}",
                                 acc=f"{100 * correct.item() / seen:.1f}", img_s=f"{seen / elapsed:.0f}")
         elapsed = time.perf_counter() - start
+        if schedule_steps_per(cfg) == "epoch":
+            self.schedule.step()
         stats = torch.stack([*sums.values(), correct, torch.tensor(float(seen), device=self.device)])
         stats = all_reduce_sum(stats.double()) / torch.tensor(
             [self.dist.world_size] * len(sums) + [1, 1], device=self.device, dtype=torch.float64
@@ -393,21 +408,36 @@ class Trainer:
                    "images_per_s": totals[-1] / elapsed, "epoch_time_s": elapsed}
         return record
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        manual = self.method.manual_gradient_sync and self.dist.enabled
-        sync = self.model.no_sync() if manual else contextlib.nullcontext()
+    def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int, batches: int) -> dict[str, torch.Tensor]:
+        """Forward and backward of batch ``batch`` of ``batches``; an optimizer step after every
+        ``optim.accumulate`` batches (and after the epoch's last), on the mean of their gradients."""
+        k = self.cfg.optim.accumulate
+        group = min(k, batches - batch + batch % k)  # batches summed into this optimizer step
+        first, last = batch % k == 0, batch % k == group - 1
+        defer = self.method.manual_gradient_sync or not last  # no all-reduce by DDP in this backward
+        sync = self.model.no_sync() if defer and self.dist.enabled else contextlib.nullcontext()
+        scale = self.scaler.scale if group == 1 else (lambda loss: self.scaler.scale(loss / group))
         with sync:
             with self._autocast():
                 out = self.model(x, y)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.method.backward(out, self.scaler.scale)
+            if first:
+                self.optimizer.zero_grad(set_to_none=True)
+            self.method.backward(out, scale)
+        if last:
+            self._optimizer_step()
+        return out
+
+    def _optimizer_step(self) -> None:
         if self.cfg.optim.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.method.parameters(), self.cfg.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.method.after_step()
-        return out
+        if self.ema is not None:
+            self.ema.update_parameters(self.method.student)
+        if schedule_steps_per(self.cfg) == "step":
+            self.schedule.step()
 
     def _check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
         if not torch.isfinite(loss_sum).item():
@@ -447,6 +477,9 @@ class Trainer:
             record |= self._evaluate_split(self.val_loader, "val")
         return record
 
+    def _predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.predict(x) if self.ema is None else self.ema.module(x)
+
     @torch.no_grad()
     def _evaluate_split(self, loader, split: str) -> dict:
         self.method.eval()
@@ -454,7 +487,7 @@ class Trainer:
         loss = torch.zeros((), device=self.device, dtype=torch.float64)
         for x, y in loader:
             with self._autocast():
-                logits = self.method.predict(self._to_layout(x)).float()
+                logits = self._predict(self._to_layout(x)).float()
             loss += torch.nn.functional.cross_entropy(logits, y, reduction="sum")
             correct += (logits.argmax(1) == y).sum()
         self.method.train()
