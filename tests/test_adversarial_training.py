@@ -435,8 +435,8 @@ def test_robust_eval_defaults_to_autoattack_standard(tiny_run, monkeypatch):
 
     called = {}
 
-    def standard(model, x, y, *, norm, eps, batch_size, seed, progress):  # the real one takes minutes
-        called.update(norm=norm, eps=eps, n=len(x), lo=x.min().item(), hi=x.max().item())
+    def standard(model, x, y, *, norm, eps, batch_size, seed, progress, **search):  # the real one takes minutes
+        called.update(norm=norm, eps=eps, n=len(x), lo=x.min().item(), hi=x.max().item(), **search)
         return evaluate_attacks(model, x, y, [], norm=norm, eps=eps, batch_size=batch_size, progress=progress)
 
     monkeypatch.setattr(_registry, "autoattack_standard", standard)
@@ -444,8 +444,65 @@ def test_robust_eval_defaults_to_autoattack_standard(tiny_run, monkeypatch):
     assert list(entries) == ["autoattack-standard Linf eps=8/255 last"]
     assert called["norm"] == "Linf" and called["eps"] == 8 / 255 and called["n"] == 20
     assert 0 <= called["lo"] and called["hi"] <= 1  # images in [0, 1], not standardised
+    assert called["precision"] == "off" and called["channels_last"] is False  # the default search is float32
     x, _ = robust_eval.load_test_images("digits", n_examples=5)
     assert torch.equal(x, load_dataset("digits", "test").inputs[:5].float() / 255)
+
+
+class LiesUnderAutocast(torch.nn.Module):
+    """Correct in float32; under autocast it predicts class (y + 1) mod K for every input."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.autocast_calls = model, 0
+
+    def forward(self, x):
+        logits = self.model(x)
+        if torch.is_autocast_enabled("cpu"):
+            self.autocast_calls += 1
+            return 10 * F.one_hot((logits.argmax(1) + 1) % logits.shape[1], logits.shape[1]).float()
+        return logits
+
+
+def test_a_bf16_search_attacks_in_bf16_but_every_verdict_is_float32(tiny_linear_model):
+    from kdcollapse.adversarial._evaluate import evaluate_attacks
+
+    model = LiesUnderAutocast(tiny_linear_model)
+    x = torch.rand(24, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    y = tiny_linear_model(x).argmax(1)  # every point starts correct
+    looks_fooled = []
+
+    def identity_attack(m, xb, yb):  # returns the clean input, after looking at the model it was given
+        looks_fooled.append(bool((m(xb).argmax(1) != yb).all()))
+        return xb.clone()
+
+    result = evaluate_attacks(model, x, y, [("look", identity_attack)], norm="Linf", eps=0.1, batch_size=8,
+                              progress=False, precision="bf16", channels_last=True)
+    assert looks_fooled == [True, True, True] and model.autocast_calls == 3  # the search ran under autocast
+    assert result.clean_accuracy == 1.0 and result.robust_accuracy == 1.0  # ... the verdicts did not
+
+
+def test_a_bf16_search_finds_what_the_float32_search_finds(tiny_linear_model):
+    from kdcollapse.adversarial import pgd_evaluate
+
+    x = torch.rand(200, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    y = tiny_linear_model(x).argmax(1)
+    runs = {p: pgd_evaluate(tiny_linear_model, x, y, eps=0.2, steps=10, progress=False, precision=p)
+            for p in ("off", "bf16")}
+    assert 0.2 < runs["off"].robust_accuracy < 0.9  # the attack breaks some points, not all
+    assert abs(runs["bf16"].robust_accuracy - runs["off"].robust_accuracy) <= 0.02
+
+
+def test_robust_eval_records_the_search_precision(tiny_run):
+    from kdcollapse.experiments import robust_eval
+
+    entries = robust_eval.evaluate_run(tiny_run, eps="0.1", attacks=["pgd"], pgd_steps=3, n_examples=12,
+                                       progress=False, precision="bf16", channels_last=True)
+    (entry,) = entries.values()
+    assert entry["search_precision"] == "bf16" and entry["search_channels_last"] is True
+    with pytest.raises(ConfigError, match="precision=fp16 needs a CUDA device"):
+        robust_eval.evaluate_run(tiny_run, eps="0.1", attacks=["pgd"], n_examples=4, progress=False,
+                                 precision="fp16")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from kdcollapse.distributed import autocast, resolve_precision
 from kdcollapse.errors import KdcollapseError, unknown_choice
 
 NORMS = ("Linf", "L2")
@@ -45,6 +46,36 @@ class Normalized(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         shape = (1, -1) + (1,) * (x.ndim - 2)
         return self.model((x - self.mean.view(shape)) / self.std.view(shape))
+
+
+class SearchModel(nn.Module):
+    """The model attacks search with: ``model`` under autocast to ``dtype`` (and/or fed channels-last
+    batches), returning float32 logits. Only the search runs in it; whether an input fools the model is
+    always decided by the model itself in float32 (:func:`evaluate_attacks`), so a faster search can miss
+    an adversarial example but never reports one that is not."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool):
+        super().__init__()
+        self.model, self.dtype, self.channels_last = model, dtype, channels_last
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast(x.device, self.dtype):
+            return self.model(x).float()
+
+
+def search_model(model: Model, x: Tensor, precision: str = "off", channels_last: bool = False) -> Model:
+    """``model`` itself for a float32 search, else its :class:`SearchModel` (``precision``: off | bf16 |
+    fp16, checked against the device of ``x``); channels-last also converts the model's weights."""
+    dtype = resolve_precision(precision, x.device, option="precision")
+    if dtype is None and not channels_last:
+        return model
+    if not isinstance(model, nn.Module):
+        raise KdcollapseError("a lower precision or channels-last search needs an nn.Module model")
+    if channels_last and x.dim() == 4:
+        model.to(memory_format=torch.channels_last)
+    return SearchModel(model, dtype, channels_last)
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from kdcollapse.adversarial._common import (
     in_threat_model,
     num_classes,
     predict,
+    search_model,
 )
 from kdcollapse.adversarial._fab import fab_attack
 from kdcollapse.adversarial._losses import require_classes
@@ -100,10 +101,14 @@ def evaluate_attacks(
     eps: float,
     batch_size: int = 500,
     progress: bool = True,
+    precision: str = "off",
+    channels_last: bool = False,
 ) -> RobustEvaluation:
     """Run ``attacks`` in order, each only on the points still classified correctly, in batches.
 
-    A point counts as broken when an attack returns an input that the model misclassifies. Every
+    ``precision`` (off | bf16 | fp16) and ``channels_last`` speed up the attacks' search only
+    (:func:`search_model`); every verdict — clean accuracy, each candidate, the final check — is the
+    float32 model's. A point counts as broken when an attack returns an input that the model misclassifies. Every
     returned input must lie in the ε-ball ∩ [0, 1] box (else ``RuntimeError``: the attack is wrong).
     At the end all of ``x_adv`` is checked again (ball, box, prediction); the reported robust accuracy
     is that of the final check.
@@ -111,6 +116,7 @@ def evaluate_attacks(
     check_inputs(x, y)
     check_norm_eps(norm, eps)
     check_count("batch_size", batch_size)
+    search = search_model(model, x, precision, channels_last)
     with eval_mode(model):
         correct = _predict_batched(model, x, batch_size) == y
         clean_accuracy = correct.float().mean().item()
@@ -121,7 +127,7 @@ def evaluate_attacks(
             start, broken = time.perf_counter(), 0
             with tqdm(total=idx.numel(), desc=name, unit="img", disable=not progress) as bar:
                 for chunk in idx.split(batch_size) if idx.numel() else ():  # split() of nothing is [nothing]
-                    candidates = attack(model, x[chunk], y[chunk])
+                    candidates = attack(search, x[chunk], y[chunk])
                     outside = ~in_threat_model(candidates, x[chunk], norm, eps)
                     if outside.any():
                         raise RuntimeError(f"attack {name!r} returned {int(outside.sum())} inputs outside the "
@@ -189,6 +195,8 @@ def autoattack_standard(
     version: str = "standard",
     seed: int = 0,
     progress: bool = True,
+    precision: str = "off",
+    channels_last: bool = False,
 ) -> RobustEvaluation:
     """AutoAttack "standard" (Croce & Hein, ICML 2020): APGD-CE → APGD-T → FAB-T → Square, each on the
     points still robust. Our own implementations of the published algorithms, configured as the
@@ -198,6 +206,7 @@ def autoattack_standard(
         model: callable on [0, 1] images returning logits (wrap normalisation with ``Normalized``).
         x: (N, C, H, W) in [0, 1]; y: (N,) labels. Needs ≥ 4 classes (targeted DLR).
         seed: seeds the attacks' random starts, targets' restarts and Square's search.
+        precision, channels_last: a faster search; verdicts stay float32 (see :func:`evaluate_attacks`).
     Returns:
         :class:`RobustEvaluation` with clean and robust accuracy, the per-attack breakdown and x_adv.
     """
@@ -207,7 +216,8 @@ def autoattack_standard(
     check_norm_eps(norm, eps)
     require_classes(num_classes(model, x), 4, "AutoAttack standard (its APGD-T)")
     chain = autoattack_chain(norm, eps, generator=_generator(x, seed))
-    return evaluate_attacks(model, x, y, chain, norm=norm, eps=eps, batch_size=batch_size, progress=progress)
+    return evaluate_attacks(model, x, y, chain, norm=norm, eps=eps, batch_size=batch_size, progress=progress,
+                            precision=precision, channels_last=channels_last)
 
 
 def pgd_evaluate(
@@ -222,6 +232,8 @@ def pgd_evaluate(
     batch_size: int = 500,
     seed: int = 0,
     progress: bool = True,
+    precision: str = "off",
+    channels_last: bool = False,
 ) -> RobustEvaluation:
     """Quick robustness estimate with PGD-k (Madry et al., ICLR 2018): cross-entropy, random start,
     ``steps`` steps of ``step_size`` (default 2.5·ε/steps). An upper bound on robust accuracy that is
@@ -233,4 +245,4 @@ def pgd_evaluate(
     attack = lambda m, xb, yb: pgd_attack(m, xb, yb, norm=norm, eps=eps, step_size=step, steps=steps,  # noqa: E731
                                           generator=generator)
     return evaluate_attacks(model, x, y, [(f"pgd-{steps}", attack)], norm=norm, eps=eps, batch_size=batch_size,
-                            progress=progress)
+                            progress=progress, precision=precision, channels_last=channels_last)

@@ -36,10 +36,13 @@ class AttackSetting:
     pgd_steps: int = 20
     aa_budget: dict[str, int] = field(default_factory=lambda: dict(STANDARD_BUDGET))
     num_classes: int | None = None
+    precision: str = "off"  # the search's autocast precision (verdicts are float32)
+    channels_last: bool = False  # the search's memory layout
 
     @property
     def common(self) -> dict:
-        return {"norm": self.norm, "eps": self.eps, "batch_size": self.batch_size, "progress": self.progress}
+        return {"norm": self.norm, "eps": self.eps, "batch_size": self.batch_size, "progress": self.progress,
+                "precision": self.precision, "channels_last": self.channels_last}
 
 
 # An evaluation returns (its label, the result, the budget it ran with).

@@ -50,6 +50,10 @@ def register(subparsers) -> None:
                    help="target classes of APGD-T/FAB-T")
     p.add_argument("--aa-queries", type=int, default=STANDARD_BUDGET["n_queries"], metavar="N",
                    help="Square queries")
+    p.add_argument("--precision", choices=("off", "bf16", "fp16"), default="off",
+                   help="autocast precision of the attacks' search (bf16 on CPU or CUDA, fp16 on CUDA); "
+                        "whether an input fools the model is always decided in float32")
+    p.add_argument("--channels-last", action="store_true", help="channels-last layout for the search")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run)
 
@@ -63,7 +67,8 @@ def _run(args) -> int:
     entries = evaluate_run(
         args.run_dir, norm=args.norm, eps=args.eps, attacks=attacks, n_examples=args.n_examples,
         batch_size=args.batch_size, pgd_steps=args.pgd_steps, weights=args.weights, seed=args.seed,
-        device=device, data_root=args.data_root, progress=not args.no_progress,
+        device=device, data_root=args.data_root, progress=not args.no_progress, precision=args.precision,
+        channels_last=args.channels_last,
         aa_budget={"n_iter": args.aa_iterations, "n_targets": args.aa_targets, "n_queries": args.aa_queries},
     )
     for key, e in entries.items():

@@ -58,13 +58,16 @@ def evaluate_run(
     data_root: str | None = None,
     aa_budget: dict[str, int] | None = None,
     progress: bool = True,
+    precision: str = "off",
+    channels_last: bool = False,
 ) -> dict[str, dict]:
     """Evaluate the run's model (``model.safetensors``, or ``best.safetensors`` with ``weights="best"``)
     on the first ``n_examples`` test images of the run (its ``data.classes`` and test subset) under each
     registered evaluation in ``attacks`` (``kdcollapse.adversarial.list_attacks()``): ``"standard"``
     (AutoAttack standard, or the same chain with ``aa_budget`` = {n_iter, n_targets, n_queries} when given,
     named ``autoattack-reduced``) and ``"pgd"`` (PGD-``pgd_steps``). Inputs are the images in [0, 1]; the
-    model file's mean/std go inside the model (:class:`Normalized`).
+    model file's mean/std go inside the model (:class:`Normalized`). ``precision`` (off | bf16 | fp16) and
+    ``channels_last`` make the attacks' search faster; every verdict is the float32 model's.
 
     Writes ``robust_eval.json`` (entries keyed by attack, norm, ε and weights; earlier entries with
     other keys are kept) and ``robust_eval.md`` into the run directory; returns the new entries.
@@ -96,14 +99,16 @@ def evaluate_run(
     x, y = test_images(run.dataset("test"), n_examples)
     x, y = x.to(device), y.to(device)
     setting = AttackSetting(eps=eps_value, norm=norm, seed=seed, batch_size=batch_size, progress=progress,
-                            pgd_steps=pgd_steps, aa_budget=budget, num_classes=int(meta["num_classes"]))
+                            pgd_steps=pgd_steps, aa_budget=budget, num_classes=int(meta["num_classes"]),
+                            precision=precision, channels_last=channels_last)
     entries = {}
     for name in attacks:
         start = time.perf_counter()
         label, result, used = get_attack(name)(model, x, y, setting)
         entries[f"{label} {norm} eps={eps} {weights}"] = _entry(
             result, label=label, eps=eps, meta=meta, model_file=model_file.name, seed=seed,
-            seconds=time.perf_counter() - start, budget=used)
+            seconds=time.perf_counter() - start, budget=used) | {"search_precision": precision,
+                                                                 "search_channels_last": channels_last}
     _write(run.dir, entries)
     return entries
 

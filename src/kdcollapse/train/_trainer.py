@@ -364,7 +364,13 @@ class Trainer:
         (see ``kdcollapse.analysis.epoch_collapse_metrics``)."""
         if not self.dist.is_main:
             return {}
-        return epoch_collapse_metrics(self.cfg, epoch, self.method.student, self.train_set, self.test_set)
+        with self._eager():
+            return epoch_collapse_metrics(self.cfg, epoch, self.method.student, self.train_set, self.test_set)
+
+    def _eager(self):
+        """Evaluation runs a compiled student eagerly: compiling its eval-mode graph as well costs more than
+        the evaluation passes save (``benchmarks/bench_compile.py``)."""
+        return torch.compiler.set_stance("force_eager") if self.cfg.train.compile else contextlib.nullcontext()
 
     def _autocast(self):
         return autocast(self.device, self.amp_dtype)
@@ -408,7 +414,7 @@ class Trainer:
                    "images_per_s": totals[-1] / elapsed, "epoch_time_s": elapsed}
         return record
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int, batches: int) -> dict[str, torch.Tensor]:
+    def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int = 0, batches: int = 1) -> dict[str, torch.Tensor]:
         """Forward and backward of batch ``batch`` of ``batches``; an optimizer step after every
         ``optim.accumulate`` batches (and after the epoch's last), on the mean of their gradients."""
         k = self.cfg.optim.accumulate
@@ -472,9 +478,10 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self) -> dict:
         """``test_acc``/``test_loss``, and ``val_acc``/``val_loss`` when the run has a validation split."""
-        record = self._evaluate_split(self.test_loader, "test")
-        if self.val_loader is not None:
-            record |= self._evaluate_split(self.val_loader, "val")
+        with self._eager():
+            record = self._evaluate_split(self.test_loader, "test")
+            if self.val_loader is not None:
+                record |= self._evaluate_split(self.val_loader, "val")
         return record
 
     def _predict(self, x: torch.Tensor) -> torch.Tensor:
