@@ -119,7 +119,11 @@ def test_seeds_overwrite_checks_every_seed_directory_before_the_first_trains(tra
     finally:
         lock.release()
     assert "seed1 is in use by another process" in capsys.readouterr().err
-    assert (tmp_path / "s" / "seed0" / "metrics.jsonl").read_text() == before  # seed 0 was not retrained
+    # seed 1 holds the teacher of this series: --overwrite would delete it
+    assert train("method.name=kd", f"teacher.checkpoint={tmp_path / 's' / 'seed1'}", f"run_dir={tmp_path / 's'}",
+                 "train.epochs=1", "--seeds", "0,1", "--overwrite") == 2
+    assert "seed1, which holds this run's teacher" in capsys.readouterr().err
+    assert (tmp_path / "s" / "seed0" / "metrics.jsonl").read_text() == before  # seed 0 was never retrained
 
 
 def test_a_summary_refuses_runs_of_different_configs(tiny_config, tmp_path):
