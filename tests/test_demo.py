@@ -1,18 +1,26 @@
-"""The demo's whole pipeline (train, distil, analyse, report) on digits, with one epoch per run."""
+"""The demo's whole pipeline (train, distil, analyse, report) on digits, with one or two epochs per run,
+through the command line: its report and the progress it shows."""
 
 import dataclasses
 
+from kdcollapse.cli import main
 from kdcollapse.errors import DataError
 from kdcollapse.experiments import demo
 
 
 def test_demo_pipeline_writes_the_report(tmp_path, monkeypatch, capsys):
-    quick = dataclasses.replace(demo.PLANS["digits"], teacher_epochs=1, student_epochs=1)
+    quick = dataclasses.replace(demo.PLANS["digits"], teacher_epochs=1, student_epochs=2)
     monkeypatch.setitem(demo.PLANS, "digits", quick)
-    report = demo.run_demo(tmp_path, "digits")
-    text = report.read_text()
-    out = capsys.readouterr().out
+    assert main(["demo", "--out", str(tmp_path), "--data", "digits"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    out, err = capsys.readouterr()
     assert "demo on digits; runs in" in out
+    # progress while it runs: which stage, then the trainer's line per epoch
+    progress = [" ".join(line.split()[:3 if line.startswith("[") else 2]) for line in err.splitlines()
+                if line.startswith(("[", "epoch "))]
+    assert progress[:7] == ["[1/5] teacher: training", "epoch 1/1", "[1/5] teacher: analysing",
+                            "[2/5] student: training", "epoch 1/2", "epoch 2/2", "[2/5] student: analysing"]
+    assert progress[-1] == "[5/5] ikl_kd: analysing"
     for run in ("teacher", "student", "kd", "dhkd", "ikl_kd"):
         assert f"| {run} |" in text
     assert (tmp_path / "curves.png").stat().st_size > 0

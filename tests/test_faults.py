@@ -20,7 +20,7 @@ from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.methods import Method, register_method
-from kdcollapse.runs import load_model, load_tensors, read_metrics, save_tensors
+from kdcollapse.runs import load_model, load_tensors, metrics_csv, read_metrics, save_tensors
 from kdcollapse.train import TrainingDiverged, fit
 
 MLP = ["data.name=digits", "data.batch_size=256", "train.progress=false", "optim.lr=0.05",
@@ -60,6 +60,7 @@ def assert_same_run(a, b, epochs):
     assert [{k: v for k, v in r.items() if k not in timing} for r in ra] == \
            [{k: v for k, v in r.items() if k not in timing} for r in rb]
     assert not list(Path(b).glob("*.tmp")) and not list(Path(b).glob(".*.tmp"))
+    assert (Path(b) / "metrics.csv").read_text() == metrics_csv(rb)  # the same records as metrics.jsonl
 
 
 def assert_consistent(run_dir):
@@ -68,6 +69,7 @@ def assert_consistent(run_dir):
     assert weights(run_dir, "model.safetensors")[1]["epoch"] == meta["epoch"]
     assert weights(run_dir, "best.safetensors")[1]["epoch"] == meta["best_epoch"]
     assert max(r["epoch"] for r in read_metrics(run_dir)) == meta["epoch"]
+    assert (Path(run_dir) / "metrics.csv").read_text() == metrics_csv(read_metrics(run_dir))
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,9 @@ def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, em
            f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # only rank 0 reports: one result line, one line per epoch
+    assert proc.stdout.count("best test accuracy") == 1 and "nan" not in proc.stdout, proc.stdout
+    assert [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("epoch ")] == ["1/2", "2/2"]
     single = fit(tiny(*common, name="one"))
     a, b = state_of(tmp_path / "ddp"), state_of(single.run_dir)
     for key in a:

@@ -42,6 +42,14 @@ def init_distributed(device_kind: str) -> DistEnv:
     return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def is_main_process() -> bool:
+    """Whether this process reports results: rank 0 of the process group, or of ``torchrun``'s environment
+    before the group exists; True for a single process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """In-place sum across processes when running distributed; returns the tensor for chaining."""
     if dist.is_available() and dist.is_initialized():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +79,7 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     }  # fmt: skip
     if tsne_classes:
         index = result.sample.first(options.tsne_per_class, tsne_classes)
-        with tqdm(total=1, desc=f"t-SNE of {index.numel()} points", disable=not options.progress, leave=False):
+        with stage(f"t-SNE of {index.numel()} points", options.progress):
             embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
         labels = result.sample.labels[index].numpy()
         figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
@@ -91,6 +94,28 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     (out_dir / "analysis.json").write_text(json.dumps(report, indent=1) + "\n")
     (out_dir / "analysis.md").write_text(markdown_report(report))
     return report
+
+
+@contextlib.contextmanager
+def stage(description: str, progress: bool) -> Iterator[None]:
+    """Show ``description`` and the time it has taken, refreshed every second, while the block runs (a step
+    without iterations of its own, such as t-SNE, would otherwise look stuck or finished)."""
+    if not progress:
+        yield
+        return
+    done = threading.Event()
+    with tqdm(total=1, desc=description, bar_format="{desc}: {elapsed}", leave=False) as bar:
+        def tick() -> None:
+            while not done.wait(1.0):
+                bar.refresh()
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            ticker.join()
 
 
 def meaning(key: str) -> str:

@@ -13,7 +13,7 @@ import sys
 
 from kdcollapse import __version__
 from kdcollapse._registry import import_modules
-from kdcollapse.cli._common import HelpFormatter
+from kdcollapse.cli._common import HelpFormatter, console_logging
 from kdcollapse.errors import KdcollapseError
 
 # Order is the order in `kdcollapse --help`.
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        with console_logging(quiet=getattr(args, "quiet", False)):
+            return int(args.func(args) or 0)
     except KdcollapseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdcollapse.cli._common import HelpFormatter
+from kdcollapse.cli._common import HelpFormatter, add_quiet
 
 EXAMPLES = """examples:
   kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
@@ -26,6 +26,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--out", default="runs/demo", help="directory for the runs and report.md")
     p.add_argument("--data", choices=DATASETS, help="dataset (default: fashion_mnist if found, else digits)")
+    add_quiet(p, "stage or per-epoch lines")
     p.set_defaults(func=_main)
 
 

@@ -30,7 +30,7 @@ _DISTILL_EXAMPLES = """examples:
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli._common import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter, add_quiet
 
     for name, examples, text in (
         ("train", _TRAIN_EXAMPLES, "Train a model (any method; teachers use method `vanilla`)."),
@@ -44,6 +44,7 @@ def register(subparsers) -> None:
         p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace a run already in run_dir")
         p.add_argument("--seeds", metavar="LIST", help="comma-separated seeds; runs go to run_dir/seed<N>")
+        add_quiet(p, "per-epoch lines and no progress bar (train.progress=false)")
         p.set_defaults(func=_run, command_name=name)
 
 
@@ -56,8 +57,11 @@ def _run(args) -> int:
 
 
 def _train(args) -> None:
+    from kdcollapse.distributed import is_main_process
     from kdcollapse.methods import get_method
 
+    if args.quiet:
+        args.overrides = [*args.overrides, "train.progress=false"]
     cfg = _resolve_config(args)
     cfg.imports = list(dict.fromkeys([*cfg.imports, *getattr(args, "imports", [])]))  # saved: analyze sees them
     needs_teacher = get_method(cfg.method.name).needs_teacher
@@ -67,19 +71,26 @@ def _train(args) -> None:
     if args.resume and args.seeds:
         raise ConfigError("--resume continues one run; resume each seed's directory (RUN_DIR/seed<N>) on its own")
     seeds = _parse_seeds(args.seeds) if args.seeds else None
+    report = is_main_process()  # under torchrun only rank 0 prints results
     if seeds is None:
-        _report(_fit(cfg, args))
+        result = _fit(cfg, args)
+        if report:
+            _report(result)
         return
-    # every seed is checked before the first run starts
+    # every seed's config and run directory is checked before the first run starts
     from kdcollapse.config import check_config  # the library loads when a command runs, not for --help
+    from kdcollapse.runs import check_run_dirs
 
     runs = [check_config(dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}")))
             for seed in seeds]
+    check_run_dirs(runs, overwrite=args.overwrite, is_main=report)
     results = []
     for run in runs:
         results.append(_fit(run, args))
-        _report(results[-1])
-    _summarise(Path(cfg.run_dir), seeds, results)
+        if report:
+            _report(results[-1])
+    if report:
+        _summarise(Path(cfg.run_dir), seeds, results)
 
 
 def _check_resume_overrides(overrides: list[str]) -> None:
@@ -140,6 +151,9 @@ def _report(result) -> None:
 def _summarise(run_dir: Path, seeds: list[int], results) -> None:
     import statistics  # loads decimal and fractions: kept out of `kdcollapse --help`
 
+    from kdcollapse.runs import check_same_config
+
+    check_same_config([r.run_dir for r in results])
     best = [r.best_acc for r in results]
     last = [r.last_acc for r in results]
 

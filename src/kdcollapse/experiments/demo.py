@@ -3,6 +3,7 @@ and the runs, analyses and report they make."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,10 @@ from kdcollapse.errors import DataError
 from kdcollapse.models import count_parameters
 from kdcollapse.report import markdown_table
 from kdcollapse.runs import Run
+
+# Which stage the demo is in ("[1/5] teacher: ..."); the trainer's per-epoch lines come between them.
+logger = logging.getLogger("kdcollapse.demo")
+
 
 @dataclass(frozen=True)
 class DemoPlan:
@@ -98,7 +103,8 @@ def run_demo(out: Path, dataset: str | None = None) -> Path:
         runs[f"student_{method}"] = (method, plan.student, method, plan.student_epochs, extra)
     rows, collapse, curves = [], [], {}
     started = time.perf_counter()
-    for name, (label, model, method, epochs, extra) in runs.items():
+    for stage, (name, (label, model, method, epochs, extra)) in enumerate(runs.items(), 1):
+        logger.info(f"[{stage}/{len(runs)}] {label}: training {model} with method {method} for {epochs} epochs")
         result, seconds = _run(name, out, plan, model, method, epochs, *extra)
         run = Run(result.run_dir)
         params = count_parameters(run.model()[0])
@@ -106,8 +112,10 @@ def run_demo(out: Path, dataset: str | None = None) -> Path:
                      f"{result.last_acc:.2f}", f"{seconds:.0f}"])
         curves[label] = run.metrics()
         subject = load_run(result.run_dir, "test", device=torch.device("cpu"))
+        tsne = 200 if label in ("teacher", "dhkd") else 0
+        logger.info(f"[{stage}/{len(runs)}] {label}: analysing the test features" + (" (with t-SNE)" if tsne else ""))
         report = analyze(subject, Path(result.run_dir) / "analysis_test", AnalyzeOptions(
-            progress=False, tsne_per_class=200 if label in ("teacher", "dhkd") else 0))
+            progress=False, tsne_per_class=tsne))
         m = report["metrics"]
         collapse.append([label, m["nc1"], m["vci"], m["nc3"], m["gnc2"], m["ncc_agreement"],
                          f"[analysis]({name}/analysis_test/analysis.md)"])

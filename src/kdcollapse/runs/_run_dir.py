@@ -8,6 +8,8 @@ only when all of that worked does :func:`start_run_dir` clear an overwritten run
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import platform
@@ -30,8 +32,8 @@ from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
 from kdcollapse.runs._lock import RunLock
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
-RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "checkpoint.safetensors", "model.safetensors",
-             "best.safetensors", STATE_FILE)
+RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpoint.safetensors",
+             "model.safetensors", "best.safetensors", STATE_FILE)
 RUN_DIRS = ("tensorboard",)
 
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
@@ -65,9 +67,10 @@ class RunDir:
         self.state: dict | None = None
         self.damaged: list[str] = []
 
-    def commit(self, epoch: int, tensor_files: dict, metrics_text: str) -> None:
-        """Write and commit the files of ``epoch`` (see :mod:`kdcollapse.runs._commit`)."""
-        self.state = commit_epoch(self.path, epoch, tensor_files, {"metrics.jsonl": metrics_text}, self.state)
+    def commit(self, epoch: int, tensor_files: dict, text_files: dict[str, str]) -> None:
+        """Write and commit the files of ``epoch`` (see :mod:`kdcollapse.runs._commit`); ``text_files`` are
+        :meth:`MetricsLog.files`."""
+        self.state = commit_epoch(self.path, epoch, tensor_files, text_files, self.state)
 
     def replace_file(self, name: str, tensors: dict, meta: dict) -> None:
         """Re-derive a damaged weight file of the committed epoch and record it."""
@@ -169,12 +172,58 @@ def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, 
         if holds_run:
             check_resume_changes(load_config(run_dir / "config.yaml"), cfg)
     elif holds_run and not overwrite:
+        other = _other_config(run_dir, cfg)
+        if other:
+            raise CheckpointError(f"{run_dir} already holds a run of another config ({other}); choose another "
+                                  "run_dir, or pass --overwrite to replace it")
         raise CheckpointError(
             f"{run_dir} already holds a run (config.yaml); pass --resume to continue it, --overwrite to "
             "replace it, or choose another run_dir"
         )
     elif holds_run:
         _check_not_teacher(cfg, run_dir)
+
+
+def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = True) -> None:
+    """Check every run directory of a series (``--seeds``) before the first run starts, so that a problem
+    with the last one is reported before the first trains: not in use by another process, free or
+    ``overwrite`` (and then not holding the series' teacher). Existing directories only; nothing changes."""
+    def check() -> None:
+        for cfg in cfgs:
+            run_dir = Path(cfg.run_dir)
+            if not run_dir.is_dir():
+                continue
+            lock = RunLock(run_dir)
+            try:
+                _check_use(cfg, run_dir, holds_run=(run_dir / "config.yaml").exists(), resume=False,
+                           overwrite=overwrite)
+            finally:
+                lock.release()
+
+    on_main_process(is_main, check, "the main process found a run directory that cannot be used")
+
+
+def _other_config(run_dir: Path, cfg: RunConfig) -> str:
+    """How the run saved in ``run_dir`` differs from ``cfg`` in a defining key ("" when it does not)."""
+    try:
+        saved = load_config(run_dir / "config.yaml")
+    except KdcollapseError as err:
+        return f"its config.yaml does not load: {err}"
+    old, new = config_differences(saved, cfg)
+    return ", ".join(f"{k}={old[k]!r} there, {new[k]!r} here" for k in old)
+
+
+def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",)) -> None:
+    """Refuse to combine runs (a summary over seeds) whose saved configs differ in a defining key other
+    than ``ignore``."""
+    first, *rest = [Path(d) for d in run_dirs]
+    base = load_config(first / "config.yaml")
+    for run_dir in rest:
+        old, new = config_differences(base, load_config(run_dir / "config.yaml"), ignore)
+        if old:
+            keys = ", ".join(f"{k}={old[k]!r} in {first}, {new[k]!r} in {run_dir}" for k in old)
+            raise ConfigError(f"cannot summarise runs of different configs ({keys}); give each config its own "
+                              "run_dir")
 
 
 def _check_not_teacher(cfg: RunConfig, run_dir: Path) -> None:
@@ -200,13 +249,21 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def config_differences(a: RunConfig, b: RunConfig, ignore: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The defining keys (all but :data:`RESUMABLE_KEYS` and ``ignore``) whose values differ between ``a``
+    and ``b``: ``({key: value in a}, {key: value in b})``, sorted by key."""
+    old, new = _flat(config_to_dict(a)), _flat(config_to_dict(b))
+    skip = set(RESUMABLE_KEYS) | set(ignore)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in skip)
+    return {k: old.get(k) for k in changed}, {k: new.get(k) for k in changed}
+
+
 def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
     """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
-    old, new = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
-    if changed:
-        was = ", ".join(f"{k}={old.get(k)!r}" for k in changed)
-        now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
+    old, new = config_differences(saved, cfg)
+    if old:
+        was = ", ".join(f"{k}={v!r}" for k, v in old.items())
+        now = ", ".join(f"{k}={v!r}" for k, v in new.items())
         raise ConfigError(
             f"cannot resume: the run was trained with {was}; the config asks for {now}. A resume may change "
             f"only {', '.join(RESUMABLE_KEYS[1:])}; start a new run_dir for anything else"
@@ -256,12 +313,34 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-class MetricsLog:
-    """The per-epoch records of ``metrics.jsonl`` (written by :meth:`RunDir.commit`, with the checkpoint of
-    the same epoch) and TensorBoard when asked.
+def metrics_jsonl(records: list[dict]) -> str:
+    """``records`` as JSON lines, one per record."""
+    return "".join(json.dumps(r) + "\n" for r in records)
 
-    On resume, records of epochs after the checkpoint (written before a crash) are dropped first.
+
+def metrics_csv(records: list[dict]) -> str:
+    """``records`` as CSV: one row per record, one column per key that any record has (in the order keys
+    first appear), an empty cell where a record lacks the key (epochs without evaluation or analysis)."""
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for record in records:
+        writer.writerow(["" if key not in record else value if isinstance(value := record[key], str)
+                         else json.dumps(value) for key in columns])
+    return out.getvalue() if records else ""
+
+
+class MetricsLog:
+    """The per-epoch records of ``metrics.jsonl`` and ``metrics.csv`` (both written by :meth:`RunDir.commit`,
+    with the checkpoint of the same epoch) and TensorBoard when asked.
+
+    On resume, records of epochs after the checkpoint (written before a crash) are dropped first, and both
+    files are rewritten from the records kept (``metrics.csv`` is re-derived from ``metrics.jsonl``, so a run
+    of a version without it gains it).
     """
+
+    FILES = {"metrics.jsonl": metrics_jsonl, "metrics.csv": metrics_csv}
 
     def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False):
         self.path = run_dir / "metrics.jsonl"
@@ -273,7 +352,8 @@ class MetricsLog:
         if start_epoch > 0:
             self.records = [r for r in read_metrics(run_dir) if r.get("epoch", 0) <= start_epoch]
         if self.path.exists():
-            write_text(self.path, self.text())
+            for name, text in self.files().items():
+                write_text(run_dir / name, text)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -283,7 +363,7 @@ class MetricsLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def write(self, record: dict) -> None:
-        """Add ``record``; it reaches ``metrics.jsonl`` with the next commit."""
+        """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit."""
         if not self.enabled:
             return
         self.records.append(record)
@@ -292,8 +372,9 @@ class MetricsLog:
                 if key != "epoch" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["epoch"])
 
-    def text(self) -> str:
-        return "".join(json.dumps(r) + "\n" for r in self.records)
+    def files(self) -> dict[str, str]:
+        """The text of each metrics file, by name."""
+        return {name: render(self.records) for name, render in self.FILES.items()}
 
     def close(self) -> None:
         if self.writer is not None:

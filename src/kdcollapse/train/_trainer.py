@@ -34,8 +34,9 @@ from kdcollapse.runs import (MetricsLog, TeacherLogitCache, check_teacher_cache,
                              run_dataset, start_run_dir, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
-from kdcollapse.train._optim import (BUILTIN_SCHEDULES, build_optimizer, build_schedule, build_weight_average, check_schedule_length,
-                                     schedule_steps_per)
+from kdcollapse.train._console import log_epoch
+from kdcollapse.train._optim import (BUILTIN_SCHEDULES, build_optimizer, build_schedule, build_weight_average,
+                                     check_schedule_length, schedule_steps_per)
 
 
 class TrainingDiverged(KdcollapseError):
@@ -252,7 +253,7 @@ class Trainer:
         """Commit ``epoch`` (weights, metrics) in one step; a failure (a full disk) commits nothing."""
         def commit() -> None:
             try:
-                self.run_files.commit(epoch, self._epoch_files(epoch, improved), self.log.text())
+                self.run_files.commit(epoch, self._epoch_files(epoch, improved), self.log.files())
             except CheckpointError as err:
                 raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} still holds "
                                       f"epoch {epoch - 1}: free space and resume it") from None
@@ -345,6 +346,8 @@ class Trainer:
             self._check_epoch_is_good(epoch, record)
             self.log.write(record)
             self._save_checkpoint(epoch + 1, improved)
+            if self.dist.is_main:
+                log_epoch(record, cfg.train.epochs)
         self.log.close()
         return RunResult(self.run_dir, self.best_acc, self.best_epoch, self.last_acc, cfg.train.epochs,
                          self.best_val_acc, "test" if self.val_set is None else "val")
