@@ -14,7 +14,7 @@ from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher, build_method, get_method
 from kdcollapse.models import create_model, evaluating
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._data import check_split, run_dataset
+from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
 from kdcollapse.runs._teacher import load_teacher
 
@@ -25,12 +25,15 @@ class Run:
     """A run directory: its config, its data exactly as training saw it (``data.classes``, subsets), its
     model (last or best), its teacher and the extra trainable heads of its method.
 
+    A run trained on data passed from Python (``fit(cfg, train_data=..., test_data=...)``) gets the same
+    data here again (checked against the fingerprint in its ``run.json``); without it, ``dataset`` says so.
+
     >>> Run("no/such/dir")
     Traceback (most recent call last):
     kdcollapse.errors.CheckpointError: run directory not found: no/such/dir
     """
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, *, train_data=None, test_data=None, val_data=None):
         self.dir = Path(run_dir)
         if not self.dir.is_dir():
             raise CheckpointError(f"run directory not found: {self.dir}")
@@ -38,6 +41,9 @@ class Run:
             raise CheckpointError(
                 f"{self.dir} holds no config.yaml, so it is not a `kdcollapse train` run directory"
             )
+        self.user_data = UserData.of(train_data, test_data, val_data)
+        if self.user_data is not None:
+            self.user_data.check_run(self.dir)
 
     @cached_property
     def config(self) -> RunConfig:
@@ -45,7 +51,7 @@ class Run:
 
     def dataset(self, split: str, per_class: int | None = None):
         """Split ``split`` as the run saw it (see :func:`kdcollapse.runs.run_dataset`)."""
-        return run_dataset(self.config, split, per_class)
+        return run_dataset(self.config, split, per_class, user=self.user_data)
 
     def metrics(self) -> list[dict]:
         """The per-epoch records of ``metrics.jsonl``."""

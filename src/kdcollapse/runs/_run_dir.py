@@ -22,11 +22,13 @@ import torch
 
 from kdcollapse import __version__
 from kdcollapse.config import RunConfig, config_to_dict, load_config, save_config
+from kdcollapse.data import USER_DATA
 from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
 from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
+from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._lock import RunLock
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
@@ -202,6 +204,9 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
     """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
+    if saved.data.name == USER_DATA != cfg.data.name:
+        raise ConfigError(f"cannot resume: the run was trained on data passed from Python (data.name="
+                          f"{USER_DATA!r}), not on {cfg.data.name!r}; {PASS_AGAIN}")
     old, new = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE_KEYS)
     if changed:
