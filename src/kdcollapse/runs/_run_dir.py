@@ -239,9 +239,11 @@ def provenance() -> dict:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``metrics.jsonl``. A torn last line (a crash or full disk while an older version
-    appended to it) is dropped with a warning; damage anywhere else is an error."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """The records of ``metrics.jsonl`` (``run_dir`` is the run directory or that file). A torn last line
+    (a crash or full disk while an older version appended to it) is dropped with a warning; damage
+    anywhere else is an error."""
+    path = Path(run_dir)
+    path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
         return []
     lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
