@@ -417,8 +417,12 @@ def tiny_images(n: int = 40, classes: int = 4, size: int = 6) -> TensorDataset:
 
 def test_tensor_dataset_validation():
     ds = tiny_images()
-    with pytest.raises(DataError, match="inputs must be uint8"):
-        TensorDataset(ds.inputs.float(), ds.labels, ds.classes, ds.mean, ds.std, "bad")
+    with pytest.raises(DataError, match="inputs must be uint8 or float32"):
+        TensorDataset(ds.inputs.double(), ds.labels, ds.classes, ds.mean, ds.std, "bad")
+    floats = TensorDataset(ds.inputs.float() / 255, ds.labels, ds.classes, ds.mean, ds.std, "float images")
+    x, _ = next(iter(make_loader(floats, 4, train=False, device="cpu", seed=0)))
+    y, _ = next(iter(make_loader(ds, 4, train=False, device="cpu", seed=0)))
+    assert floats.full_scale == 1.0 and torch.allclose(x, y, atol=1e-5)  # [0, 1] floats normalise as uint8 does
     with pytest.raises(DataError, match=r"labels must lie in \[0, 3\)"):
         TensorDataset(ds.inputs, ds.labels, ds.classes[:3], ds.mean, ds.std, "bad")
     with pytest.raises(DataError, match="labels must be int64"):

@@ -3,6 +3,7 @@ flipped files, torn metrics, two processes, refused resume overrides, --overwrit
 directory, and divergence in an epoch's last step. Every case is checked with the public API or the CLI."""
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.methods import Method, register_method
-from kdcollapse.runs import load_model, load_tensors, metrics_csv, read_metrics, save_tensors
+from kdcollapse.runs import Run, load_model, load_tensors, metrics_csv, read_metrics, save_tensors
 from kdcollapse.train import TrainingDiverged, fit
 
 MLP = ["data.name=digits", "data.batch_size=256", "train.progress=false", "optim.lr=0.05",
@@ -137,6 +138,49 @@ def test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_ide
             assert_same_run(straight, snapshot, 3)
         point += 1
     assert points >= 6  # checkpoint, model and best files, their renames (and more)
+
+
+def test_run_reads_the_committed_epoch_between_a_crash_and_resume(one_epoch, straight, tmp_path, monkeypatch):
+    """A reader (``Run``) after a crash at any write point of epoch 2 sees exactly the epoch state.json
+    committed, changes nothing, and sees what the resume then makes of the directory."""
+    point, points, seen = 0, None, set()
+    while points is None or point < points:
+        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
+        shutil.copytree(one_epoch, run_dir)
+        with monkeypatch.context() as m:
+            count = crash_at(m, run_dir, point, snapshot)
+            try:
+                resume(run_dir, 2)
+                points = count["n"]
+            except Crash:
+                pass
+        point += 1
+        if not snapshot.exists():
+            continue
+        committed = json.loads((snapshot / "state.json").read_text())["epoch"]
+        live = weights(snapshot, "model.safetensors")[1]["epoch"]
+        before = files(snapshot)
+        run = Run(snapshot)
+        model, meta = run.model()
+        assert meta["epoch"] == committed and [r["epoch"] for r in run.metrics()] == list(range(1, committed + 1))
+        assert run.model("best")[1]["epoch"] == committed and files(snapshot) == before
+        seen.add((committed, live))
+        resume(snapshot, committed)  # repairs only: the run has its epochs
+        again = Run(snapshot).model()[0].state_dict()
+        assert all(torch.equal(v, again[k]) for k, v in model.state_dict().items())
+    assert (2, 1) in seen and (1, 1) in seen  # committed with the old files still in place; not yet committed
+
+
+def test_a_weight_file_that_is_not_the_committed_one_is_refused_until_resume(one_epoch, straight, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    shutil.copy(Path(straight) / "model.safetensors", run_dir / "model.safetensors")  # epoch 3 over epoch 1
+    with pytest.raises(CheckpointError, match="model.safetensors is not the file of epoch 1 that state.json records"
+                                              ".*run `kdcollapse train --resume .*` to repair it"):
+        Run(run_dir).model()
+    assert [r["epoch"] for r in Run(run_dir).metrics()] == [1]
+    resume(run_dir, 1)
+    assert Run(run_dir).model()[1]["epoch"] == 1
 
 
 @pytest.mark.slow

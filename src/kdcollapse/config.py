@@ -26,7 +26,7 @@ import yaml
 
 from kdcollapse._registry import import_modules
 from kdcollapse.errors import ConfigError, KdcollapseError, unknown_choice
-from kdcollapse.data import list_datasets
+from kdcollapse.data import USER_DATA, list_datasets
 from kdcollapse.methods import get_method
 from kdcollapse.models import list_models
 
@@ -72,13 +72,14 @@ def each(rule: Rule, order: Literal["distinct", "increasing"]) -> Rule:
     return Rule(f"a list of numbers {rule.describe()}, {words}", lambda v: all(map(rule.test, v)) and ordered(v))
 
 
-def registered(kind: str) -> Rule:
-    """A name in a registry (``kind``: ``dataset`` or ``model``), looked up when first checked."""
+def registered(kind: str, also: tuple[str, ...] = ()) -> Rule:
+    """A name in a registry (``kind``: ``dataset`` or ``model``), looked up when first checked, or one of
+    ``also`` (names with another meaning, valid but not advertised)."""
 
     def names() -> list[str]:
         return sorted(list_datasets() if kind == "dataset" else list_models())
 
-    return Rule(lambda: f"a registered {kind}: {', '.join(names())}", lambda v: v in names(),
+    return Rule(lambda: f"a registered {kind}: {', '.join(names())}", lambda v: v in names() or v in also,
                 lambda v: unknown_choice(kind, v, names()))
 
 
@@ -94,7 +95,8 @@ def valid(default: Any = dataclasses.MISSING, rule: Rule | None = None, *, facto
 
 @dataclass
 class DataConfig:
-    name: str = valid("fashion_mnist", registered("dataset"))
+    # a registered dataset, or "user": data passed from Python (fit(cfg, train_data=..., test_data=...))
+    name: str = valid("fashion_mnist", registered("dataset", also=(USER_DATA,)))
     root: str | None = valid(None, NON_EMPTY)  # None: search the default paths (see `kdcollapse data list`)
     batch_size: int = valid(128, AT_LEAST_1)  # per process
     eval_batch_size: int = valid(512, AT_LEAST_1)

@@ -18,7 +18,7 @@ _HOME = {
     "_logits": ("ClassLogitMatrix", "logit_margins", "logit_matrix_difference", "off_diagonal_mean_abs"),
     "_options": ("AnalyzeOptions",),
     "_plots": ("plot_logit_matrices", "plot_margins", "plot_spectra", "plot_tsne"),
-    "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics"),
+    "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics", "user_split"),
     "_sample": ("ClassReservoir",),
     "_source": ("Subject", "load_run", "load_weights"),
 }

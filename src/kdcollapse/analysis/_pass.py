@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from kdcollapse.analysis._options import DEFAULT_SAMPLE_SIZE
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
+from kdcollapse.data import USER_DATA, FolderDataset, TensorDataset, as_dataset, make_loader
 from kdcollapse.distributed import autocast
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
@@ -76,9 +78,13 @@ def feature_pass(
     class, drawn with ``seed``. Modes are restored afterwards, so this is safe inside a training loop.
     ``precision`` (a dtype or None) runs the forward passes under autocast and ``channels_last`` feeds
     image batches in that layout (the modules must be in it already); every statistic is accumulated
-    in float32 or float64 whatever the precision.
+    in float32 or float64 whatever the precision. ``batches`` may also be a dataset — kdcollapse's, or a
+    torch ``Dataset`` / ``DataLoader`` of ``(x, y)`` read by :func:`user_split` —
+    which is then batched by 512 on the model's device.
     """
     model = as_classifier(model, features)
+    if isinstance(batches, (TensorDataset, FolderDataset, Dataset, DataLoader)):
+        batches = make_loader(user_split(batches), 512, train=False, device=next(model.parameters()).device, seed=0)
     heads = dict(heads or {})
     if "main" in heads:
         raise KdcollapseError("'main' names the model's own head; give extra heads other names")
@@ -114,6 +120,14 @@ def feature_pass(
     if stats is None:
         raise KdcollapseError("the split is empty: no batches to analyse")
     return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)
+
+
+def user_split(data):
+    """A kdcollapse dataset as it is; a torch ``Dataset`` or ``DataLoader`` read by
+    :func:`kdcollapse.data.from_torch` and fed to the model as it yields it (uint8 images scaled to
+    [0, 1], nothing standardised: a model trained by kdcollapse gets its run's normalisation from
+    ``load_run(Run(run_dir, train_data=..., test_data=...), split)`` instead)."""
+    return as_dataset(data, name=USER_DATA, mean=(0.0,), std=(1.0,))
 
 
 def classifier_weight(model: nn.Module) -> Tensor | None:

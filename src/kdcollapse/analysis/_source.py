@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kdcollapse.analysis._pass import user_split
 from kdcollapse.data import load_dataset
 from kdcollapse.models import FeatureSpec
 from kdcollapse.runs import Run, check_split, load_model_file
@@ -18,9 +19,10 @@ class Subject:
     """A trained model with the split to analyse.
 
     ``model``: a :class:`~kdcollapse.models.Classifier` or any module with the feature spec ``features``
-    (see :func:`~kdcollapse.models.as_classifier`); ``heads``: extra heads on the model's features (a
-    dual-head student's ``aux``); ``teacher``: the model whose logits each head is compared with (DHKD
-    App. H); ``info``: provenance for the report.
+    (see :func:`~kdcollapse.models.as_classifier`); ``dataset``: a kdcollapse dataset, or a torch
+    ``Dataset`` / ``DataLoader`` of ``(x, y)`` (read once, see :func:`~kdcollapse.analysis.user_split`);
+    ``heads``: extra heads on the model's features (a dual-head student's ``aux``); ``teacher``: the model
+    whose logits each head is compared with (DHKD App. H); ``info``: provenance for the report.
     """
 
     model: nn.Module
@@ -31,18 +33,22 @@ class Subject:
     info: dict = field(default_factory=dict)
     features: FeatureSpec = None
 
+    def __post_init__(self) -> None:
+        self.dataset = user_split(self.dataset)
+
 
 def load_run(
-    run_dir: str | Path, split: str, *, device: torch.device, per_class: int | None = None,
+    run_dir: str | Path | Run, split: str, *, device: torch.device, per_class: int | None = None,
     teacher: str | Path | None = None,
 ) -> Subject:  # fmt: skip
     """The final model of a ``kdcollapse train``/``distill`` run on split ``split`` as the run saw it
     (``data.classes``, subsets), its extra heads and its teacher.
 
     ``teacher`` (a run directory or model file) overrides the run's own teacher, and gives one to runs
-    trained without.
+    trained without. A run trained on data passed from Python is given as ``Run(run_dir, train_data=...,
+    test_data=...)``.
     """
-    run = Run(run_dir)
+    run = run_dir if isinstance(run_dir, Run) else Run(run_dir)
     check_split(split)
     cfg = run.config
     dataset = run.dataset(split, per_class)

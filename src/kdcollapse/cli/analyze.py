@@ -159,7 +159,7 @@ def _yaml_mapping(text: str | None) -> dict:
 
 def _plot(args: argparse.Namespace) -> int:
     from kdcollapse.report import plot_curves
-    from kdcollapse.runs import read_metrics
+    from kdcollapse.runs import Run
 
     runs = {}
     labels = args.labels.split(",") if args.labels else _labels([Path(d) for d in args.run_dirs])
@@ -168,7 +168,7 @@ def _plot(args: argparse.Namespace) -> int:
     for label, run_dir in zip(labels, args.run_dirs):
         if not Path(run_dir).is_dir():
             raise KdcollapseError(f"run directory not found: {run_dir}")
-        records = read_metrics(run_dir)
+        records = Run(run_dir).metrics()  # up to the last committed epoch
         if not records:
             raise KdcollapseError(f"{run_dir} holds no metrics.jsonl records; is it a `kdcollapse train` run?")
         runs[label] = records

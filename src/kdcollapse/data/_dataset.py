@@ -59,7 +59,8 @@ class Augment:
 class TensorDataset:
     """A whole split held as tensors.
 
-    ``inputs``: uint8 ``(N, C, H, W)`` images or float32 ``(N, D)`` vectors; ``labels``: int64 ``(N,)``
+    ``inputs``: ``(N, C, H, W)`` images, uint8 (0..255) or float32 (in [0, 1]), or float32 ``(N, D)``
+    vectors; ``labels``: int64 ``(N,)``
     in ``[0, num_classes)``; ``mean`` / ``std``: per-channel normalisation in [0, 1] units (one value
     broadcasts over all channels; vector data uses ``(0.0,)`` / ``(1.0,)``, i.e. no normalisation);
     ``default_augment``: what ``make_loader(train=True)`` applies when given ``augment=None``;
@@ -79,9 +80,10 @@ class TensorDataset:
 
     def __post_init__(self) -> None:
         x, y = self.inputs, self.labels
-        if not (x.dtype == torch.uint8 and x.ndim == 4) and not (x.dtype == torch.float32 and x.ndim == 2):
+        if not (x.dtype in (torch.uint8, torch.float32) and x.ndim == 4) and not (x.dtype == torch.float32
+                                                                                  and x.ndim == 2):
             raise DataError(
-                f"{self.name}: inputs must be uint8 (N, C, H, W) or float32 (N, D), "
+                f"{self.name}: inputs must be uint8 or float32 (N, C, H, W), or float32 (N, D), "
                 f"got {x.dtype} {tuple(x.shape)}"
             )
         if y.dtype != torch.int64 or y.shape != (x.shape[0],):
@@ -104,6 +106,11 @@ class TensorDataset:
     def input_shape(self) -> tuple[int, ...]:
         """``(C, H, W)`` for images, ``(D,)`` for vectors."""
         return tuple(self.inputs.shape[1:])
+
+    @property
+    def full_scale(self) -> float:
+        """The stored value that means 1.0: 255 for uint8 images, else 1."""
+        return 255.0 if self.inputs.dtype == torch.uint8 else 1.0
 
     @property
     def in_channels(self) -> int:

@@ -70,6 +70,8 @@ class FolderDataset:
     def in_channels(self) -> int:
         return 3
 
+    full_scale = 255.0  # decoded images are uint8
+
     def __len__(self) -> int:
         return len(self.samples)
 

@@ -75,8 +75,8 @@ class Loader:
         shape = (1, channels, 1, 1) if len(dataset.input_shape) == 3 else (1, channels)
         std = torch.tensor(dataset.std, dtype=torch.float32, device=device).view(shape)
         mean = torch.tensor(dataset.mean, dtype=torch.float32, device=device).view(shape)
-        # x = u * scale - shift == (u / 255 - mean) / std for uint8 images, (u - mean) / std for vectors
-        self._scale = 1 / (std * 255) if len(shape) == 4 else 1 / std
+        # x = u * scale - shift == (u / 255 - mean) / std for uint8 images, (u - mean) / std for float inputs
+        self._scale = 1 / (std * dataset.full_scale)
         self._shift = mean / std
 
     def set_epoch(self, epoch: int) -> None:

@@ -92,6 +92,25 @@ def recover(run_dir: Path) -> tuple[dict | None, list[str]]:
     return state, damaged
 
 
+def committed_file(run_dir: Path, name: str) -> tuple[Path | None, dict | None]:
+    """``(path, state)``: where ``name`` holds what the last commit recorded, read-only (no repair).
+
+    ``run_dir / name`` when its digest is the recorded one, or when ``state.json`` is absent (a run of an
+    older version) or does not list ``name``; between a commit and the renames that complete it (a crash,
+    or a trainer at that instant) the staged file the commit recorded; ``None`` when neither matches (a
+    file left by an interrupted write or replaced by hand, which a resume repairs).
+    """
+    state = read_state(run_dir)
+    entry = state["files"].get(name) if state else None
+    path = run_dir / name
+    if entry is None:
+        return path, state
+    for candidate in (path, staged_path(run_dir, name, entry["epoch"])):
+        if file_digest(candidate) == entry["sha256"]:
+            return candidate, state
+    return None, state
+
+
 def file_digest(path: Path) -> str | None:
     """The digest ``state.json`` records for ``path``: a safetensors file's tensor digest (from its header),
     else the SHA-256 of its bytes; ``None`` if it is missing or unreadable."""

@@ -14,7 +14,8 @@ from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher, build_method, get_method
 from kdcollapse.models import create_model, evaluating
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._data import check_split, run_dataset
+from kdcollapse.runs._commit import committed_file
+from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
 from kdcollapse.runs._teacher import load_teacher
 
@@ -25,12 +26,15 @@ class Run:
     """A run directory: its config, its data exactly as training saw it (``data.classes``, subsets), its
     model (last or best), its teacher and the extra trainable heads of its method.
 
+    A run trained on data passed from Python (``fit(cfg, train_data=..., test_data=...)``) gets the same
+    data here again (checked against the fingerprint in its ``run.json``); without it, ``dataset`` says so.
+
     >>> Run("no/such/dir")
     Traceback (most recent call last):
     kdcollapse.errors.CheckpointError: run directory not found: no/such/dir
     """
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, *, train_data=None, test_data=None, val_data=None):
         self.dir = Path(run_dir)
         if not self.dir.is_dir():
             raise CheckpointError(f"run directory not found: {self.dir}")
@@ -38,6 +42,9 @@ class Run:
             raise CheckpointError(
                 f"{self.dir} holds no config.yaml, so it is not a `kdcollapse train` run directory"
             )
+        self.user_data = UserData.of(train_data, test_data, val_data)
+        if self.user_data is not None:
+            self.user_data.check_run(self.dir)
 
     @cached_property
     def config(self) -> RunConfig:
@@ -45,11 +52,14 @@ class Run:
 
     def dataset(self, split: str, per_class: int | None = None):
         """Split ``split`` as the run saw it (see :func:`kdcollapse.runs.run_dataset`)."""
-        return run_dataset(self.config, split, per_class)
+        return run_dataset(self.config, split, per_class, user=self.user_data)
 
     def metrics(self) -> list[dict]:
-        """The per-epoch records of ``metrics.jsonl``."""
-        return read_metrics(self.dir)
+        """The per-epoch records of ``metrics.jsonl`` up to the last committed epoch (``state.json``), also
+        between a crash and its ``--resume``."""
+        path, state = committed_file(self.dir, "metrics.jsonl")
+        records = read_metrics(path or self.dir)
+        return records if state is None else [r for r in records if r.get("epoch", 0) <= state["epoch"]]
 
     def finished(self) -> bool:
         """Whether the run recorded its last epoch (``train.epochs``); a model file alone is also written by
@@ -59,10 +69,10 @@ class Run:
         return any(r.get("epoch") == self.config.train.epochs for r in self.metrics())
 
     def model(self, which: str = "model", device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
-        """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) saved epoch."""
+        """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) committed epoch."""
         if which not in MODEL_FILES:
             raise KdcollapseError(f"unknown model file {which!r}; valid: {', '.join(MODEL_FILES)}")
-        return ckpt.load_model(self.dir / MODEL_FILES[which], device)
+        return ckpt.load_model(committed_path(self.dir, MODEL_FILES[which]), device)
 
     def teacher(self, dataset=None, device: str | torch.device = "cpu") -> nn.Module | None:
         """The run's frozen teacher (``None`` for a run trained without one)."""
@@ -74,10 +84,10 @@ class Run:
     def heads(self, model: nn.Module, meta: dict, device: str | torch.device = "cpu") -> dict[str, nn.Module]:
         """Trainable heads of the method beyond the student (a dual-head student's ``aux``), with the weights
         of the same epoch as ``model``."""
-        path = self.dir / "checkpoint.safetensors"
         extra = get_method(self.config.method.name).extra_heads
-        if not extra or not path.is_file():
+        if not extra or not (self.dir / "checkpoint.safetensors").is_file():
             return {}
+        path = committed_path(self.dir, "checkpoint.safetensors")
         tensors, state_meta = ckpt.load_tensors(path, device=device)
         if not all(any(k.startswith(f"method.{attr}.") for k in tensors) for attr in extra.values()):
             return {}
@@ -95,12 +105,25 @@ class Run:
         return {label: method.get_submodule(attr) for label, attr in extra.items()}
 
 
+def committed_path(run_dir: Path, name: str) -> Path:
+    """The file holding ``name`` as the last commit (``state.json``) recorded it (see
+    :func:`kdcollapse.runs._commit.committed_file`); ``CheckpointError`` naming ``--resume`` when none does."""
+    path, state = committed_file(run_dir, name)
+    if path is None:
+        raise CheckpointError(
+            f"{run_dir / name} is not the file of epoch {state['epoch']} that state.json records (an interrupted "
+            f"write, or a file replaced by hand); run `kdcollapse train --resume {run_dir}` to repair it from the "
+            "checkpoint"
+        )
+    return path
+
+
 def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):
     """``(model, meta)`` from a run directory or safetensors file, checked against ``dataset``'s label space
     and input shape. Files written by kdcollapse carry the model name and options; a bare file needs
     ``name``."""
     path = Path(path)
-    file = path / "model.safetensors" if path.is_dir() else path
+    file = committed_path(path, "model.safetensors") if path.is_dir() else path
     tensors, meta = ckpt.load_tensors(file, device=device)
     name = name or meta.get("model")
     if name is None:

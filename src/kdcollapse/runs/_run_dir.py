@@ -24,11 +24,13 @@ import torch
 
 from kdcollapse import __version__
 from kdcollapse.config import RunConfig, config_to_dict, load_config, save_config
+from kdcollapse.data import USER_DATA
 from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
 from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
+from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._lock import RunLock
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
@@ -260,6 +262,9 @@ def config_differences(a: RunConfig, b: RunConfig, ignore: tuple[str, ...] = ())
 
 def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
     """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
+    if saved.data.name == USER_DATA != cfg.data.name:
+        raise ConfigError(f"cannot resume: the run was trained on data passed from Python (data.name="
+                          f"{USER_DATA!r}), not on {cfg.data.name!r}; {PASS_AGAIN}")
     old, new = config_differences(saved, cfg)
     if old:
         was = ", ".join(f"{k}={v!r}" for k, v in old.items())
@@ -291,9 +296,11 @@ def provenance() -> dict:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``metrics.jsonl``. A torn last line (a crash or full disk while an older version
-    appended to it) is dropped with a warning; damage anywhere else is an error."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """The records of ``metrics.jsonl`` (``run_dir`` is the run directory or that file). A torn last line
+    (a crash or full disk while an older version appended to it) is dropped with a warning; damage
+    anywhere else is an error."""
+    path = Path(run_dir)
+    path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
         return []
     lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]

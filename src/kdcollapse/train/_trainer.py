@@ -11,6 +11,7 @@ state at its start — exactly what the checkpoint written at the end of the pre
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -24,14 +25,14 @@ from tqdm import tqdm
 
 from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
-from kdcollapse.data import Augment, make_loader
+from kdcollapse.data import USER_DATA, Augment, make_loader
 from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init_distributed, resolve_device,
                                     resolve_precision)
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import build_method, get_method
 from kdcollapse.models import create_model
-from kdcollapse.runs import (MetricsLog, TeacherLogitCache, check_teacher_cache, claim_run_dir, load_teacher,
-                             run_dataset, start_run_dir, update_run_record)
+from kdcollapse.runs import (MetricsLog, TeacherLogitCache, UserData, check_teacher_cache, claim_run_dir,
+                             load_teacher, run_splits, start_run_dir, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
 from kdcollapse.train._console import log_epoch
@@ -65,9 +66,19 @@ def select_best(record: dict, best_acc: float, best_val_acc: float | None) -> tu
     return "test", record["test_acc"] > best_acc
 
 
-def fit(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False) -> RunResult:
-    """Train ``cfg.method`` on ``cfg.data`` into ``cfg.run_dir``; continue it when ``resume``."""
-    return Trainer(cfg, resume=resume, overwrite=overwrite).run()
+def fit(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, train_data=None, test_data=None,
+        val_data=None) -> RunResult:
+    """Train ``cfg.method`` on ``cfg.data`` into ``cfg.run_dir``; continue it when ``resume``.
+
+    ``train_data`` and ``test_data`` (and optionally ``val_data``): the run's splits instead of the dataset
+    ``data.name`` — torch ``Dataset``s or ``DataLoader``s (read once by ``kdcollapse.data.from_torch``) or
+    kdcollapse datasets. ``data.name`` is then saved as ``"user"`` and ``run.json`` records the data's
+    fingerprint; a resume needs the same data again (see docs/data.md).
+    """
+    user = UserData.of(train_data, test_data, val_data)
+    if user is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, name=USER_DATA, root=None))
+    return Trainer(cfg, resume=resume, overwrite=overwrite, user_data=user).run()
 
 
 def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
@@ -80,8 +91,9 @@ def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False):
-        self.run_files = None
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
+                 user_data: UserData | None = None):
+        self.run_files, self.user_data = None, user_data
         try:
             self._setup(cfg, resume, overwrite)
         except BaseException:
@@ -125,8 +137,10 @@ class Trainer:
     # ----------------------------------------------------------------------------------- setup
     def _build_data(self) -> None:
         d = self.cfg.data
-        train_set, test_set = run_dataset(self.cfg, "train"), run_dataset(self.cfg, "test")
-        self.val_set = run_dataset(self.cfg, "val") if d.val_per_class else None
+        if self.user_data is not None and self.run_files.resume:
+            on_main_process(self.dist.is_main, lambda: self.user_data.check_run(self.run_dir),
+                            f"the main process found other data than {self.run_dir} was trained on")
+        train_set, self.val_set, test_set = run_splits(self.cfg, self.user_data)
         expected = self.cfg.model.num_classes
         if expected is not None and expected != train_set.num_classes:
             raise ConfigError(
@@ -217,6 +231,7 @@ class Trainer:
                 "compiled": self.cfg.train.compile, "device": str(self.device),
                 "teacher": None if self.method.teacher is None else
                 "stored logits" if self.teacher_cache is not None else "online",
+                **({"user_data": self.user_data.fingerprint} if self.user_data is not None else {}),
             })  # fmt: skip
 
     def _wrap_ddp(self):
