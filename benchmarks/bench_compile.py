@@ -1,6 +1,7 @@
 """``train.compile``: what compiling costs, what each step saves, the break-even, and the evaluation.
 
-For each model, two real trainers (``train.compile`` true and false, everything else equal) in one process:
+For each model and memory layout, two real trainers (``train.compile`` true and false, everything else equal)
+in one process:
 
 * compile cost (cold: inductor's on-disk caches are disabled): the first two training steps of the compiled trainer minus two eager steps;
 * step time: the median over interleaved rounds of ``--steps`` steps of each trainer;
@@ -34,14 +35,15 @@ import bench_speed  # noqa: F401  (registers its random CIFAR-100-shaped dataset
 from kdcollapse.config import load_config
 from kdcollapse.train import Trainer
 
-MODELS = {"convnet_small": "fashion_mnist", "resnet8x4": "_bench_cifar100"}
+MODELS = {"convnet_small": ["data.name=fashion_mnist", "data.train_per_class=20", "data.test_per_class=5"],
+          "resnet8x4": ["data.name=_bench_cifar100"]}  # 1,000 training and 100 test images
 
 
-def build(tmp: Path, model: str, compile_: bool, device: str) -> Trainer:
-    cfg = load_config(None, [f"data.name={MODELS[model]}", "data.train_per_class=20", "data.test_per_class=5",
-                             "data.batch_size=64", "data.eval_batch_size=256", f"model.name={model}",
-                             f"train.compile={str(compile_).lower()}", "train.progress=false",
-                             f"train.device={device}", f"run_dir={tmp / f'{model}_{compile_}'}"])
+def build(tmp: Path, model: str, compile_: bool, channels_last: bool, device: str) -> Trainer:
+    cfg = load_config(None, [*MODELS[model], "data.batch_size=64", "data.eval_batch_size=256", f"model.name={model}",
+                             f"train.compile={str(compile_).lower()}", f"train.channels_last={str(channels_last).lower()}",
+                             "train.progress=false", f"train.device={device}",
+                             f"run_dir={tmp / f'{model}_{compile_}_{channels_last}'}"])
     with contextlib.redirect_stdout(io.StringIO()):
         trainer = Trainer(cfg)
     trainer.train_loader.set_epoch(0)
@@ -68,8 +70,9 @@ def steps(trainer: Trainer, batches: list):
     return run
 
 
-def bench(tmp: Path, model: str, args) -> str:
-    trainers = {c: build(tmp, model, c, args.device) for c in (False, True)}
+def bench(tmp: Path, model: str, channels_last: bool, args) -> str:
+    torch._dynamo.reset()  # every case compiles from scratch (dynamo counts recompiles per code object)
+    trainers = {c: build(tmp, model, c, channels_last, args.device) for c in (False, True)}
     batches = {c: list(itertools.islice(iter(t.train_loader), args.steps)) for c, t in trainers.items()}
     first = {c: timed(steps(t, batches[c][:2])) for c, t in trainers.items()}  # compiles the training graph
     rounds: dict[bool, list[float]] = {False: [], True: []}
@@ -86,7 +89,8 @@ def bench(tmp: Path, model: str, args) -> str:
         evaluate_compiled = timed(trainers[True]._evaluate)
     per_epoch = args.epoch_images / 64
     even = f"{cost / saved:.0f} steps ({cost / saved / per_epoch:.2f} epochs)" if saved > 0 else "never"
-    return (f"| {model} | {cost:.1f} | {1e3 * eager:.1f} | {1e3 * compiled:.1f} | {compiled / eager:.2f} | {even} | "
+    layout = "channels_last" if channels_last else "contiguous"
+    return (f"| {model} | {layout} | {cost:.1f} | {1e3 * eager:.1f} | {1e3 * compiled:.1f} | {compiled / eager:.2f} | {even} | "
             f"{evaluate_eager:.2f} | {evaluate_compiled:.2f} |")
 
 
@@ -107,11 +111,12 @@ def main() -> None:
     print(f"# train.compile: cost, break-even, evaluation — {where}, torch {torch.__version__}\n")
     print(f"batch 64, {args.steps} steps x {args.rounds} interleaved rounds; break-even epochs of "
           f"{args.epoch_images} images\n")
-    print("| model | compile s | eager step ms | compiled step ms | ratio | break-even | first eval, eager s | "
-          "first eval, compiled s |\n|---|---|---|---|---|---|---|---|")
+    print("| model | layout | compile s | eager step ms | compiled step ms | ratio | break-even | first eval, eager s | "
+          "first eval, compiled s |\n|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            print(bench(Path(tmp), model, args), flush=True)
+            for channels_last in (True, False):
+                print(bench(Path(tmp), model, channels_last, args), flush=True)
 
 
 if __name__ == "__main__":

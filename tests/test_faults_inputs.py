@@ -49,6 +49,7 @@ INVALID = {
     "model.num_classes": "0",
     "model.kwargs": "{1: 2}",
     "teacher.cache": "disk",
+    "teacher.cache_topk": "0",
     "teacher.checkpoint": '""',
     "teacher.model": "nope",
     "teacher.weights": '""',

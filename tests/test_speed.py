@@ -129,3 +129,42 @@ def test_analyze_defaults_skip_tsne_and_bf16_channels_last_agree_with_fp32(tmp_p
     assert fast["metrics"]["nc1"] != fp32["metrics"]["nc1"]  # bf16 did run: the numbers moved a little
     with pytest.raises(ConfigError, match="--precision=fp16 needs a CUDA device"):
         report("c", precision="fp16")
+
+
+def test_top_k_logits_keep_the_top_probabilities_and_the_rest_mass_at_the_temperature():
+    from kdcollapse.runs import expand_logits, top_logits
+
+    z = 3 * torch.randn(50, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for k, tau in ((1, 1.0), (5, 4.0), (20, 2.0)):
+        top = top_logits(z.float(), k, tau)
+        p, q = (z / tau).softmax(1), (expand_logits(**top, num_classes=100).double() / tau).softmax(1)
+        idx = top["indices"].long()
+        torch.testing.assert_close(q.gather(1, idx), p.gather(1, idx), rtol=1e-5, atol=1e-7)  # top-k exact
+        rest = torch.ones_like(p, dtype=torch.bool).scatter(1, idx, False)
+        torch.testing.assert_close((q * rest).sum(1), (p * rest).sum(1), rtol=1e-5, atol=1e-7)  # rest mass exact
+        spread = q.masked_fill(~rest, float("nan"))
+        assert torch.allclose(spread.nanmean(1, keepdim=True).expand_as(q)[rest], q[rest])  # spread evenly
+        assert top["values"].dtype == torch.float32 and top["indices"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("method", ["kd", "dkd"])
+def test_stored_top_k_logits_with_k_equal_to_k_classes_are_the_stored_logits(tmp_path, teacher_run, method):
+    common = ["model.name=mlp", "model.kwargs={input_size: 8}", f"method.name={method}",
+              f"teacher.checkpoint={teacher_run}", "teacher.cache=logits", "train.epochs=2"]
+    full = fit(tiny(tmp_path / "full", *common)).run_dir
+    top_all = fit(tiny(tmp_path / "top10", *common, "teacher.cache_topk=10")).run_dir
+    top3 = fit(tiny(tmp_path / "top3", *common, "teacher.cache_topk=3")).run_dir
+    drop = ("images_per_s", "epoch_time_s")
+    a, b, c = ([{k: v for k, v in r.items() if k not in drop} for r in read_metrics(d)] for d in (full, top_all, top3))
+    assert a == b  # k = K keeps every logit: the same run bit for bit
+    assert a != c  # k = 3 changes the teacher's distribution outside its top 3 ...
+    assert abs(a[0]["train_loss"] - c[0]["train_loss"]) < 0.02 * a[0]["train_loss"]  # ... a little
+    assert run_json(top3)["teacher"] == "stored logits (top 3 of 10)"
+
+
+def test_stored_top_k_logits_are_refused_where_they_are_not_enough(tmp_path, teacher_run):
+    base = [f"teacher.checkpoint={teacher_run}", "model.name=convnet_small"]
+    with pytest.raises(ConfigError, match="method 'dhkd' reads the teacher's logits otherwise"):
+        Trainer(tiny(tmp_path / "a", *base, "method.name=dhkd", "teacher.cache=logits", "teacher.cache_topk=3"))
+    with pytest.raises(ConfigError, match="teacher.cache=logits when teacher.cache_topk is set"):
+        tiny(tmp_path / "b", *base, "method.name=kd", "teacher.cache_topk=3")

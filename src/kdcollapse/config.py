@@ -127,6 +127,7 @@ class TeacherConfig:
     model: str | None = valid(None, registered("model"))  # or: a registered model name ...
     weights: str | None = valid(None, NON_EMPTY)  # ... plus a safetensors file of its weights
     cache: Literal["off", "logits"] = "off"  # logits: one teacher pass before training, then stored logits
+    cache_topk: int | None = valid(None, AT_LEAST_1)  # store only each image's k largest logits (KD, DKD)
 
 
 def torch_class(kind: Literal["optimizer", "scheduler"], name: str) -> type | None:
@@ -231,6 +232,8 @@ _RELATIONS = (
     (("optim.name", "optim.momentum", "optim.nesterov"),
      lambda c: c.optim.name.lower() == "sgd" or (c.optim.momentum == 0.9 and not c.optim.nesterov),
      "optim.momentum and optim.nesterov only with optim.name=sgd (Adam-type optimizers: optim.kwargs.betas)"),
+    (("teacher.cache_topk", "teacher.cache"), lambda c: c.teacher.cache_topk is None or c.teacher.cache == "logits",
+     "teacher.cache=logits when teacher.cache_topk is set"),
     (("schedule.name", "schedule.warmup_epochs"),
      lambda c: c.schedule.name in ("multistep", "cosine", "constant") or c.schedule.warmup_epochs == 0,
      "schedule.warmup_epochs = 0 with a torch schedule (warm-up belongs to multistep, cosine and constant)"),

@@ -78,6 +78,11 @@ class Method(nn.Module):
     """Whether the method reads the teacher's penultimate features, not only its logits; such a method
     cannot train from stored teacher logits (``teacher.cache=logits``)."""
 
+    teacher_softmax_only: ClassVar[bool] = False
+    """Whether the method reads the teacher only through softmax(z_t / τ) at its ``config.temperature``;
+    only then may the trainer store top-k teacher logits (``teacher.cache_topk``), which keep every top-k
+    probability and the other classes' total exact (KD, DKD)."""
+
     views: ClassVar[int] = 1
     """Independently augmented views per training image; with V > 1, ``forward`` gets x of shape
     (B, V, ...) (the trainer builds its loader with ``views=V``)."""

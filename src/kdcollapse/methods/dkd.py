@@ -19,6 +19,8 @@ class DKD(Distiller):
     K − 1 non-target classes, so DKD needs K ≥ 3. Logged parts: ``ce`` and ``dkd`` (weighted and ramped).
     """
 
+    teacher_softmax_only = True
+
     @dataclass
     class Config:
         alpha: float = 1.0  # TCKD weight

@@ -16,6 +16,8 @@ class KD(Distiller):
     Logged parts: ``ce`` and ``kd``, each already weighted (they sum to ``loss``).
     """
 
+    teacher_softmax_only = True
+
     @dataclass
     class Config:
         temperature: float = 4.0  # τ

@@ -31,8 +31,8 @@ from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import build_method, get_method
 from kdcollapse.models import create_model
-from kdcollapse.runs import (MetricsLog, TeacherLogitCache, UserData, check_teacher_cache, claim_run_dir,
-                             load_teacher, run_splits, start_run_dir, update_run_record)
+from kdcollapse.runs import (MetricsLog, TeacherLogitCache, UserData, check_teacher_cache, claim_run_dir, load_teacher,
+                             run_splits, start_run_dir, top_logits, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
 from kdcollapse.train._console import log_epoch
@@ -168,7 +168,7 @@ class Trainer:
             if self._channels_last():
                 teacher.to(memory_format=torch.channels_last)
             if cfg.teacher.cache == "logits":
-                check_teacher_cache(cfg.method.name, method_cls, cfg.data, self.train_set)
+                check_teacher_cache(cfg.method.name, method_cls, cfg.data, self.train_set, cfg.teacher.cache_topk)
                 teacher = self.teacher_cache = self._cache_teacher_logits(teacher)
         elif cfg.teacher.checkpoint or cfg.teacher.weights:
             raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
@@ -198,14 +198,21 @@ class Trainer:
         return self.method.inference_model() if self.ema is None else self.ema.module
 
     def _cache_teacher_logits(self, teacher) -> TeacherLogitCache:
-        """One teacher pass over the unaugmented training images, in the run's precision and layout."""
+        """One teacher pass over the unaugmented training images, in the run's precision and layout; with
+        ``teacher.cache_topk`` each batch is reduced to its top-k logits at once (the full N x K never exists)."""
         loader = make_loader(self.train_set, self.cfg.data.eval_batch_size, train=False, seed=0, device=self.device,
                              num_workers=self.cfg.data.num_workers)
+        k, method_config = self.cfg.teacher.cache_topk, self.cfg.method
+        keep_all = k is None or k >= self.train_set.num_classes
         rows = []
         for x, _ in loader:
             with self._autocast():
-                rows.append(teacher.logits(self._to_layout(x)))
-        return TeacherLogitCache(teacher, torch.cat(rows))
+                z = teacher.logits(self._to_layout(x))
+            rows.append(z if keep_all else top_logits(z, k, method_config.temperature))
+        if keep_all:
+            return TeacherLogitCache(teacher, torch.cat(rows))
+        top = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
+        return TeacherLogitCache(teacher, top=top, num_classes=self.train_set.num_classes)
 
     def _select_teacher_rows(self, batch: int) -> None:
         """Tell stored teacher logits which images training batch ``batch`` holds."""
@@ -230,9 +237,14 @@ class Trainer:
                 "memory_format": "channels_last" if self._channels_last() else "contiguous",
                 "compiled": self.cfg.train.compile, "device": str(self.device),
                 "teacher": None if self.method.teacher is None else
-                "stored logits" if self.teacher_cache is not None else "online",
+                self._stored_logits_record() if self.teacher_cache is not None else "online",
                 **({"user_data": self.user_data.fingerprint} if self.user_data is not None else {}),
             })  # fmt: skip
+
+    def _stored_logits_record(self) -> str:
+        cache = self.teacher_cache
+        return "stored logits" if cache.top is None else \
+            f"stored logits (top {cache.top['values'].shape[1]} of {cache.classes})"
 
     def _wrap_ddp(self):
         if not self.dist.enabled:
