@@ -9,7 +9,7 @@ on [0, 1] inputs (normalise inside the model, e.g. with :class:`Normalized`), st
 """
 
 from kdcollapse.adversarial._apgd import apgd_attack, apgd_checkpoints, apgd_targeted_attack
-from kdcollapse.adversarial._common import NORMS, Normalized, lp_norm, parse_eps
+from kdcollapse.adversarial._common import NORMS, Normalized, SearchModel, lp_norm, parse_eps, search_model
 from kdcollapse.adversarial._evaluate import (
     AttackStage,
     RobustEvaluation,
@@ -29,6 +29,7 @@ __all__ = [
     "AttackSetting",
     "AttackStage",
     "Normalized",
+    "SearchModel",
     "RobustEvaluation",
     "apgd_attack",
     "apgd_checkpoints",
@@ -48,6 +49,7 @@ __all__ = [
     "pgd_evaluate",
     "project_onto_hyperplane_in_box",
     "register_attack",
+    "search_model",
     "square_attack",
     "square_p_schedule",
     "trades_attack",
