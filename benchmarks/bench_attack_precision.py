@@ -6,6 +6,7 @@ points and the robust accuracies can be compared), attacked on the first test im
 evaluation is ``evaluate_attacks`` with APGD-CE and PGD, interleaved rounds in one process, median seconds.
 
     PYTHONPATH=src python benchmarks/bench_attack_precision.py --threads 1
+    PYTHONPATH=src python benchmarks/bench_attack_precision.py --device cuda
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def trained_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (then fp16 is a further search option)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=10)
@@ -55,13 +57,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = torch.device(args.device)
     model, images, labels = trained_model()
-    x, y = images[:args.batch], labels[:args.batch]
+    model, x, y = model.to(device), images[:args.batch].to(device), labels[:args.batch].to(device)
+    if device.type == "cuda":
+        SEARCHES["fp16 + channels_last"] = ("fp16", True)
     attacks = [("apgd-ce", lambda m, xb, yb: apgd_attack(m, xb, yb, eps=args.eps, n_iter=args.iterations,
                                                          generator=torch.Generator().manual_seed(0))),
                ("pgd", lambda m, xb, yb: pgd_attack(m, xb, yb, eps=args.eps, step_size=args.eps / 4,
                                                     steps=args.iterations, generator=torch.Generator().manual_seed(0)))]
     times: dict[str, list[float]] = {name: [] for name in SEARCHES}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     robust: dict[str, float] = {}
     for _ in range(args.rounds):
         for name in random.Random(len(times["float32"])).sample(list(SEARCHES), len(SEARCHES)):
@@ -70,11 +76,14 @@ def main() -> None:
             start = time.perf_counter()
             result = evaluate_attacks(model, x, y, attacks, norm="Linf", eps=args.eps, batch_size=args.batch,
                                       progress=False, precision=precision, channels_last=channels_last)
+            sync()
             times[name].append(time.perf_counter() - start)
             robust[name] = result.robust_accuracy
     base = statistics.median(times["float32"])
-    print(f"# attack search precision — {platform.processor() or platform.machine()}, {args.threads} thread(s), "
-          f"torch {torch.__version__}, no GPU used\n")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()}, {args.threads} thread(s); no GPU used" + \
+        ("" if torch.cuda.is_available() else " (none present)")
+    print(f"# attack search precision — {where}, torch {torch.__version__}\n")
     print(f"convnet_small (Fashion-MNIST, 2 epochs), first {args.batch} test images, APGD-CE + PGD, {args.iterations} iterations each, "
           f"ε = {args.eps:.4f}, {args.rounds} interleaved rounds\n")
     print("| search | s | ratio to float32 | robust accuracy (float32 verdicts) |\n|---|---|---|---|")
