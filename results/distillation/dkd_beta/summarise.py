@@ -14,32 +14,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from kdcollapse.report import markdown_table, mean_std, paired_t_test
-from kdcollapse.runs import read_metrics
+from kdcollapse.report import markdown_table, mean_std
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from study import paired_row, runs_of  # noqa: E402  (results/distillation/study.py)
 
 BETAS = (1, 2, 4, 8)
-
-
-def load(run: Path) -> dict | None:
-    outcome = run / "outcome.json"
-    if not outcome.is_file() or json.loads(outcome.read_text())["status"] != "finished":
-        return None
-    records = read_metrics(run)
-    best = max(records, key=lambda r: r["val_acc"])
-    return {"val": best["val_acc"], "test": best["test_acc"], "last_test": records[-1]["test_acc"]}
-
-
-def runs_of(root: Path, name: str) -> dict[int, dict]:
-    return {int(p.name[4:]): r for p in sorted(root.glob(f"{name}/seed*")) if (r := load(p)) is not None}
-
-
-def paired_row(label: str, a: dict[int, dict], b: dict[int, dict]) -> list[str] | None:
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return None
-    d, p = paired_t_test([a[s]["test"] for s in seeds], [b[s]["test"] for s in seeds])
-    per = ", ".join(f"{a[s]['test'] - b[s]['test']:+.2f}" for s in seeds)
-    return [label, ",".join(map(str, seeds)), per, f"{d:+.2f}", f"{p:.3f}"]
 
 
 def main(root: Path, out: Path) -> None:
