@@ -12,15 +12,13 @@ evaluation is ``evaluate_attacks`` with APGD-CE and PGD, interleaved rounds in o
 from __future__ import annotations
 
 import argparse
-import platform
-import random
-import statistics
 import time
 
 import torch
 
 import torch.nn.functional as F
 
+from _timing import interleave, machine
 from kdcollapse.adversarial import Normalized, apgd_attack, pgd_attack
 from kdcollapse.adversarial._evaluate import evaluate_attacks
 from kdcollapse.data import load_dataset
@@ -66,29 +64,28 @@ def main() -> None:
                                                          generator=torch.Generator().manual_seed(0))),
                ("pgd", lambda m, xb, yb: pgd_attack(m, xb, yb, eps=args.eps, step_size=args.eps / 4,
                                                     steps=args.iterations, generator=torch.Generator().manual_seed(0)))]
-    times: dict[str, list[float]] = {name: [] for name in SEARCHES}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     robust: dict[str, float] = {}
-    for _ in range(args.rounds):
-        for name in random.Random(len(times["float32"])).sample(list(SEARCHES), len(SEARCHES)):
+
+    def timer(name: str):
+        def run() -> float:
             precision, channels_last = SEARCHES[name]
             model.to(memory_format=torch.contiguous_format)
             start = time.perf_counter()
             result = evaluate_attacks(model, x, y, attacks, norm="Linf", eps=args.eps, batch_size=args.batch,
                                       progress=False, precision=precision, channels_last=channels_last)
             sync()
-            times[name].append(time.perf_counter() - start)
             robust[name] = result.robust_accuracy
-    base = statistics.median(times["float32"])
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"{platform.processor() or platform.machine()}, {args.threads} thread(s); no GPU used" + \
-        ("" if torch.cuda.is_available() else " (none present)")
-    print(f"# attack search precision — {where}, torch {torch.__version__}\n")
+            return time.perf_counter() - start
+        return run
+
+    times = interleave({name: timer(name) for name in SEARCHES}, args.rounds)
+    base = times["float32"]
+    print(f"# attack search precision — {machine(device)}\n")
     print(f"convnet_small (Fashion-MNIST, 2 epochs), first {args.batch} test images, APGD-CE + PGD, {args.iterations} iterations each, "
           f"ε = {args.eps:.4f}, {args.rounds} interleaved rounds\n")
     print("| search | s | ratio to float32 | robust accuracy (float32 verdicts) |\n|---|---|---|---|")
-    for name, values in times.items():
-        seconds = statistics.median(values)
+    for name, seconds in times.items():
         print(f"| {name} | {seconds:.2f} | {seconds / base:.2f} | {robust[name]:.2%} |")
 
 

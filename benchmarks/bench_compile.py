@@ -21,7 +21,6 @@ import contextlib
 import io
 import itertools
 import os
-import platform
 import random
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # a cold compile, as a user's first run has
 import torch  # noqa: E402
 
+from _timing import machine
 import bench_speed  # noqa: F401  (registers its random CIFAR-100-shaped dataset, _bench_cifar100)
 from kdcollapse.config import load_config
 from kdcollapse.train import Trainer
@@ -105,10 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"{platform.processor() or platform.machine()}, {args.threads} thread(s); no GPU used" + \
-        ("" if torch.cuda.is_available() else " (none present)")
-    print(f"# train.compile: cost, break-even, evaluation — {where}, torch {torch.__version__}\n")
+    print(f"# train.compile: cost, break-even, evaluation — {machine(device)}\n")
     print(f"batch 64, {args.steps} steps x {args.rounds} interleaved rounds; break-even epochs of "
           f"{args.epoch_images} images\n")
     print("| model | layout | compile s | eager step ms | compiled step ms | ratio | break-even | first eval, eager s | "

@@ -23,16 +23,13 @@ import argparse
 import contextlib
 import io
 import itertools
-import os
-import platform
-import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from _timing import interleave, machine
 from kdcollapse.config import load_config
 from kdcollapse.data import TensorDataset, register_dataset
 from kdcollapse.models import create_model
@@ -106,18 +103,6 @@ def time_steps(trainer: Trainer, batches: list, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def interleave(timers: dict, rounds: int, seed: int = 0) -> dict[str, float]:
-    """Median seconds of each timer over ``rounds`` rounds, each round in a shuffled order."""
-    times: dict[str, list[float]] = {name: [] for name in timers}
-    rng = random.Random(seed)
-    for _ in range(rounds):
-        order = list(timers)
-        rng.shuffle(order)
-        for name in order:
-            times[name].append(timers[name]())
-    return {name: statistics.median(v) for name, v in times.items()}
-
-
 def step_part(tmp: Path, args, device: torch.device) -> None:
     print(f"\n## KD step, batch 64, {args.steps} steps per round, {args.rounds} interleaved rounds\n")
     print("| pair | option | step ms | ratio to fp32 default |\n|---|---|---|---|")
@@ -177,11 +162,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU used" + (
-        "" if torch.cuda.is_available() else " (none present)")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}")
+    print(f"# {machine(device)}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("step", "both"):
             step_part(Path(tmp), args, device)

@@ -34,3 +34,11 @@ def paired_row(label: str, a: dict[int, dict], b: dict[int, dict]) -> list[str] 
     d, p = paired_t_test([a[s]["test"] for s in seeds], [b[s]["test"] for s in seeds])
     per = ", ".join(f"{a[s]['test'] - b[s]['test']:+.2f}" for s in seeds)
     return [label, ",".join(map(str, seeds)), per, f"{d:+.2f}", f"{p:.3f}"]
+
+
+def write_tables(out: Path, text: list[str], summary: dict) -> None:
+    """Write a study's ``tables.md`` (the markdown sections in ``text``) and ``summary.json``, and print them."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tables.md").write_text("\n\n".join(text) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n\n".join(text))

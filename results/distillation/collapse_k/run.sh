@@ -10,9 +10,5 @@ export OMP_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$PWD/src}
 PY=${PY:-python}
 RUNS=$RUNS PY=$PY bash results/distillation/teachers.sh  # also the teachers of dkd_beta and dkl_ablation
 bash $HERE/jobs.sh "$RUNS" "$SEEDS" > $RUNS/collapse_jobs.txt
-for w in $(seq 0 $((WORKERS - 1))); do
-  sleep $((w * 3))  # staggered, so that claims do not race on start-up
-  $PY results/distillation/run_queue.py $RUNS/collapse_jobs.txt > $RUNS/collapse_worker$w.log 2>&1 &
-done
-wait
+PY=$PY bash results/distillation/workers.sh $RUNS/collapse_jobs.txt $RUNS/collapse_worker $WORKERS
 $PY $HERE/summarise.py $RUNS $HERE

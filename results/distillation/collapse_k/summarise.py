@@ -15,6 +15,9 @@ from pathlib import Path
 from kdcollapse.report import markdown_table, mean_std, paired_t_test
 from kdcollapse.runs import read_metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from study import write_tables  # noqa: E402  (results/distillation/study.py)
+
 # setting -> what it is (rows in this order)
 SETTINGS = {
     "ce_lr0.1": "CE only, lr 0.1",
@@ -88,10 +91,7 @@ def main(root: Path, out: Path) -> None:
             text.append(markdown_table(["difference (test acc)", "at", "seeds", "per seed (pp)", "mean (pp)",
                                         "paired t-test p"], tests))
         summary[f"k{k}"] = runs_k
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tables.md").write_text("\n\n".join(text) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print("\n\n".join(text))
+    write_tables(out, text, summary)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,5 @@ HERE=results/distillation/dkd_beta
 export OMP_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$PWD/src}
 PY=${PY:-python}
 bash $HERE/jobs.sh "$RUNS" "$SEEDS" > $RUNS/dkd_jobs.txt
-for w in $(seq 0 $((WORKERS - 1))); do
-  sleep $((w * 3))  # staggered, so that claims do not race on start-up
-  $PY results/distillation/run_queue.py $RUNS/dkd_jobs.txt > $RUNS/dkd_worker$w.log 2>&1 &
-done
-wait
+PY=$PY bash results/distillation/workers.sh $RUNS/dkd_jobs.txt $RUNS/dkd_worker $WORKERS
 $PY $HERE/summarise.py $RUNS $HERE

@@ -9,7 +9,6 @@ by the mean over seeds of that validation accuracy; only then is the test accura
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from kdcollapse.report import markdown_table, mean_std
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study import paired_row, runs_of  # noqa: E402  (results/distillation/study.py)
+from study import paired_row, runs_of, write_tables  # noqa: E402  (results/distillation/study.py)
 
 BETAS = (1, 2, 4, 8)
 
@@ -53,10 +52,7 @@ def main(root: Path, out: Path) -> None:
                                         "mean (pp)", "paired t-test p"], tests))
         summary[f"k{k}"] = {"chosen_beta": chosen, "selection_seeds": shared,
                             "runs": {str(b): r for b, r in runs.items()}, "student": student}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tables.md").write_text("\n\n".join(text) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print("\n\n".join(text))
+    write_tables(out, text, summary)
 
 
 if __name__ == "__main__":

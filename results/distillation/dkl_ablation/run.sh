@@ -9,9 +9,5 @@ export OMP_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$PWD/src}
 PY=${PY:-python}
 RUNS=$RUNS PY=$PY bash results/distillation/teachers.sh
 bash $HERE/jobs.sh "$RUNS" "$SEEDS" > $RUNS/dkl_jobs.txt
-for w in $(seq 0 $((WORKERS - 1))); do
-  sleep $((w * 3))  # staggered, so that claims do not race on start-up
-  $PY results/distillation/run_queue.py $RUNS/dkl_jobs.txt > $RUNS/dkl_worker$w.log 2>&1 &
-done
-wait
+PY=$PY bash results/distillation/workers.sh $RUNS/dkl_jobs.txt $RUNS/dkl_worker $WORKERS
 $PY $HERE/summarise.py $RUNS $HERE

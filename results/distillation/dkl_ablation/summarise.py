@@ -9,14 +9,13 @@ the paper), and at its last epoch.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from kdcollapse.report import markdown_table, mean_std
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study import paired_row, runs_of  # noqa: E402  (results/distillation/study.py)
+from study import paired_row, runs_of, write_tables  # noqa: E402  (results/distillation/study.py)
 
 ROWS = {"a_kd": "(a) KD", "b_dkl": "(b) DKL, α = β = 1", "c_dkl_ba": "(c) (b) + breaking asymmetry",
         "d_ikl": "(d) (c) + global information = IKL"}
@@ -40,10 +39,7 @@ def main(root: Path, out: Path) -> None:
             text.append(markdown_table(["difference (test acc at best val epoch)", "seeds", "per seed (pp)",
                                         "mean (pp)", "paired t-test p"], steps))
         summary[f"k{k}"] = runs
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tables.md").write_text("\n\n".join(text) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print("\n\n".join(text))
+    write_tables(out, text, summary)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""What the speed benchmarks share: interleaved rounds and the line that names the machine they ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+from collections.abc import Callable
+
+import torch
+
+
+def interleave(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, float]:
+    """Median of what each timer returns (seconds) over ``rounds`` rounds, each round in a shuffled order."""
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        order = list(timers)
+        rng.shuffle(order)
+        for name in order:
+            times[name].append(timers[name]())
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def machine(device: torch.device) -> str:
+    """Processor, cores, torch, threads, and the GPU used, or that none was (and whether one is present)."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU used" + (
+        "" if torch.cuda.is_available() else " (none present)")
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}")
