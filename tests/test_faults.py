@@ -118,8 +118,9 @@ def crash_at(monkeypatch, run_dir, point, snapshot):
     return count
 
 
-def test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_identically(
-        straight, one_epoch, tmp_path, monkeypatch):
+def crashed_copies(one_epoch, tmp_path, monkeypatch):
+    """Copies of the one-epoch run, each with epoch 2 crashed at one write point (every point in turn): the
+    directory as the crash left it. A point where nothing had been written yet yields nothing."""
     point, points = 0, None
     while points is None or point < points:
         run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
@@ -131,32 +132,26 @@ def test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_ide
                 points = count["n"]  # no crash: every write point of epoch 2 was tried
             except Crash:
                 pass
-        if snapshot.exists():
-            resume(snapshot, 2)
-            assert_consistent(snapshot)
-            resume(snapshot, 3)
-            assert_same_run(straight, snapshot, 3)
         point += 1
+        if snapshot.exists():
+            yield snapshot
     assert points >= 6  # checkpoint, model and best files, their renames (and more)
+
+
+def test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_identically(
+        straight, one_epoch, tmp_path, monkeypatch):
+    for snapshot in crashed_copies(one_epoch, tmp_path, monkeypatch):
+        resume(snapshot, 2)
+        assert_consistent(snapshot)
+        resume(snapshot, 3)
+        assert_same_run(straight, snapshot, 3)
 
 
 def test_run_reads_the_committed_epoch_between_a_crash_and_resume(one_epoch, straight, tmp_path, monkeypatch):
     """A reader (``Run``) after a crash at any write point of epoch 2 sees exactly the epoch state.json
     committed, changes nothing, and sees what the resume then makes of the directory."""
-    point, points, seen = 0, None, set()
-    while points is None or point < points:
-        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
-        shutil.copytree(one_epoch, run_dir)
-        with monkeypatch.context() as m:
-            count = crash_at(m, run_dir, point, snapshot)
-            try:
-                resume(run_dir, 2)
-                points = count["n"]
-            except Crash:
-                pass
-        point += 1
-        if not snapshot.exists():
-            continue
+    seen = set()
+    for snapshot in crashed_copies(one_epoch, tmp_path, monkeypatch):
         committed = json.loads((snapshot / "state.json").read_text())["epoch"]
         live = weights(snapshot, "model.safetensors")[1]["epoch"]
         before = files(snapshot)
