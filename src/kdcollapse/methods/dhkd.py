@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kdcollapse.losses import binary_kl_norm_loss
+from kdcollapse.losses import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._distill import check_config
 from kdcollapse.methods._dual_head import DualHead, DualHeadConfig
@@ -21,8 +21,9 @@ class DHKD(DualHead):
     Official recipes: CIFAR-100 τ = 2, alpha ∈ {0.5, 1, 2} (0.1 for res56→res20 and res110→res32),
     alignment on, ``aux_head: mlp`` across architectures; ImageNet alpha 0.1, linear head, no
     alignment, ``distill_until: 50`` of 100 epochs. ``binary_kl_form: official`` uses the official
-    clamped BinaryKL-Norm (inf in float32 once z_s − z_t exceeds ≈ 16.6·τ). Logged parts: ``ce``,
-    ``binary_kl_norm`` (weighted).
+    clamped BinaryKL-Norm (inf in float32 once z_s − z_t exceeds ≈ 16.6·τ). ``aux_loss: binary_kl`` puts
+    the plain BinaryKL (eq. 1) on g′ instead, the comparison of the paper's Tables 8–9. Logged parts:
+    ``ce``, and ``binary_kl_norm`` (or ``binary_kl``), weighted.
     """
 
     distill_name = "binary_kl_norm"
@@ -32,10 +33,15 @@ class DHKD(DualHead):
         alpha: float = 1.0  # BinaryKL-Norm weight
         temperature: float = 2.0  # τ
         binary_kl_form: Literal["stable", "official"] = "stable"  # official: the official float32 clamp
+        aux_loss: Literal["binary_kl_norm", "binary_kl"] = "binary_kl_norm"  # binary_kl: Tables 8-9's BinaryKL
 
         def __post_init__(self):
             super().__post_init__()
             check_config(self, positive=("temperature",), non_negative=("alpha",))
+
+    def __init__(self, student, config, *, num_classes, **kwargs):
+        super().__init__(student, config, num_classes=num_classes, **kwargs)
+        self.distill_name = config.aux_loss  # the logged part names the loss on g′
 
     @property
     def divergence_hint(self) -> str | None:
@@ -44,4 +50,5 @@ class DHKD(DualHead):
 
     def distill_loss(self, aux_logits, teacher_logits, y):
         cfg = self.config
-        return cfg.alpha * binary_kl_norm_loss(aux_logits, teacher_logits, cfg.temperature, form=cfg.binary_kl_form)
+        loss = binary_kl_norm_loss if cfg.aux_loss == "binary_kl_norm" else binary_kl_loss
+        return cfg.alpha * loss(aux_logits, teacher_logits, cfg.temperature, form=cfg.binary_kl_form)
