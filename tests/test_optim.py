@@ -77,7 +77,9 @@ def test_adamw_is_the_torch_optimizer_with_the_given_arguments(tiny_config, tmp_
     assert run.last_acc > 30  # chance is 10 %
 
 
-@pytest.mark.parametrize("batch", [50, 60])  # 60: the last optimizer step of an epoch has one batch of 20
+# 200 images: 60 ends an epoch on a step of one batch of 20; 70 on a step of a batch of 35 and one of 25,
+# which must weigh 35/60 and 25/60 (not 1/2 each) to equal the whole batch of 60
+@pytest.mark.parametrize("batch", [50, 60, 70])
 def test_accumulating_two_half_batches_equals_one_whole_batch(tiny_config, tmp_path, batch):
     # The MLP has no batch statistics, so the mean gradient of two halves is the whole batch's gradient.
     whole = fit(tiny_config(tmp_path / "whole", "train.epochs=2", f"data.batch_size={batch}",

@@ -161,12 +161,16 @@ def test_every_command_has_help_with_examples():
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml, tiny_overrides, tiny):
-    """DDP over 2 gloo processes (batch 32 each) equals one process with batch 64 for a BN-free model."""
+@pytest.mark.parametrize("per_process", [["data.batch_size=32"], ["data.batch_size=16", "optim.accumulate=2"]],
+                         ids=["batch32", "batch16x2"])
+def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml, tiny_overrides, tiny,
+                                                                    per_process):
+    """DDP over 2 gloo processes (batch 32 each, or two accumulated batches of 16: DDP then all-reduces only
+    at the second) equals one process with batch 64 for a BN-free model."""
     common = ["train.epochs=2", "optim.momentum=0.9"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides, *RUN, *common, "data.batch_size=32",
+           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides, *RUN, *common, *per_process,
            f"run_dir={tmp_path / 'ddp'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,15 +18,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).parent
 SCHEDULES = ("step", "cosine", "no_wd")
 K = 5
-# Logged per epoch by analysis.every; fuzziness = K * NC1. Squared distance and the within-class cosine
-# distance are not among the per-epoch keys; class separation (Kornblith et al.) is.
+# Logged per epoch by analysis.every; fuzziness = K * NC1. The four metrics of the paper's Fig. 3, then class
+# separation (Kornblith et al.) and the test VCI.
 METRICS = {"train_vci": "VCI (train)", "train_fuzziness": "fuzziness (train)",
+           "train_squared_distance": "squared distance (train)", "train_cosine_within": "within-class cosine distance (train)",
            "train_class_separation": "class separation (train)", "test_vci": "VCI (test)"}
 
 
 def series(run: Path) -> dict[str, list[float]]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    out = {k: [r[k] for r in records] for k in ("train_vci", "train_class_separation", "test_vci")}
+    out = {k: [r[k] for r in records] for k in METRICS if k != "train_fuzziness"}
     out["train_fuzziness"] = [K * r["train_nc1"] for r in records]
     out["test_acc"] = [r["test_acc"] for r in records]
     return out
@@ -39,7 +40,8 @@ def main():
     data = {s: [series(p) for p in sorted((root / s).glob("seed*"))] for s in SCHEDULES}
     lines = ["| schedule | seeds | metric | epoch 1 | epoch 20 | epochs where it fell (of 19, mean over seeds) |",
              "|---|---|---|---|---|---|"]
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4))
+    fig, axes = plt.subplots(2, len(METRICS) // 2, figsize=(4 * len(METRICS) // 2, 6.8))
+    axes = axes.flatten()
     for s, runs in data.items():
         for ax, (key, label) in zip(axes, METRICS.items()):
             first = [r[key][0] for r in runs]

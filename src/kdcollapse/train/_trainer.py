@@ -446,13 +446,17 @@ class Trainer:
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int = 0, batches: int = 1) -> dict[str, torch.Tensor]:
         """Forward and backward of batch ``batch`` of ``batches``; an optimizer step after every
-        ``optim.accumulate`` batches (and after the epoch's last), on the mean of their gradients."""
-        k = self.cfg.optim.accumulate
-        group = min(k, batches - batch + batch % k)  # batches summed into this optimizer step
-        first, last = batch % k == 0, batch % k == group - 1
+        ``optim.accumulate`` batches (and after the epoch's last), on the gradient of their samples' mean loss."""
+        k, start = self.cfg.optim.accumulate, batch - batch % self.cfg.optim.accumulate
+        group = min(k, batches - start)  # batches summed into this optimizer step
+        first, last = batch == start, batch == start + group - 1
         defer = self.method.manual_gradient_sync or not last  # no all-reduce by DDP in this backward
         sync = self.model.no_sync() if defer and self.dist.enabled else contextlib.nullcontext()
-        scale = self.scaler.scale if group == 1 else (lambda loss: self.scaler.scale(loss / group))
+        # Each batch's mean loss weighted by its share of the step's samples: the step's mean (a short last
+        # batch weighs less). 1 without accumulation.
+        loader = self.train_loader
+        weight = len(y) / min(k * loader.batch_size, loader.num_samples - start * loader.batch_size)
+        scale = self.scaler.scale if weight == 1 else (lambda loss: self.scaler.scale(loss * weight))
         with sync:
             with self._autocast():
                 out = self.model(x, y)
