@@ -43,11 +43,12 @@ def load_run(run: Path) -> dict | None:
     out = json.loads((run / "outcome.json").read_text())
     records = read_metrics(run)
     out["last_acc"] = records[-1]["test_acc"] if records and out["status"] == "finished" else None
-    if records and out["status"] == "finished":
-        best = max(records, key=lambda r: r["val_acc"])
+    evaluated = [r for r in records if "val_acc" in r]  # every epoch, or every train.eval_every-th and the last
+    if evaluated and out["status"] == "finished":
+        best = max(evaluated, key=lambda r: r["val_acc"])
         out["val_selected_acc"] = best["test_acc"]
     out["train_acc"] = [r["train_acc"] for r in records]
-    out["test_acc"] = [r["test_acc"] for r in records]
+    out["test_acc"] = [r["test_acc"] for r in evaluated]
     return out
 
 
