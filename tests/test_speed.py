@@ -168,3 +168,17 @@ def test_stored_top_k_logits_are_refused_where_they_are_not_enough(tmp_path, tea
         Trainer(tiny(tmp_path / "a", *base, "method.name=dhkd", "teacher.cache=logits", "teacher.cache_topk=3"))
     with pytest.raises(ConfigError, match="teacher.cache=logits when teacher.cache_topk is set"):
         tiny(tmp_path / "b", *base, "method.name=kd", "teacher.cache_topk=3")
+
+
+def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path):
+    """train.compile compiles the training graph only: evaluation runs the same student eagerly
+    (torch.compiler.set_stance("force_eager")), so no eval-mode graph is ever compiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    common = ["model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1"]
+    compiled = Trainer(tiny(tmp_path / "compiled", *common, "train.compile=true"))
+    eager = Trainer(tiny(tmp_path / "eager", *common))
+    assert compiled._evaluate() == eager._evaluate()  # same initial weights, same numbers
+    assert sum(counters["frames"].values()) == 0, dict(counters["frames"])  # nothing was compiled
