@@ -170,6 +170,7 @@ def test_stored_top_k_logits_are_refused_where_they_are_not_enough(tmp_path, tea
         tiny(tmp_path / "b", *base, "method.name=kd", "teacher.cache_topk=3")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own use of torch.jit internals
 def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path):
     """train.compile compiles the training graph only: evaluation runs the same student eagerly
     (torch.compiler.set_stance("force_eager")), so no eval-mode graph is ever compiled."""
