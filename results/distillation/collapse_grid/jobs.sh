@@ -4,12 +4,11 @@
 # constant lr, no warm-up, tau = 2, 8 epochs, the same subsets and teachers), stable BinaryKL, with CE alone and
 # BinaryKL alone at each lr as the "either loss alone" references.
 RUNS=$1 SEEDS=${2:-"0"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 schedule.name=constant schedule.warmup_epochs=0 train.epochs=8"
 for seed in $SEEDS; do
   for k in 100 10; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     teacher="teacher.checkpoint=$RUNS/teacher_k$k"
     for lr in 0.1 0.05 0.01; do
       base="seed=$seed $sub $COMMON optim.lr=$lr"

@@ -3,8 +3,7 @@
 # Common protocol: convnet_small student, batch 64 (the paper's), constant learning rate without warm-up (the
 # first 150 epochs of the paper's schedule), 8 epochs, tau = 2; the K's subset sizes below.
 RUNS=$1 SEEDS=${2:-"0 1 2"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 schedule.name=constant schedule.warmup_epochs=0 train.epochs=8"
 # name recipe overrides
 SETTINGS=(
@@ -28,7 +27,7 @@ job() {  # job NAME K SEED
   for s in "${SETTINGS[@]}"; do
     read -r name recipe overrides <<< "$s"
     [ $name = $1 ] || continue
-    if [ $2 = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $2
     teacher=""; [ $recipe = student ] || teacher="teacher.checkpoint=$RUNS/teacher_k$2"
     echo "$RUNS/collapse/k$2/$name/seed$3 $cfgdir/$recipe.yaml $teacher seed=$3 $sub $COMMON $overrides"
   done

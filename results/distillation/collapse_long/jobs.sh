@@ -3,8 +3,7 @@
 # The protocol of ../collapse_k (convnet_small, batch 64, constant lr, no warm-up, tau = 2, the same subsets and
 # teachers) at the paper's lr 0.01 and 16 times longer: 128 epochs = 4,096 SGD steps, evaluated every 8 epochs.
 RUNS=$1 SEEDS=${2:-"0"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 schedule.name=constant schedule.warmup_epochs=0 train.epochs=128 train.eval_every=8 optim.lr=0.01"
 SETTINGS=(  # name recipe overrides
   "ce student"
@@ -14,7 +13,7 @@ SETTINGS=(  # name recipe overrides
 )
 for seed in $SEEDS; do
   for k in 10 100; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     for s in "${SETTINGS[@]}"; do
       read -r name recipe overrides <<< "$s"
       teacher=""; [ $recipe = student ] || teacher="teacher.checkpoint=$RUNS/teacher_k$k"

@@ -4,8 +4,7 @@
 # Each row is a recipe of configs/<dataset>/ with the named change, shortened to 6 epochs at batch 64 on the
 # subsets and with the teachers of results/distillation/dkd_beta (the same protocol as dkl_ablation).
 RUNS=$1 SEEDS=${2:-"0 1 2"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 train.epochs=6"
 declare -A ROW=(  # row: recipe and overrides
   [ce]="student"
@@ -20,7 +19,7 @@ declare -A ROW=(  # row: recipe and overrides
 )
 for seed in $SEEDS; do
   for k in 10 100; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     for row in ce kd bkl_only ce_bkl dual dual_align dual_align_mlp dual_align_bkl dual_kd; do
       read -r recipe overrides <<< "${ROW[$row]}"
       teacher=""; [ $recipe = student ] || teacher="teacher.checkpoint=$RUNS/teacher_k$k"

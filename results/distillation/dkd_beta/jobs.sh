@@ -3,12 +3,11 @@
 # The DKD recipe of configs/<dataset>/dkd.yaml (alpha 1, T 4, cosine lr 0.1 with a 1-epoch warm-up, a 2-epoch
 # ramp of the DKD term), shortened to 6 epochs at batch 64 on the subsets of results/distillation/collapse_k.
 RUNS=$1 SEEDS=${2:-"0 1 2"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 train.epochs=6"
 for seed in $SEEDS; do
   for k in 10 100; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     for beta in 1 2 4 8; do
       echo "$RUNS/dkd_beta/k$k/beta$beta/seed$seed $cfgdir/dkd.yaml teacher.checkpoint=$RUNS/teacher_k$k seed=$seed $sub $COMMON method.beta=$beta"
     done
@@ -16,7 +15,7 @@ for seed in $SEEDS; do
 done
 for seed in $SEEDS; do  # the student trained alone under the same protocol, for reference
   for k in 10 100; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     echo "$RUNS/dkd_beta/k$k/student/seed$seed $cfgdir/student.yaml seed=$seed $sub $COMMON"
   done
 done

@@ -4,8 +4,7 @@
 # with the KD recipe's weights (0.1 CE + 0.9 tau^2 KL-type term, tau = 4) of configs/<dataset>/kd.yaml, shortened
 # to 6 epochs at batch 64 on the subsets of results/distillation/dkd_beta (the same teachers).
 RUNS=$1 SEEDS=${2:-"0 1 2"}
-K10="data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
-K100="data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+source results/distillation/protocol.sh  # task K: cfgdir and sub
 COMMON="data.batch_size=64 train.epochs=6"
 declare -A ROW=(
   [a_kd]="method.name=kd"
@@ -15,7 +14,7 @@ declare -A ROW=(
 )
 for seed in $SEEDS; do
   for k in 10 100; do
-    if [ $k = 10 ]; then cfgdir=configs/fashion_mnist sub=$K10; else cfgdir=configs/fashion_mnist_pairs sub=$K100; fi
+    task $k
     for row in a_kd b_dkl c_dkl_ba d_ikl; do
       echo "$RUNS/dkl_ablation/k$k/$row/seed$seed $cfgdir/kd.yaml teacher.checkpoint=$RUNS/teacher_k$k seed=$seed $sub $COMMON ${ROW[$row]}"
     done

@@ -25,11 +25,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import sys
+
 from kdcollapse.config import config_from_dict
 from kdcollapse.runs import Run
 from kdcollapse.train import fit
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "gnc_networks"))
+from study import outputs  # noqa: E402  (results/geometry/gnc_networks/study.py)
 PAIRS = [0, 6, 5, 7, 2, 4]  # T-shirt, shirt, sandal, sneaker, pullover, coat: classes (0,1), (2,3), (4,5) alike
 ADJACENT, OPPOSITE = [0, 1, 2, 3, 4, 5], [0, 3, 1, 4, 2, 5]  # hexagon corner of each class
 
@@ -77,17 +81,12 @@ def gaps(vectors: torch.Tensor) -> tuple[float, float]:
 
 @torch.no_grad()
 def measure(run: Run) -> dict:
-    model, _ = run.model("model")
-    model.eval()
-    train, test = run.dataset("train"), run.dataset("test")
-    norm = lambda d: (d.inputs.float() / 255 - d.mean[0]) / d.std[0]  # noqa: E731
-    h = torch.cat([model.forward_features(b) for b in norm(train).split(1024)]).double()
-    k = train.num_classes
+    model, train, h, test_acc = outputs(run)
+    h, k = h.double(), train.num_classes
     means = torch.stack([h[train.labels == c].mean(0) for c in range(k)])
     norms = means.norm(dim=1)
     w = model.head.weight.detach().double()
-    test_logits = torch.cat([model(b) for b in norm(test).split(1024)])
-    row = {"test_acc": float((test_logits.argmax(1) == test.labels).double().mean()),
+    row = {"test_acc": test_acc,
            "mean_norm_cv": float(norms.std() / norms.mean()), "w_norm_cv": float(w.norm(dim=1).std() / w.norm(dim=1).mean()),
            "mean_gap_min": gaps(means)[0], "mean_gap_max": gaps(means)[1],
            "w_gap_min": gaps(w)[0], "w_gap_max": gaps(w)[1]}

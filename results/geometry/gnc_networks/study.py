@@ -45,23 +45,31 @@ def config(run_dir: Path, seed: int, tau: float, dim: int) -> dict:
 
 
 @torch.no_grad()
-def measure(run: Run) -> dict:
+def outputs(run: Run):
+    """The run's last model in eval mode, its train and test splits, the training features and the test
+    accuracy (images standardised with the run's mean and std, unaugmented)."""
     model, _ = run.model("model")
     model.eval()
     train, test = run.dataset("train"), run.dataset("test")
     norm = lambda d: (d.inputs.float() / 255 - d.mean[0]) / d.std[0]  # noqa: E731
     h = torch.cat([model.forward_features(b) for b in norm(train).split(1024)])
+    test_logits = torch.cat([model(b) for b in norm(test).split(1024)])
+    return model, train, h, float((test_logits.argmax(1) == test.labels).double().mean())
+
+
+@torch.no_grad()
+def measure(run: Run) -> dict:
+    model, train, h, test_acc = outputs(run)
     stats = FeatureStatistics(num_classes=train.num_classes, feature_dim=h.shape[1])
     stats.update(h.double(), train.labels)
     m = collapse_metrics(stats, model.head.weight.detach().double())
-    test_logits = torch.cat([model(b) for b in norm(test).split(1024)])
     train_logits = model.forward_head(h)
     bounds = softmax_code_bounds(train.num_classes, h.shape[1])
     return {"gnc1": float(m["gnc1"]), "gnc2": float(m["gnc2"]), "gnc3": float(m["gnc3"]),
             "nc1": float(m["nc1"]), "gnc2_lower": bounds.lower, "gnc2_upper": bounds.upper,
             "bounds_valid": bool(bounds.valid),
             "train_acc": float((train_logits.argmax(1) == train.labels).double().mean()),
-            "test_acc": float((test_logits.argmax(1) == test.labels).double().mean()),
+            "test_acc": test_acc,
             "val_acc_best": max((r.get("val_acc", 0) for r in run.metrics()), default=None)}
 
 
