@@ -178,14 +178,21 @@ def test_a_weight_file_that_is_not_the_committed_one_is_refused_until_resume(one
     assert Run(run_dir).model()[1]["epoch"] == 1
 
 
+# The checkpoint also holds AdamW's moments, a torch schedule's state and the weight average; accumulation
+# changes where optimizer steps fall. A kill -9 must lose none of it.
+OPTIMISERS = ["optim.name=adamw", "optim.lr=0.01", "optim.accumulate=2", "train.ema=0.9", "schedule.name=StepLR",
+              "schedule.kwargs={step_size: 1, gamma: 0.9}"]
+
+
 @pytest.mark.slow
-def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty_yaml):
+@pytest.mark.parametrize("extra", [[], OPTIMISERS], ids=["sgd", "adamw-steplr-accumulate-ema"])
+def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty_yaml, extra):
     """A real SIGKILL at an arbitrary moment after the first epoch; meanwhile (the first process frozen with
     SIGSTOP, holding its lock) a second process is refused. The killed process's lock does not block the
     resume, which continues exactly as an uninterrupted run."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "kdcollapse", "train", "--config", empty_yaml, *MLP,
+    proc = subprocess.Popen([sys.executable, "-m", "kdcollapse", "train", "--config", empty_yaml, *MLP, *extra,
                              "train.epochs=100000", f"run_dir={run_dir}"], env=env, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120
@@ -206,7 +213,7 @@ def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty
     reached = weights(run_dir, "checkpoint.safetensors")[1]["epoch"]
     resume(run_dir, reached + 1)
     assert_consistent(run_dir)
-    reference = fit(tiny(tmp_path / "reference", f"train.epochs={reached + 1}")).run_dir
+    reference = fit(tiny(tmp_path / "reference", *extra, f"train.epochs={reached + 1}")).run_dir
     assert_same_run(reference, run_dir, reached + 1)
 
 
