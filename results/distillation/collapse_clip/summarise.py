@@ -1,0 +1,191 @@
+"""Tables of the follow-up to the alpha x lr grid (``run.sh``): BinaryKL alone at large alpha, the official clamp,
+and gradient clipping, each beside its reference without the change from ``../collapse_grid`` (same RUNS).
+
+    PYTHONPATH=src python results/distillation/collapse_clip/summarise.py RUNS results/distillation/collapse_clip
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kdcollapse.report import markdown_table
+
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[1] / "collapse_k"),
+]
+from study import paired_row, write_tables
+from summarise import cell, load_run
+
+ALPHAS = ("1", "3", "10", "30")
+CLIPS = ("0.01", "0.1", "0.3", "0.5", "0.7", "1.0")
+DIFF_HEADER = [
+    "difference (test acc at best val epoch)",
+    "seeds",
+    "per seed (pp)",
+    "mean (pp)",
+    "paired t-test p",
+]
+
+
+def seeds(path: Path) -> dict[int, dict]:
+    """Seed -> ``load_run`` of every ``path/seed<N>`` that has an outcome."""
+    return {
+        int(p.name[4:]): r
+        for p in sorted(path.glob("seed*"))
+        if (r := load_run(p)) is not None
+    }
+
+
+def tested(runs: dict[int, dict]) -> dict[int, dict]:
+    """The finished runs as ``paired_row`` reads them (their test accuracy at the best validation epoch)."""
+    return {
+        s: {"test": r["val_selected_acc"]}
+        for s, r in runs.items()
+        if r.get("val_selected_acc") is not None
+    }
+
+
+def grid_name(row: str, alpha: str) -> str:
+    """The ``../collapse_grid`` setting without the change: BinaryKL alone there exists at alpha 1 only."""
+    return f"ce_bkl_a{alpha}" if row == "ce_bkl" else "bkl_only"
+
+
+def section(k: int, root: Path) -> tuple[list[str], dict]:
+    here, grid = root / f"collapse_clip/k{k}", root / f"collapse_grid/k{k}"
+    run = (
+        {name: seeds(here / name) for name in sorted(p.name for p in here.iterdir())}
+        if here.is_dir()
+        else {}
+    )
+    ref = (
+        {name: seeds(grid / name) for name in sorted(p.name for p in grid.iterdir())}
+        if grid.is_dir()
+        else {}
+    )
+    get = lambda table, name: table.get(name, {})
+    text = []
+    lrs = ("0.1", "0.05", "0.01")
+    rows = [
+        [
+            f"BinaryKL alone, α = {a}",
+            *(
+                cell(
+                    get(ref, f"bkl_only_lr{lr}")
+                    if a == "1"
+                    else get(run, f"bkl_only_a{a}_lr{lr}"),
+                    "val_selected_acc",
+                )
+                or "–"
+                for lr in lrs
+            ),
+        ]
+        for a in ALPHAS
+    ]
+    rows += [
+        [
+            f"CE + BinaryKL, α = {a}",
+            *(
+                cell(get(ref, f"ce_bkl_a{a}_lr{lr}"), "val_selected_acc") or "–"
+                for lr in lrs
+            ),
+        ]
+        for a in ALPHAS
+    ]
+    text.append(
+        f"### K = {k}: BinaryKL alone against CE + BinaryKL (stable form), test acc (%) at the best "
+        "validation epoch\n\n"
+        + markdown_table(["setting", *(f"lr {lr}" for lr in lrs)], rows)
+    )
+    lrs = ("0.1", "0.01")
+    rows = [
+        [
+            f"α = {a}",
+            *(
+                cell(get(table, f"ce_bkl{form}_a{a}_lr{lr}"), "val_selected_acc") or "–"
+                for lr in lrs
+                for table, form in ((ref, ""), (run, "_official"))
+            ),
+        ]
+        for a in ALPHAS
+    ]
+    diffs = [
+        r
+        for a in ALPHAS
+        for lr in lrs
+        if (
+            r := paired_row(
+                f"official − stable, α = {a}, lr {lr}",
+                tested(get(run, f"ce_bkl_official_a{a}_lr{lr}")),
+                tested(get(ref, f"ce_bkl_a{a}_lr{lr}")),
+            )
+        )
+    ]
+    text.append(
+        f"### K = {k}: CE + BinaryKL, stable against official (float32 clamp) form, test acc (%)\n\n"
+        + markdown_table(
+            [
+                "α",
+                *(f"lr {lr}, {form}" for lr in lrs for form in ("stable", "official")),
+            ],
+            rows,
+        )
+        + ("\n\n" + markdown_table(DIFF_HEADER, diffs) if diffs else "")
+    )
+    columns = (
+        ("ce", "CE alone"),
+        ("ce_bkl_a1", "CE + BinaryKL, α = 1"),
+        ("ce_bkl_a10", "CE + BinaryKL, α = 10"),
+    )
+    rows = [
+        [
+            "none",
+            *(
+                cell(get(ref, f"{name}_lr0.1"), "val_selected_acc") or "–"
+                for name, _ in columns
+            ),
+        ]
+    ]
+    rows += [
+        [
+            c,
+            *(
+                cell(get(run, f"{name}_lr0.1_clip{c}"), "val_selected_acc") or "–"
+                for name, _ in columns
+            ),
+        ]
+        for c in CLIPS
+    ]
+    diffs = [
+        r
+        for c in CLIPS
+        for name, label in columns[1:]
+        if (
+            r := paired_row(
+                f"{label}, clip {c} − CE alone, no clip",
+                tested(get(run, f"{name}_lr0.1_clip{c}")),
+                tested(get(ref, "ce_lr0.1")),
+            )
+        )
+    ]
+    text.append(
+        f"### K = {k}: gradient clipping at lr 0.1 (max global gradient norm, the paper's Table 7 "
+        "values), test acc (%)\n\n"
+        + markdown_table(["max norm", *(label for _, label in columns)], rows)
+        + ("\n\n" + markdown_table(DIFF_HEADER, diffs) if diffs else "")
+    )
+    return text, run
+
+
+def main(root: Path, out: Path) -> None:
+    text, summary = [], {}
+    for k in (10, 100):
+        part, runs = section(k, root)
+        text += part
+        summary[f"k{k}"] = runs
+    write_tables(out, text, summary)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
