@@ -18,10 +18,10 @@ import torch
 
 import kdcollapse.runs._checkpoint as checkpoint_module
 from kdcollapse.cli import main
-from kdcollapse.config import load_config
+from kdcollapse.config import TeacherConfig, load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.methods import Method, register_method
-from kdcollapse.runs import Run, load_model, load_tensors, metrics_csv, read_metrics, save_tensors
+from kdcollapse.runs import Run, load_model, load_teacher, load_tensors, metrics_csv, read_metrics, save_tensors
 from kdcollapse.train import TrainingDiverged, fit
 
 MLP = ["data.name=digits", "data.batch_size=256", "train.progress=false", "optim.lr=0.05",
@@ -159,6 +159,9 @@ def test_run_reads_the_committed_epoch_between_a_crash_and_resume(one_epoch, str
         model, meta = run.model()
         assert meta["epoch"] == committed and [r["epoch"] for r in run.metrics()] == list(range(1, committed + 1))
         assert run.model("best")[1]["epoch"] == committed and files(snapshot) == before
+        assert load_model(snapshot)[1]["epoch"] == committed  # so does a teacher (teacher.checkpoint=DIR)
+        teacher = load_teacher(TeacherConfig(checkpoint=str(snapshot)), run.dataset("test")).model
+        assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in model.state_dict().items())
         seen.add((committed, live))
         resume(snapshot, committed)  # repairs only: the run has its epochs
         again = Run(snapshot).model()[0].state_dict()
@@ -173,6 +176,10 @@ def test_a_weight_file_that_is_not_the_committed_one_is_refused_until_resume(one
     with pytest.raises(CheckpointError, match="model.safetensors is not the file of epoch 1 that state.json records"
                                               ".*run `kdcollapse train --resume .*` to repair it"):
         Run(run_dir).model()
+    dataset = Run(one_epoch).dataset("test")
+    for read in (lambda: load_model(run_dir), lambda: load_teacher(TeacherConfig(checkpoint=str(run_dir)), dataset)):
+        with pytest.raises(CheckpointError, match="not the file of epoch 1 that state.json records"):
+            read()
     assert [r["epoch"] for r in Run(run_dir).metrics()] == [1]
     resume(run_dir, 1)
     assert Run(run_dir).model()[1]["epoch"] == 1

@@ -3,7 +3,8 @@ and ``Run``, which opens one and gives back its config, its data exactly as trai
 teacher and extra heads. The trainer, ``analyze``, ``robust-eval``, the reports and the demo all go through
 here. See docs/training.md."""
 
-from kdcollapse.runs._checkpoint import load_model, load_tensors, save_model, save_tensors
+from kdcollapse.runs._checkpoint import load_tensors, save_model, save_tensors
+from kdcollapse.runs._commit import load_model
 from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
 from kdcollapse.runs._run import Run, check_inputs, load_model_file

@@ -248,18 +248,17 @@ def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
     save_tensors(path, *model_file(model, meta))
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,
+def read_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,
                num_classes: int | None = None, in_channels: int | None = None):
     """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``.
 
-    ``path`` is a ``model.safetensors`` file (or a run directory holding one). A plain safetensors file
+    ``path`` is a ``model.safetensors`` file (a run directory is read at its commit by
+    :func:`kdcollapse.runs.load_model`, which the library uses). A plain safetensors file
     without kdcollapse metadata, or a ``.pth``/``.pt`` state dict (read with ``weights_only=True``), needs
     ``model_name`` and ``num_classes`` (and ``in_channels``); its keys must be the model's (convert a
     community layout first: ``kdcollapse models convert``).
     """
     path = Path(path)
-    if path.is_dir():
-        path = path / "model.safetensors"
     state, meta = read_weights(path, device)
     name = model_name or meta.get("model")
     classes = num_classes or meta.get("num_classes")

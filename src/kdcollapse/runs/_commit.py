@@ -17,7 +17,7 @@ import torch
 
 from kdcollapse.errors import CheckpointError
 from kdcollapse.runs._atomic import remove_temporaries, rename, write_text, writing
-from kdcollapse.runs._checkpoint import read_header, write_tensors
+from kdcollapse.runs._checkpoint import read_header, read_model, write_tensors
 
 STATE_FILE = "state.json"
 
@@ -109,6 +109,27 @@ def committed_file(run_dir: Path, name: str) -> tuple[Path | None, dict | None]:
         if file_digest(candidate) == entry["sha256"]:
             return candidate, state
     return None, state
+
+
+def committed_path(run_dir: Path, name: str) -> Path:
+    """The file holding ``name`` as the last commit (``state.json``) recorded it (see
+    :func:`kdcollapse.runs._commit.committed_file`); ``CheckpointError`` naming ``--resume`` when none does."""
+    path, state = committed_file(run_dir, name)
+    if path is None:
+        raise CheckpointError(
+            f"{run_dir / name} is not the file of epoch {state['epoch']} that state.json records (an interrupted "
+            f"write, or a file replaced by hand); run `kdcollapse train --resume {run_dir}` to repair it from the "
+            "checkpoint"
+        )
+    return path
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", **kwargs):
+    """``(model, meta)`` from a ``model.safetensors`` file, or from a run directory at its last commit (the
+    weights ``state.json`` records, also between a commit and its renames; a file that is not the committed
+    one is refused, naming ``--resume``). Keywords as :func:`kdcollapse.runs._checkpoint.read_model`."""
+    path = Path(path)
+    return read_model(committed_path(path, "model.safetensors") if path.is_dir() else path, device, **kwargs)
 
 
 def file_digest(path: Path) -> str | None:

@@ -14,7 +14,7 @@ from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher, build_method, get_method
 from kdcollapse.models import create_model, evaluating
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._commit import committed_file
+from kdcollapse.runs._commit import committed_file, committed_path, load_model
 from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
 from kdcollapse.runs._teacher import load_teacher
@@ -72,7 +72,7 @@ class Run:
         """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) committed epoch."""
         if which not in MODEL_FILES:
             raise KdcollapseError(f"unknown model file {which!r}; valid: {', '.join(MODEL_FILES)}")
-        return ckpt.load_model(committed_path(self.dir, MODEL_FILES[which]), device)
+        return load_model(committed_path(self.dir, MODEL_FILES[which]), device)
 
     def teacher(self, dataset=None, device: str | torch.device = "cpu") -> nn.Module | None:
         """The run's frozen teacher (``None`` for a run trained without one)."""
@@ -103,19 +103,6 @@ class Run:
         method = build_method(self.config.method, model, num_classes=classes, teacher=stand_in).to(device)
         ckpt.load_state(method, ckpt.split_prefix(tensors, "method."), str(path))
         return {label: method.get_submodule(attr) for label, attr in extra.items()}
-
-
-def committed_path(run_dir: Path, name: str) -> Path:
-    """The file holding ``name`` as the last commit (``state.json``) recorded it (see
-    :func:`kdcollapse.runs._commit.committed_file`); ``CheckpointError`` naming ``--resume`` when none does."""
-    path, state = committed_file(run_dir, name)
-    if path is None:
-        raise CheckpointError(
-            f"{run_dir / name} is not the file of epoch {state['epoch']} that state.json records (an interrupted "
-            f"write, or a file replaced by hand); run `kdcollapse train --resume {run_dir}` to repair it from the "
-            "checkpoint"
-        )
-    return path
 
 
 def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):

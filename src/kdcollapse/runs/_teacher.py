@@ -11,7 +11,7 @@ import torch
 from kdcollapse.config import TeacherConfig
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher
-from kdcollapse.runs._checkpoint import load_model
+from kdcollapse.runs._commit import load_model
 
 
 def load_teacher(cfg: TeacherConfig, dataset) -> FrozenTeacher:
