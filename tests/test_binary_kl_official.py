@@ -121,6 +121,18 @@ def test_methods_select_the_form(name, part, loss):
         method_config({"name": name, "binary_kl_form": "clamped"})
 
 
+@pytest.mark.parametrize("aux_loss,what", [("binary_kl_norm", "an auxiliary-head logit minus the teacher's exceeds"),
+                                           ("binary_kl", "an auxiliary-head logit exceeds")])
+def test_dhkd_hint_names_the_quantity_its_clamp_bounds(aux_loss, what):
+    """BinaryKL-Norm clamps σ((z_s − z_t)/τ), the plain BinaryKL σ(z_s/τ): the same 16.6·τ bound on different
+    quantities (checked numerically above)."""
+    student = create_model("mlp", 4, in_channels=1, input_size=3, hidden=(8,))
+    teacher = FrozenTeacher(create_model("mlp", 4, in_channels=1, input_size=3, hidden=(8,)))
+    method = build_method(method_config({"name": "dhkd", "binary_kl_form": "official", "aux_loss": aux_loss}),
+                          student, num_classes=4, teacher=teacher)
+    assert f"{what} 33.3 (24·ln 2·τ at τ = 2)" in method.divergence_hint
+
+
 def test_trainer_names_the_official_clamp_when_the_loss_blows_up(tmp_path):
     """A teacher with huge logits drags the student's past 33 at once: the official form's loss turns
     inf/NaN and the trainer's guard says why; the stable form trains on from the same start."""
@@ -128,10 +140,10 @@ def test_trainer_names_the_official_clamp_when_the_loss_blows_up(tmp_path):
             "schedule.name=constant", "model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}"]
     teacher = fit(load_config(None, [*tiny, f"run_dir={tmp_path / 't'}", "train.epochs=1"])).run_dir
     tensors, meta = load_tensors(teacher / "model.safetensors")
-    save_tensors(teacher / "model.safetensors",
+    save_tensors(tmp_path / "loud.safetensors",
                  {k: v * 100 if k.startswith("head.") else v for k, v in tensors.items()}, meta)
     common = [*tiny, "train.epochs=1", "optim.lr=2.0", "optim.weight_decay=0", "method.name=ce_binarykl",
-              f"teacher.checkpoint={teacher}"]
+              "teacher.model=mlp", f"teacher.weights={tmp_path / 'loud.safetensors'}"]
     with pytest.raises(TrainingDiverged, match=r"binary_kl_form=official reproduces the official clamp.*33\.3"):
         fit(load_config(None, [*common, f"run_dir={tmp_path / 'official'}", "method.binary_kl_form=official"]))
     fit(load_config(None, [*common, f"run_dir={tmp_path / 'stable'}"]))

@@ -46,7 +46,8 @@ class DHKD(DualHead):
     @property
     def divergence_hint(self) -> str | None:
         cfg = self.config
-        return official_form_hint(cfg.binary_kl_form, cfg.temperature, "an auxiliary-head logit minus the teacher's")
+        what = "an auxiliary-head logit" + (" minus the teacher's" if cfg.aux_loss == "binary_kl_norm" else "")
+        return official_form_hint(cfg.binary_kl_form, cfg.temperature, what)
 
     def distill_loss(self, aux_logits, teacher_logits, y):
         cfg = self.config
