@@ -109,6 +109,15 @@ def test_seeds_refuse_a_run_dir_holding_another_config(train, tmp_path, capsys):
     assert load_config(tmp_path / "s" / "seed0" / "config.yaml").optim.lr == 0.1
 
 
+def test_seeds_name_the_seed_directory_to_resume(train, tmp_path, capsys):
+    """--resume takes one run directory, never a series: a seed that already ran is named for it."""
+    assert train(f"run_dir={tmp_path / 's'}", "train.epochs=1", "--seeds", "0") == 0
+    capsys.readouterr()
+    assert train(f"run_dir={tmp_path / 's'}", "train.epochs=1", "--seeds", "1,0") == 2
+    assert f"continue it with `--resume {tmp_path / 's' / 'seed0'}`" in capsys.readouterr().err
+    assert not (tmp_path / "s" / "seed1").exists()
+
+
 def test_seeds_overwrite_checks_every_seed_directory_before_the_first_trains(train, tmp_path, capsys):
     assert train(f"run_dir={tmp_path / 's'}", "train.epochs=1", "--seeds", "0,1") == 0
     before = (tmp_path / "s" / "seed0" / "metrics.jsonl").read_text()

@@ -179,8 +179,8 @@ def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, 
             raise CheckpointError(f"{run_dir} already holds a run of another config ({other}); choose another "
                                   "run_dir, or pass --overwrite to replace it")
         raise CheckpointError(
-            f"{run_dir} already holds a run (config.yaml); pass --resume to continue it, --overwrite to "
-            "replace it, or choose another run_dir"
+            f"{run_dir} already holds a run (config.yaml); continue it with `--resume {run_dir}`, replace it "
+            "with --overwrite, or choose another run_dir"
         )
     elif holds_run:
         _check_not_teacher(cfg, run_dir)
