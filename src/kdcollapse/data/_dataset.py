@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -16,11 +16,28 @@ import torch
 from kdcollapse._registry import Registry
 from kdcollapse.errors import DataError, unknown_choice
 
-if TYPE_CHECKING:
-    from kdcollapse.data._folder import FolderDataset
-
 SPLITS = ("train", "test")
 D = TypeVar("D")  # a TensorDataset or a FolderDataset
+
+
+class SplitDataset(Protocol):
+    """What the loaders, the trainer and the reports read of a loaded split: a :class:`TensorDataset`, the
+    image-folder datasets' ``FolderDataset`` (decoded on demand), or a registered dataset's own class."""
+
+    name: str
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    labels: torch.Tensor
+    default_augment: Augment
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def in_channels(self) -> int: ...
+
+    def __len__(self) -> int: ...
 
 
 def derive_seed(*keys: int) -> int:
@@ -338,7 +355,7 @@ def find_root(name: str, root: str | os.PathLike | None = None) -> Path | None:
 
 def load_dataset(
     name: str, split: str, root: str | os.PathLike | None = None, **options: Any
-) -> TensorDataset | FolderDataset:
+) -> SplitDataset:
     """Load split ``"train"`` or ``"test"`` of the registered dataset ``name``.
 
     Returns a :class:`TensorDataset` (or a ``FolderDataset`` for image-folder datasets). ``root=None``

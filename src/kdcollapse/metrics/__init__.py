@@ -7,12 +7,11 @@
 
 from kdcollapse.metrics import functional
 from kdcollapse.metrics._catalog import METRICS, MetricInfo, metric_info
-from kdcollapse.metrics._collapse import collapse_metrics, covariance_spectra
 from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_distances, similarity_sums
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._margin import margin
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
-from kdcollapse.metrics._statistics import FeatureStatistics
+from kdcollapse.metrics._statistics import FeatureStatistics, collapse_metrics, covariance_spectra
 from kdcollapse.metrics._transfer import mean_log_odds_gain
 
 __all__ = [

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +36,22 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
 from kdcollapse.metrics._linalg import psd_pinv, symmetric_from_upper
 
-if TYPE_CHECKING:
-    from kdcollapse.metrics._statistics import FeatureStatistics
+
+class States(Protocol):
+    """What the metrics read of a ``FeatureStatistics`` (``kdcollapse.metrics._statistics``, which computes
+    them with this module): its float64 sums of the raw and the L2-normalised features and its options."""
+
+    num_classes: int
+    feature_dim: int
+    rtol: float | None
+    convention: str
+    class_counts: Tensor
+    shift: Tensor
+    class_sums: Tensor
+    moment: Tensor
+    unit_shift: Tensor
+    unit_class_sums: Tensor
+    unit_moment: Tensor
 
 
 CONVENTIONS = ("papyan", "prior")
@@ -59,7 +73,7 @@ class Scatter:
     total: Tensor  # (d, d) Sigma_T
 
 
-def scatter(stats: FeatureStatistics, *, unit: bool) -> Scatter:
+def scatter(stats: States, *, unit: bool) -> Scatter:
     """Means and covariances of the raw (``unit=False``) or L2-normalised features from the states."""
     counts = _checked_counts(stats)
     prefix = "unit_" if unit else ""
@@ -91,21 +105,7 @@ def class_centred(sc: Scatter) -> Tensor:
     return sc.centred - sc.centred.mean(0)
 
 
-def covariance_spectra(stats: FeatureStatistics) -> dict[str, Tensor]:
-    """Eigenvalues, largest first, of Sigma_W, Sigma_B and Sigma_T of the raw features (float64, ``(d,)``
-    each; keys ``within``, ``between``, ``total``), gathered across processes like ``compute()``.
-
-    The VCI paper (Sec. 4.3, Fig. 2) plots the Sigma_B and Sigma_T spectra to show why Tr(Sigma_T^+ Sigma_B)
-    is stable where Tr(Sigma_W Sigma_B^+) is not: Sigma_B has at most K - 1 non-zero eigenvalues and
-    rounding fills the rest with tiny ones, while Sigma_T's spectrum is larger and flatter. Sigma_B here is
-    the one VCI uses, the sample's Sigma_B^pi = Sigma_T - Sigma_W (module docstring), for any ``convention``.
-    """
-    with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
-        raw = scatter(stats, unit=False)
-    return {name: torch.linalg.eigvalsh(getattr(raw, name)).flip(0) for name in ("within", "between", "total")}
-
-
-def _checked_counts(stats: FeatureStatistics) -> Tensor:
+def _checked_counts(stats: States) -> Tensor:
     counts = stats.class_counts
     if int(counts.sum()) == 0:
         raise KdcollapseError("FeatureStatistics holds no samples: call update(features, labels) first")
@@ -239,7 +239,7 @@ def check_convention(convention: str) -> str:
 
 
 def metrics_from_statistics(
-    stats: FeatureStatistics,
+    stats: States,
     classifier_weight: Tensor | None = None,
     rtol: float | None = None,
     convention: str | None = None,
@@ -262,45 +262,3 @@ def metrics_from_statistics(
             raise KdcollapseError("classifier_weight contains NaN or inf")
         out |= _classifier(raw, unit, weight)
     return out
-
-
-def collapse_metrics(
-    stats: FeatureStatistics,
-    classifier_weight: Tensor | None = None,
-    *,
-    rtol: float | None = None,
-    convention: str | None = None,
-) -> dict[str, Tensor]:
-    r"""Every collapse metric of the features summarised by ``stats`` (0-d float64 tensors; ranks int64).
-
-    Gathers the states across processes first, like ``stats.compute()`` (all ranks must call it).
-
-    Features h (Sigma_B, Sigma_B^pi, the mean of class means mu_bar: see the module docstring):
-
-    - ``nc1`` :math:`= \frac1K \mathrm{Tr}(\Sigma_W\Sigma_B^\dagger)`, ``fuzziness`` = K nc1
-      (Papyan et al. 2020).
-    - ``vci`` :math:`= 1 - \mathrm{Tr}(\Sigma_T^\dagger\Sigma_B^\pi)/\min(d, K-1)` (VCI paper Def. 5.3).
-    - ``linear_probe_mse``: min over W, b of the least-squares probe loss (VCI paper Thm 5.1).
-    - ``squared_distance`` :math:`= \mathrm{Tr}\,\Sigma_W / \mathrm{Tr}\,\Sigma_B`
-      (Hui et al. 2022; VCI eq. 4).
-    - ``cosine_within`` and ``class_separation`` (Kornblith et al. 2021).
-    - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_bar (Papyan et al. 2020).
-    - ``gnc1`` on L2-normalised features (GNC paper Sec. 2.2; its rank rule: ``_generalized``).
-    - ``rank_between``, ``rank_total``, ``rank_between_unit``: ranks kept by the pseudo-inverses of Sigma_B,
-      Sigma_T and the GNC Sigma_B; ``vci_rank`` = min(d, K-1).
-
-    With ``classifier_weight`` W (K, d), e.g. ``model.head.weight``:
-
-    - ``nc2_equinorm_w``, ``nc2_equiangle_w`` of the rows w_k;
-      ``nc3`` :math:`= \lVert W/\lVert W\rVert_F - \tilde M/\lVert\tilde M\rVert_F\rVert_F^2`, rows of
-      :math:`\tilde M` the mu_k - mu_bar (Papyan et al. 2020).
-    - ``gnc2`` :math:`= \min_k \mathrm{dist}(\hat w_k, \mathrm{conv}\{\hat w_j\}_{j\ne k})` of the unit rows
-      (GNC Def. 2.1, a distance) and ``gnc2_optimum``, its maximum for (K, d) where known (nan otherwise).
-    - ``gnc3`` :math:`= \frac1K\sum_k (1 - \hat w_k^\top \bar h_k)`, h_k the class means of unit features.
-
-    ``rtol`` overrides the pseudo-inverse threshold (default ``d * eps`` of float64, the dtype the states
-    accumulate in whatever the features' dtype), ``convention`` (``"papyan"`` or ``"prior"``) the Sigma_B
-    of NC1, fuzziness, squared distance and GNC1; both default to the ``stats``' own.
-    """
-    with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
-        return metrics_from_statistics(stats, classifier_weight, rtol, convention)

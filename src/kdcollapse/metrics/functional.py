@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kdcollapse.metrics._collapse import collapse_metrics
+from kdcollapse.metrics._statistics import collapse_metrics
 from kdcollapse.metrics._ncc import ncc_accuracy
 from kdcollapse.metrics._statistics import FeatureStatistics, check_batch
 from kdcollapse.metrics._transfer import mean_log_odds_gain
