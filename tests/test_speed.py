@@ -171,7 +171,7 @@ def test_stored_top_k_logits_are_refused_where_they_are_not_enough(tmp_path, tea
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own use of torch.jit internals
-def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path):
+def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path, caplog):
     """train.compile compiles the training graph only: evaluation runs the same student eagerly
     (torch.compiler.set_stance("force_eager")), so no eval-mode graph is ever compiled."""
     from torch._dynamo.utils import counters
@@ -180,6 +180,9 @@ def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path):
     counters.clear()
     common = ["model.name=mlp", "model.kwargs={input_size: 8}", "train.epochs=1"]
     compiled = Trainer(tiny(tmp_path / "compiled", *common, "train.compile=true"))
+    assert "train.compile on the CPU" in caplog.text  # measured no faster here: the user is told
+    caplog.clear()
     eager = Trainer(tiny(tmp_path / "eager", *common))
+    assert "train.compile" not in caplog.text
     assert compiled._evaluate() == eager._evaluate()  # same initial weights, same numbers
     assert sum(counters["frames"].values()) == 0, dict(counters["frames"])  # nothing was compiled

@@ -35,7 +35,7 @@ from kdcollapse.runs import (MetricsLog, TeacherLogitCache, UserData, check_teac
                              run_splits, start_run_dir, top_logits, update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
-from kdcollapse.train._console import log_epoch
+from kdcollapse.train._console import log_epoch, logger
 from kdcollapse.train._optim import (BUILTIN_SCHEDULES, build_optimizer, build_schedule, build_weight_average,
                                      check_schedule_length, schedule_steps_per)
 
@@ -185,6 +185,10 @@ class Trainer:
             raise ConfigError(f"method '{cfg.method.name}' keeps its own weight average (method.ema_decay); "
                               "set train.ema=0")
         if cfg.train.compile:
+            if self.device.type == "cpu":
+                logger.warning("train.compile on the CPU: in the measurements of docs/training.md (Speed) a compiled "
+                               "step was no faster than the eager channels-last one, and compiling costs seconds to "
+                               "minutes; set train.compile=false unless your own timing says otherwise")
             self.method.student.compile()
 
     def _check_accumulation(self) -> None:
