@@ -2,11 +2,23 @@
 its own, function-level imports included, so there is no import cycle between top-level parts
 (docs/ARCHITECTURE.md)."""
 
+import logging
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def loggers_stay_enabled():
+    """import-linter configures logging with ``dictConfig``, which disables every logger that exists: the
+    library's own (``kdcollapse.train``) would be silent in every test after these."""
+    loggers = [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    before = [lg.disabled for lg in loggers]
+    yield
+    for lg, disabled in zip(loggers, before):
+        lg.disabled = disabled
 
 
 def test_import_layers_contract_is_kept(capsys):
