@@ -4,7 +4,8 @@
 # teachers). Two questions about the cells where CE + BinaryKL broke: is the large BinaryKL step enough to break
 # training without CE (BinaryKL alone at alpha 10 and 30, at the lrs where the combination broke)? does gradient
 # clipping (a max-norm from the paper's Table 7) rescue alpha 10 at lr 0.1, and what does it cost at alpha 1 and
-# for CE alone? The official clamp over alpha is ../collapse_k's (alpha 0.1, 1, 10 at lr 0.1).
+# for CE alone? Then, after every seed of those: does the official float32 clamp break CE + BinaryKL earlier than
+# the stable form (alpha 1, 10, 30 at lr 0.1)?
 # The grid is cut to what decides these questions: on the shared 2-core machine a run took 75-200 s.
 RUNS=$1 SEEDS=${2:-"0"}
 source results/distillation/protocol.sh  # task K: cfgdir and sub
@@ -24,6 +25,14 @@ for seed in $SEEDS; do
         echo "$out/ce_bkl_a${a}_lr0.1_clip$c/seed$seed $cfgdir/ce_binarykl.yaml $teacher seed=$seed $sub $COMMON optim.lr=0.1 method.alpha=$a optim.grad_clip=$c"
       done
       echo "$out/ce_lr0.1_clip$c/seed$seed $cfgdir/student.yaml seed=$seed $sub $COMMON optim.lr=0.1 optim.grad_clip=$c"
+    done
+  done
+done
+for seed in $SEEDS; do
+  for k in 100 10; do
+    task $k
+    for a in 1 10 30; do
+      echo "$RUNS/collapse_clip/k$k/ce_bkl_official_a${a}_lr0.1/seed$seed $cfgdir/ce_binarykl.yaml teacher.checkpoint=$RUNS/teacher_k$k seed=$seed $sub $COMMON optim.lr=0.1 method.alpha=$a method.binary_kl_form=official"
     done
   done
 done
