@@ -38,8 +38,9 @@ from kdcollapse.metrics._linalg import psd_pinv, symmetric_from_upper
 
 
 class States(Protocol):
-    """What the metrics read of a ``FeatureStatistics`` (``kdcollapse.metrics._statistics``, which computes
-    them with this module): its float64 sums of the raw and the L2-normalised features and its options."""
+    """What the metrics read of a ``FeatureStatistics`` (``kdcollapse.metrics._statistics``, which implements
+    this protocol and computes its metrics with this module): its options and its float64 states, the sums of
+    the raw and of the L2-normalised features."""
 
     num_classes: int
     feature_dim: int

@@ -12,7 +12,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics._collapse import check_convention, metrics_from_statistics, scatter
+from kdcollapse.metrics._collapse import States, check_convention, metrics_from_statistics, scatter
 
 # (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
 _GROUPS = (("shift", "class_sums", "moment"), ("unit_shift", "unit_class_sums", "unit_moment"))
@@ -80,7 +80,7 @@ def _recentred(counts: Tensor, shift: Tensor, class_sums: Tensor, moment: Tensor
     return class_sums - n[:, None] * delta, moment + correction
 
 
-class FeatureStatistics(Metric):
+class FeatureStatistics(Metric, States):
     r"""Sufficient statistics of penultimate features for every collapse metric, in one streaming pass.
 
     States (float64; memory ``O(K d + d^2)``, independent of the number of samples N), each summed over
@@ -128,14 +128,6 @@ class FeatureStatistics(Metric):
     higher_is_better = None
     # forward() must not merge a batch's state by plain summation (its shift differs): update twice.
     full_state_update = True
-
-    class_counts: Tensor
-    shift: Tensor
-    class_sums: Tensor
-    moment: Tensor
-    unit_shift: Tensor
-    unit_class_sums: Tensor
-    unit_moment: Tensor
 
     def __init__(
         self,
