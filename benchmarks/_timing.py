@@ -6,6 +6,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 from collections.abc import Callable
 
 import torch
@@ -30,3 +31,21 @@ def machine(device: torch.device) -> str:
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability "
             f"{torch.backends.cpu.get_cpu_capability()}")
+
+
+def cpu_model() -> str:
+    """The processor's model name as ``lscpu`` reports it ("unknown" without lscpu)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+                "unknown")
+
+
+def shared_machine(load: tuple[float, float]) -> str:
+    """The "Machine: ..." sentence of a results page: processor, cores, the 1-minute load average at the start
+    and at the end of the benchmark, torch threads and version."""
+    return (f"Machine: {cpu_model()} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at the "
+            f"start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, torch {torch.__version__}")
+

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from loss_references import ikl_pairwise  # noqa: E402  (the official B×K×K form, also the test oracle)
 
+from _timing import shared_machine  # noqa: E402  (benchmarks/_timing.py)
 from kdcollapse.losses import ikl_loss  # noqa: E402
 from kdcollapse.losses._shapes import check_values  # noqa: E402
 
@@ -129,9 +130,6 @@ def main() -> None:
 
 
 def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
-    model = next((line.split(":", 1)[1].strip() for line in
-                  subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                  if line.startswith("Model name")), "unknown")
     lines = [
         "| case | O(B·K) ikl_loss | B×K×K form | speed-up | O(B·K) peak | B×K×K peak | NaN/inf check |",
         "|---|---|---|---|---|---|---|",
@@ -147,9 +145,7 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
     return "\n".join([
         "# ikl_loss: O(B·K) variance form vs the B×K×K form",
         "",
-        f"Machine: {model} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at "
-        f"the start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, "
-        f"torch {torch.__version__}, float32.",
+        shared_machine(load) + ", float32.",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
         f"benchmarks/bench_ikl.py --runs {runs} --markdown results/benchmarks/bench_ikl.md`",
         f"Forward + backward of the whole IKL loss (wMSE + soft CE, sample-wise weights, mse_weight "

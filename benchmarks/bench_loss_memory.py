@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from _timing import shared_machine  # benchmarks/_timing.py
 from kdcollapse.losses import dkd_loss, ikl_loss, kd_loss
 
 ROWS, VOCAB, CHUNK = 1024, 32000, 128  # N positions (e.g. 8 sequences × 128 tokens), V, chunk rows
@@ -111,9 +111,6 @@ def main() -> None:
 
 
 def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
-    model = next((line.split(":", 1)[1].strip() for line in
-                  subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                  if line.startswith("Model name")), "unknown")
     lines = ["| inputs | loss | peak beyond the inputs | vs kd_loss | time | vs kd_loss |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -124,9 +121,7 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
     return "\n".join([
         "# Loss memory: chunked DKD and IKL against plain KD (N = 1024, V = 32,000)",
         "",
-        f"Machine: {model} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at "
-        f"the start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, "
-        f"torch {torch.__version__}.",
+        shared_machine(load) + ".",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
         f"benchmarks/bench_loss_memory.py --runs {runs} --markdown results/benchmarks/bench_loss_memory.md`",
         f"One forward + backward per cell, student logits requiring grad, teacher without; "
