@@ -16,6 +16,7 @@ from kdcollapse.methods import build_method
 from kdcollapse.methods.intra_class_teacher import classification_margin
 from kdcollapse.metrics import intra_inter_distances
 from kdcollapse.models._base import Classifier
+from tiny_models import LinearEmbedding
 
 
 class Readout(Classifier):
@@ -201,16 +202,6 @@ def test_intra_inter_distances_in_blocks_match_a_loop():
     for block in (7, 30, 100):
         got = intra_inter_distances(h, torch.tensor(y), block_size=block)
         assert got == pytest.approx((sum(same) / len(same), sum(other) / len(other)), rel=1e-6)
-
-
-class LinearEmbedding(Classifier):
-    def __init__(self, d_in: int, dim: int, num_classes: int):
-        super().__init__()
-        self.body = nn.Linear(d_in, dim)
-        self._init_head(dim, num_classes)
-
-    def forward_features(self, x):
-        return self.body(x)
 
 
 def spread_after_training(intra_weight: float, seed: int) -> tuple[float, float]:

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from kdcollapse.config import method_config
 from kdcollapse.data import load_dataset
@@ -13,17 +12,7 @@ from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses import within_class_cosine_distance
 from kdcollapse.methods import build_method
 from kdcollapse.metrics import FeatureStatistics
-from kdcollapse.models._base import Classifier
-
-
-class LinearEmbedding(Classifier):
-    def __init__(self, d_in: int, dim: int, num_classes: int):
-        super().__init__()
-        self.body = nn.Linear(d_in, dim)
-        self._init_head(dim, num_classes)
-
-    def forward_features(self, x):
-        return self.body(x)
+from tiny_models import LinearEmbedding
 
 
 def vanilla(model, num_classes, **options):
