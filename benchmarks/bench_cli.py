@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
-import statistics
 import subprocess
 import sys
 import time
+
+from _timing import interleave  # benchmarks/_timing.py
 
 COMMANDS = ("demo", "train", "distill", "data", "models", "geometry", "analyze", "plot", "robust-eval")
 
@@ -41,21 +41,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    runs, rng = cases(), random.Random(args.seed)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, argv in runs.items():  # warm the file cache once
+    runs = cases()
+    for argv in runs.values():  # warm the file cache once
         wall_seconds(argv)
-    for _ in range(args.rounds):
-        order = list(runs)
-        rng.shuffle(order)
-        for name in order:
-            times[name].append(wall_seconds(runs[name]))
-    floor = statistics.median(times["import torch"])
+    medians = interleave({name: lambda argv=argv: wall_seconds(argv) for name, argv in runs.items()}, args.rounds,
+                         args.seed)
+    floor = medians["import torch"]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}; device: none (start-up only); {args.rounds} interleaved rounds")
     print("| command | median s | ratio to `import torch` |\n|---|---|---|")
-    for name, values in times.items():
-        median = statistics.median(values)
+    for name, median in medians.items():
         print(f"| `{name}` | {median:.3f} | {median / floor:.2f} |")
 
 
