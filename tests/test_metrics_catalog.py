@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import kdcollapse.adversarial
 import kdcollapse.analysis
 from kdcollapse.analysis import EPOCH_KEYS, MEANINGS
+from kdcollapse.distributed import distributed_teardown
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import (
     METRICS,
@@ -155,13 +156,11 @@ def _gloo_worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
+    with distributed_teardown():  # a barrier before the group is destroyed (results/ddp_teardown_soak.md)
         metric = IntraClassSimilarity()
         for batch in _batches()[rank::2]:
             metric.update(*batch)
         torch.save(metric.compute(), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_intra_class_similarity_two_gloo_processes_equal_one(tmp_path):

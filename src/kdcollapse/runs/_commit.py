@@ -113,7 +113,7 @@ def committed_file(run_dir: Path, name: str) -> tuple[Path | None, dict | None]:
 
 def committed_path(run_dir: Path, name: str) -> Path:
     """The file holding ``name`` as the last commit (``state.json``) recorded it (see
-    :func:`kdcollapse.runs._commit.committed_file`); ``CheckpointError`` naming ``--resume`` when none does."""
+    :func:`committed_file`); ``CheckpointError`` naming ``--resume`` when none does."""
     path, state = committed_file(run_dir, name)
     if path is None:
         raise CheckpointError(
