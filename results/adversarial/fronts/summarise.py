@@ -72,7 +72,14 @@ def matched(runs: dict, trades: list[str], name: str, key: str) -> list[str] | N
             ", ".join(f"{diffs[s][0] - diffs[s][1]:+.2f}" for s in seeds), f"{d:+.2f}", f"{p:.3f}"]
 
 
-def plot(runs: dict, names: list[str], key: str, path: Path) -> None:
+def model_name(root: Path) -> str:
+    """The model the runs trained (from the first run's ``config.yaml``)."""
+    config = next(root.glob("*/seed*/config.yaml"), None)
+    match = config and re.search(r"^model:\n  name: (\S+)", config.read_text(), flags=re.M)
+    return match.group(1) if match else "?"
+
+
+def plot(runs: dict, names: list[str], key: str, model: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for method, color in (("trades", "tab:blue"), ("ikl_at", "tab:red")):
         points = []
@@ -92,7 +99,7 @@ def plot(runs: dict, names: list[str], key: str, path: Path) -> None:
                     label="TRADES (β)" if method == "trades" else "IKL-AT (MSE, CE weights)")
     ax.set_xlabel("clean accuracy (%), 10,000 test images")
     ax.set_ylabel(f"robust accuracy (%), {ROBUST[key]}")
-    ax.set_title("Fashion-MNIST, convnet_small, L∞ ε = 0.1: mean ± std over seeds", fontsize=10)
+    ax.set_title(f"Fashion-MNIST, {model}, L∞ ε = 0.1: mean ± std over seeds", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -112,6 +119,10 @@ def main(root: Path, out: Path) -> None:
     first = f"first {'/'.join(map(str, aa_images)) or 'N'}"
     text = ["### Accuracy (%), mean ± std over seeds\n\n" + markdown_table(
         ["setting", "seeds", "clean (10,000)", "PGD-20 (10,000)", f"clean ({first})", f"AutoAttack ({first})"], rows)]
+    every = [[n, str(seed), *(f"{r[c]:.2f}" if c in r else "–" for c in columns)]
+             for n in names for seed, r in runs[n].items()]
+    text.append("### Every run (%)\n\n" + markdown_table(
+        ["setting", "seed", "clean (10,000)", "PGD-20 (10,000)", f"clean ({first})", f"AutoAttack ({first})"], every))
     trades = [n for n in names if n.startswith("trades_")]
     tests = [row for n in names if n.startswith("ikl_at_") for key in ROBUST if (row := matched(runs, trades, n, key))]
     if tests:
@@ -121,7 +132,7 @@ def main(root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for key in ROBUST:
         if any(key in r for rs in runs.values() for r in rs.values()):
-            plot(runs, names, key, out / f"front_{key}.png")
+            plot(runs, names, key, model_name(root), out / f"front_{key}.png")
     (out / "tables.md").write_text("\n\n".join(text) + "\n")
     (out / "summary.json").write_text(json.dumps(runs, indent=1) + "\n")
     print("\n\n".join(text))

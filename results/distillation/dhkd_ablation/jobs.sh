@@ -15,12 +15,18 @@ declare -A ROW=(  # row: recipe and overrides
   [dual_align]="dhkd"
   [dual_align_mlp]="dhkd method.aux_head=mlp"
   [dual_align_bkl]="dhkd method.aux_loss=binary_kl"
+  [dual_align_bkl_t0.25]="dhkd method.aux_loss=binary_kl method.temperature=0.25"
+  [dual_align_bkl_t0.5]="dhkd method.aux_loss=binary_kl method.temperature=0.5"
+  [dual_align_bkl_t1]="dhkd method.aux_loss=binary_kl method.temperature=1"
+  [dual_align_bkl_t4]="dhkd method.aux_loss=binary_kl method.temperature=4"
+  [dual_align_bkl_t8]="dhkd method.aux_loss=binary_kl method.temperature=8"
   [dual_kd]="dual_head_kd"
 )
 for seed in $SEEDS; do
   for k in 10 100; do
     task $k
-    for row in ce kd bkl_only ce_bkl dual dual_align dual_align_mlp dual_align_bkl dual_kd; do
+    for row in ce kd bkl_only ce_bkl dual dual_align dual_align_mlp dual_align_bkl dual_kd \
+        dual_align_bkl_t0.25 dual_align_bkl_t0.5 dual_align_bkl_t1 dual_align_bkl_t4 dual_align_bkl_t8; do
       read -r recipe overrides <<< "${ROW[$row]}"
       teacher=""; [ $recipe = student ] || teacher="teacher.checkpoint=$RUNS/teacher_k$k"
       echo "$RUNS/dhkd_ablation/k$k/$row/seed$seed $cfgdir/$recipe.yaml $teacher seed=$seed $sub $COMMON $overrides"
