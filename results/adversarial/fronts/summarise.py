@@ -23,6 +23,7 @@ from kdcollapse.report import markdown_table, mean_std, paired_t_test  # noqa: E
 
 PGD, AA = "pgd-20 Linf eps=0.1 last", "autoattack-standard Linf eps=0.1 last"
 ROBUST = {"pgd20": "PGD-20 (10,000)", "aa": "AutoAttack standard"}
+ATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")  # AutoAttack standard's stages
 
 
 def settings() -> list[str]:
@@ -42,7 +43,8 @@ def load(run: Path) -> dict | None:
     out = {"clean": 100 * evals[PGD]["clean_accuracy"], "pgd20": 100 * evals[PGD]["robust_accuracy"]}
     if AA in evals:
         out |= {"clean_aa": 100 * evals[AA]["clean_accuracy"], "aa": 100 * evals[AA]["robust_accuracy"],
-                "aa_images": int(re.search(r"first (\d+)", evals[AA]["examples"]).group(1))}
+                "aa_images": int(re.search(r"first (\d+)", evals[AA]["examples"]).group(1)),
+                "aa_broken": {stage["attack"]: stage["broken"] for stage in evals[AA]["stages"]}}
     return out
 
 
@@ -138,6 +140,12 @@ def main(root: Path, out: Path) -> None:
         text.append("### IKL-AT against TRADES' front at the same clean accuracy (robust accuracy, pp)\n\n"
                     + markdown_table(["IKL-AT setting", "robust accuracy", "seeds", "per seed (pp)", "mean (pp)",
                                       "paired t-test p"], tests))
+    stages = [[n, *(mean_std([r["aa_broken"].get(a, 0) for r in done], 1) for a in ATTACKS)]
+              for n in names if (done := [r for r in runs[n].values() if "aa_broken" in r])]
+    if stages:
+        text.append(f"### Images each AutoAttack stage broke ({first}; mean ± std over seeds): what FAB-T and Square "
+                    "find after APGD is the check against gradient masking\n\n"
+                    + markdown_table(["setting", *ATTACKS], stages))
     beaten = [[n, ", ".join(f"β = {t.removeprefix('trades_b')}" for t in trades if both_higher(runs, n, t)) or "none"]
               for n in names if n.startswith("ikl_at_") and runs[n]]
     if beaten:
