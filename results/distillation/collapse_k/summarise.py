@@ -58,6 +58,25 @@ def cell(runs: dict[int, dict], key: str) -> str:
     return ", ".join(([mean_std(done)] if done else []) + diverged)
 
 
+def paired_tests(runs: dict[str, dict[int, dict]], pairs: list[tuple[str, str]], labels: dict[str, str]) -> list:
+    """Table rows of the paired test-accuracy differences a − b (at the last epoch and at the best validation
+    epoch) over the seeds where both finished, with a paired t-test."""
+    tests = []
+    for a, b in pairs:
+        if a not in runs or b not in runs:
+            continue
+        for key, what in (("last_acc", "last epoch"), ("val_selected_acc", "best val epoch")):
+            seeds = [s for s in runs[a] if s in runs[b] and runs[a][s].get(key) is not None
+                     and runs[b][s].get(key) is not None]
+            if len(seeds) < 2:
+                continue
+            x, y = [runs[a][s][key] for s in seeds], [runs[b][s][key] for s in seeds]
+            d, p = paired_t_test(x, y)
+            per = ", ".join(f"{u - v:+.2f}" for u, v in zip(x, y))
+            tests.append([f"{labels[a]} − {labels[b]}", what, ",".join(map(str, seeds)), per, f"{d:+.2f}", f"{p:.3f}"])
+    return tests
+
+
 def main(root: Path, out: Path) -> None:
     summary, text = {}, []
     for k in (10, 100):
@@ -75,19 +94,7 @@ def main(root: Path, out: Path) -> None:
         text.append(f"### K = {k}\n\n" + markdown_table(
             ["setting", "seeds", "last test acc (%)", "test acc at best val epoch (%)", "largest logit (last saved)",
              "test acc per epoch, per seed"], rows))
-        tests = []
-        for a, b in PAIRS:
-            if a in runs_k and b in runs_k:
-                for key, what in (("last_acc", "last epoch"), ("val_selected_acc", "best val epoch")):
-                    seeds = [s for s in runs_k[a] if s in runs_k[b] and runs_k[a][s].get(key) is not None
-                             and runs_k[b][s].get(key) is not None]
-                    if len(seeds) < 2:
-                        continue
-                    x, y = [runs_k[a][s][key] for s in seeds], [runs_k[b][s][key] for s in seeds]
-                    d, p = paired_t_test(x, y)
-                    per = ", ".join(f"{u - v:+.2f}" for u, v in zip(x, y))
-                    tests.append([f"{SETTINGS[a]} − {SETTINGS[b]}", what, ",".join(map(str, seeds)), per,
-                                  f"{d:+.2f}", f"{p:.3f}"])
+        tests = paired_tests(runs_k, PAIRS, SETTINGS)
         if tests:
             text.append(markdown_table(["difference (test acc)", "at", "seeds", "per seed (pp)", "mean (pp)",
                                         "paired t-test p"], tests))

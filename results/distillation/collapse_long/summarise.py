@@ -15,10 +15,12 @@ from kdcollapse.report import markdown_table
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "collapse_k")]
 from study import write_tables  # noqa: E402  (results/distillation/study.py)
-from summarise import cell, load_run  # noqa: E402  (results/distillation/collapse_k/summarise.py)
+from summarise import cell, load_run, paired_tests  # noqa: E402  (results/distillation/collapse_k/summarise.py)
 
 SETTINGS = {"ce": "CE only", "bkl_only": "BinaryKL only (stable)", "ce_bkl_stable": "CE + BinaryKL one head, stable",
             "ce_bkl_official": "CE + BinaryKL one head, official clamp"}
+PAIRS = [("ce_bkl_stable", "ce"), ("ce_bkl_stable", "bkl_only"), ("ce_bkl_official", "ce"),
+         ("ce_bkl_official", "bkl_only"), ("ce_bkl_official", "ce_bkl_stable")]
 
 
 def main(root: Path, out: Path) -> None:
@@ -34,6 +36,9 @@ def main(root: Path, out: Path) -> None:
             text.append(f"### K = {k}\n\n" + markdown_table(
                 ["setting", "seeds", "last test acc (%)", "test acc at best val epoch (%)",
                  "largest logit (last saved)", "best train acc (%)"], rows))
+        if tests := paired_tests(runs, PAIRS, SETTINGS):
+            text.append(markdown_table(["difference (test acc)", "at", "seeds", "per seed (pp)", "mean (pp)",
+                                        "paired t-test p"], tests))
         summary[f"k{k}"] = runs
     write_tables(out, text, summary)
 
