@@ -48,4 +48,3 @@ def shared_machine(load: tuple[float, float]) -> str:
     and at the end of the benchmark, torch threads and version."""
     return (f"Machine: {cpu_model()} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at the "
             f"start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, torch {torch.__version__}")
-

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from kdcollapse.config import method_config
 from kdcollapse.data import load_dataset

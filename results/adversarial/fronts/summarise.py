@@ -70,8 +70,9 @@ def matched(runs: dict, trades: list[str], name: str, key: str) -> list[str] | N
         return None
     seeds = sorted(diffs)
     d, p = paired_t_test([diffs[s][0] for s in seeds], [diffs[s][1] for s in seeds])
-    return [name, ROBUST[key], ",".join(map(str, seeds)),
-            ", ".join(f"{diffs[s][0] - diffs[s][1]:+.2f}" for s in seeds), f"{d:+.2f}", f"{p:.3f}" if p >= 0.001 else "< 0.001"]
+    per_seed = ", ".join(f"{diffs[s][0] - diffs[s][1]:+.2f}" for s in seeds)
+    p_text = f"{p:.3f}" if p >= 0.001 else "< 0.001"
+    return [name, ROBUST[key], ",".join(map(str, seeds)), per_seed, f"{d:+.2f}", p_text]
 
 
 def model_name(root: Path) -> str:
