@@ -1,0 +1,139 @@
+"""The decisions inside the results pages' summary scripts, on run directories written here: where a front is
+interpolated (and where it refuses to extrapolate), which seeds a matched comparison pairs, which τ the DHKD
+Tables 8–9 summary chooses (on validation, never on test), and the paired differences of the collapse pages."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def script(path: str, name: str):
+    """Import ``results/<path>`` as module ``name`` (the scripts are run as files, not a package); the folders
+    it puts on ``sys.path`` and the helper modules it imports from them (``study``) are taken back after."""
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location(name, RESULTS / path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path_before
+        for added in set(sys.modules) - modules_before:
+            if getattr(sys.modules[added], "__file__", "") and str(RESULTS) in sys.modules[added].__file__:
+                del sys.modules[added]
+    return module
+
+
+@pytest.fixture(scope="module")
+def fronts():
+    pytest.importorskip("matplotlib")
+    return script("adversarial/fronts/summarise.py", "fronts_summarise")
+
+
+@pytest.fixture(scope="module")
+def dhkd():
+    return script("distillation/dhkd_ablation/summarise.py", "dhkd_summarise")
+
+
+@pytest.fixture(scope="module")
+def collapse_k():
+    return script("distillation/collapse_k/summarise.py", "collapse_k_summarise")
+
+
+def test_front_interpolates_between_neighbours_and_never_extrapolates(fronts):
+    points = [(82.0, 47.0), (76.0, 50.0), (79.0, 49.0)]  # unsorted on purpose
+    assert fronts.front_at(points, 77.5) == pytest.approx(49.5)  # halfway between (76, 50) and (79, 49)
+    assert fronts.front_at(points, 76.0) == pytest.approx(50.0)
+    assert fronts.front_at(points, 75.9) is None
+    assert fronts.front_at(points, 82.1) is None
+
+
+def test_matched_pairs_each_seed_with_its_own_front_and_drops_seeds_off_it(fronts):
+    runs = {
+        "trades_b1": {0: {"clean": 80.0, "aa": 46.0}, 1: {"clean": 81.0, "aa": 47.0}, 2: {"clean": 80.0, "aa": 46.0}},
+        "trades_b9": {0: {"clean": 76.0, "aa": 50.0}, 1: {"clean": 77.0, "aa": 50.0}, 2: {"clean": 76.0, "aa": 50.0}},
+        # seed 2 lies below its front's clean range: left out, not extrapolated
+        "ikl_at_x": {0: {"clean": 78.0, "aa": 53.0}, 1: {"clean": 79.0, "aa": 52.0}, 2: {"clean": 75.0, "aa": 60.0}},
+    }
+    row = fronts.matched(runs, ["trades_b1", "trades_b9"], "ikl_at_x", "aa")
+    assert row[2] == "0,1"
+    # seed 0: front at 78 is 48.0 -> +5.0; seed 1: front at 79 is 48.5 -> +3.5
+    assert row[3] == "+5.00, +3.50"
+    expected_p = stats.ttest_rel([53.0, 52.0], [48.0, 48.5]).pvalue
+    assert row[4] == "+4.25" and float(row[5]) == pytest.approx(expected_p, abs=5e-4)
+    runs["ikl_at_x"][1]["clean"] = 90.0  # now one seed only: no test
+    assert fronts.matched(runs, ["trades_b1", "trades_b9"], "ikl_at_x", "aa") is None
+
+
+def test_both_higher_needs_both_accuracies_in_the_mean(fronts):
+    runs = {"a": {0: {"clean": 75.0, "aa": 53.0}, 1: {"clean": 76.0, "aa": 54.0}},
+            "b": {0: {"clean": 74.0, "aa": 50.0}, 1: {"clean": 75.0, "aa": 49.0}},
+            "c": {0: {"clean": 80.0, "aa": 47.0}, 1: {"clean": 80.0, "aa": 47.0}}}
+    assert fronts.both_higher(runs, "a", "b")
+    assert not fronts.both_higher(runs, "a", "c")  # more robust but less clean
+    assert not fronts.both_higher(runs, "b", "a")
+
+
+def test_load_reads_robust_eval_and_the_stages_autoattack_broke(fronts, tmp_path):
+    stages = [{"attack": a, "broken": b} for a, b in (("apgd-ce", 400), ("apgd-t", 40), ("fab-t", 1), ("square", 2))]
+    (tmp_path / "robust_eval.json").write_text(json.dumps({
+        fronts.PGD: {"clean_accuracy": 0.75, "robust_accuracy": 0.55},
+        fronts.AA: {"clean_accuracy": 0.76, "robust_accuracy": 0.53, "examples": "first 2000 test images",
+                    "stages": stages}}))
+    got = fronts.load(tmp_path)
+    assert got["clean"] == pytest.approx(75.0) and got["pgd20"] == pytest.approx(55.0)
+    assert got["aa"] == pytest.approx(53.0) and got["aa_images"] == 2000
+    assert got["aa_broken"] == {"apgd-ce": 400, "apgd-t": 40, "fab-t": 1, "square": 2}
+    assert fronts.load(tmp_path / "missing") is None
+
+
+def write_run(run: Path, val: float, test: float) -> None:
+    """A finished run of the distillation studies: two epochs, the best validation epoch last."""
+    run.mkdir(parents=True)
+    (run / "outcome.json").write_text(json.dumps({"status": "finished"}))
+    records = [{"epoch": 1, "val_acc": val - 5, "test_acc": test + 10}, {"epoch": 2, "val_acc": val, "test_acc": test}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_best_tau_is_chosen_on_validation_and_compared_paired_by_seed(dhkd, tmp_path):
+    # τ = 4 has the best validation accuracy, τ = 1 the best test accuracy: the choice must be τ = 4
+    val = {0.25: 50, 0.5: 51, 1: 52, 2: 53, 4: 60, 8: 54}
+    test = {0.25: 50, 0.5: 51, 1: 70, 2: 53, 4: 55, 8: 54}
+    for tau, row in dhkd.TAUS.items():
+        for seed in range(3):
+            write_run(tmp_path / "k100" / row / f"seed{seed}", val[tau] + seed, test[tau] + seed)
+    for seed, norm in enumerate((50.0, 52.0, 51.0)):
+        write_run(tmp_path / "k100" / "dual_align" / f"seed{seed}", 58.0, norm)
+    text, summary = dhkd.best_tau(tmp_path)
+    assert summary == {"k100": {"chosen_tau": 4, "mean_val": {t: v + 1 for t, v in val.items()}}}
+    assert "| 4 (chosen) |" in text[0]
+    # τ = 4 test accuracies 55, 56, 57 against BinaryKL-Norm 50, 52, 51
+    assert "| BinaryKL τ = 4 − BinaryKL-Norm τ = 2 | 0,1,2 | +5.00, +4.00, +6.00 | +5.00 |" in text[0]
+    assert "| BinaryKL τ = 4 − BinaryKL τ = 2 | 0,1,2 | +2.00, +2.00, +2.00 | +2.00 |" in text[0]
+
+
+def test_best_tau_compares_only_seeds_every_tau_has(dhkd, tmp_path):
+    for tau, row in dhkd.TAUS.items():
+        for seed in (0, 1) if tau == 8 else (0, 1, 2):
+            write_run(tmp_path / "k10" / row / f"seed{seed}", 70 + (seed == 2) * 100 * (tau == 1), 70)
+    _, summary = dhkd.best_tau(tmp_path)
+    assert summary["k10"]["mean_val"][1] == 70  # seed 2's 170 of τ = 1 is not counted: τ = 8 lacks seed 2
+
+
+def test_paired_tests_skip_unfinished_seeds_and_match_scipy(collapse_k):
+    runs = {"a": {0: {"last_acc": 80.0, "val_selected_acc": 81.0}, 1: {"last_acc": 82.0, "val_selected_acc": 83.0},
+                  2: {"last_acc": 79.0, "val_selected_acc": 80.0}, 3: {"last_acc": None}},  # seed 3 diverged
+            "b": {0: {"last_acc": 78.0, "val_selected_acc": 80.0}, 1: {"last_acc": 81.0, "val_selected_acc": 81.0},
+                  2: {"last_acc": 76.0, "val_selected_acc": 79.5}, 3: {"last_acc": 70.0}}}
+    rows = collapse_k.paired_tests(runs, [("a", "b"), ("a", "missing")], {"a": "A", "b": "B"})
+    assert [r[:4] for r in rows] == [["A − B", "last epoch", "0,1,2", "+2.00, +1.00, +3.00"],
+                                     ["A − B", "best val epoch", "0,1,2", "+1.00, +2.00, +0.50"]]
+    p = stats.ttest_rel([80.0, 82.0, 79.0], [78.0, 81.0, 76.0]).pvalue
+    assert rows[0][4] == "+2.00" and float(rows[0][5]) == pytest.approx(p, abs=5e-4)
