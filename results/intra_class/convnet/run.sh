@@ -5,11 +5,15 @@
 #   sh results/intra_class/convnet/run.sh            # SEEDS="0 1 2" LAMBDAS="0 0.1 0.3 1" RKD_LAMBDAS="0 1" by default
 # then: python results/intra_class/convnet/summarise.py
 # Runs go to $OUT (default /work/runs/intra_class_convnet); finished runs are skipped.
+# TEACHER_OVERRIDES are key=value overrides given to the teachers only; the regime where distillation
+# helps (teacher3000/README.md) trains the teachers on 3,000 images per class:
+#   TEACHER_OVERRIDES=data.train_per_class=3000 OUT=/work/runs/intra_class_convnet3000 sh results/intra_class/convnet/run.sh
 set -eu
 OUT=${OUT:-/work/runs/intra_class_convnet}
 PYTHON=${PYTHON:-python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONPATH=src
 SEEDS=${SEEDS:-0 1 2}
+TEACHER_OVERRIDES=${TEACHER_OVERRIDES:-}
 LAMBDAS=${LAMBDAS:-0 0.1 0.3 1}
 RKD_LAMBDAS=${RKD_LAMBDAS:-0 1}
 BASE=results/intra_class/convnet/base.yaml  # data subset, optimiser, schedule, epochs
@@ -26,7 +30,7 @@ for seed in $SEEDS; do
     run train "$OUT/student_ce/seed$seed" seed=$seed model.name=convnet_small method="{name: vanilla}"
     for lam in $LAMBDAS; do
         run train "$OUT/teacher_l$lam/seed$seed" seed=$seed model.name=convnet \
-            method="$(echo "$TEACHER" | sed "s/LAM/$lam/")"
+            method="$(echo "$TEACHER" | sed "s/LAM/$lam/")" $TEACHER_OVERRIDES
         run distill "$OUT/student_kd_l$lam/seed$seed" seed=$seed model.name=convnet_small \
             method="{name: kd, ce_weight: 0.1, kd_weight: 0.9, temperature: 1.0}" \
             teacher.checkpoint="$OUT/teacher_l$lam/seed$seed"
