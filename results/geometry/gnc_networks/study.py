@@ -4,6 +4,11 @@ bottleneck of width d and a cosine classifier (method ``spherical``, head ``cosi
 results/geometry/gnc_networks/runs.json, one row per run.
 
     PYTHONPATH=src python results/geometry/gnc_networks/study.py [--seeds 0,1,2] [--out /work/runs/gnc_networks]
+        [--terminal]
+
+``--terminal``: the tau sweep of Fig. 2 trained into the terminal phase (TERMINAL: 200 epochs, every run at
+100 % training accuracy, the gradient's norm clipped at 1 so that small tau trains at all); rows go to
+runs_terminal.json and runs to OUT/terminal.
 """
 
 from __future__ import annotations
@@ -24,15 +29,16 @@ HERE = Path(__file__).parent
 TAUS = (0.02, 0.05, 0.1, 0.2, 0.5)  # Fig. 2, at d = 16
 DIMS = (3, 5, 8, 16, 32)  # Fig. 3, at tau = BASE_TAU; all < K - 1 = 99
 BASE_TAU, BASE_DIM = 0.2, 16  # tau = 0.2: the best-trained tau of the Fig. 2 sweep at this schedule
+TERMINAL = {"epochs": 200, "grad_clip": 1.0}
 
 
-def grid() -> list[tuple[float, int]]:
-    points = [(t, BASE_DIM) for t in TAUS] + [(BASE_TAU, d) for d in DIMS]
+def grid(terminal: bool = False) -> list[tuple[float, int]]:
+    points = [(t, BASE_DIM) for t in TAUS] + ([] if terminal else [(BASE_TAU, d) for d in DIMS])
     return list(dict.fromkeys(points))
 
 
-def config(run_dir: Path, seed: int, tau: float, dim: int) -> dict:
-    return {
+def config(run_dir: Path, seed: int, tau: float, dim: int, terminal: bool = False) -> dict:
+    cfg = {
         "run_dir": str(run_dir), "seed": seed,
         "data": {"name": "fashion_mnist_pairs", "train_per_class": 40, "val_per_class": 10,
                  "test_per_class": 50, "batch_size": 128},
@@ -42,6 +48,9 @@ def config(run_dir: Path, seed: int, tau: float, dim: int) -> dict:
         "schedule": {"name": "cosine"},
         "train": {"epochs": 15, "progress": False, "device": "cpu"},
     }
+    if terminal:
+        cfg["train"]["epochs"], cfg["optim"]["grad_clip"] = TERMINAL["epochs"], TERMINAL["grad_clip"]
+    return cfg
 
 
 @torch.no_grad()
@@ -77,18 +86,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default="/work/runs/gnc_networks")
+    parser.add_argument("--terminal", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    path = HERE / "runs.json"
+    path = HERE / ("runs_terminal.json" if args.terminal else "runs.json")
+    out = Path(args.out) / "terminal" if args.terminal else Path(args.out)
     rows = json.loads(path.read_text()) if path.exists() else []
     done = {(r["tau"], r["dim"], r["seed"]) for r in rows}
     for seed in (int(s) for s in args.seeds.split(",")):
-        for tau, dim in grid():
+        for tau, dim in grid(args.terminal):
             if (tau, dim, seed) in done:
                 continue
-            run_dir = Path(args.out) / f"tau{tau:g}_d{dim}" / f"seed{seed}"
+            run_dir = out / f"tau{tau:g}_d{dim}" / f"seed{seed}"
             if not (run_dir.is_dir() and Run(run_dir).finished()):
-                fit(config_from_dict(config(run_dir, seed, tau, dim)), overwrite=True)
+                fit(config_from_dict(config(run_dir, seed, tau, dim, args.terminal)), overwrite=True)
             row = {"tau": tau, "dim": dim, "seed": seed, **measure(Run(run_dir))}
             rows.append(row)
             path.write_text(json.dumps(rows, indent=1))

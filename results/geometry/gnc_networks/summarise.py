@@ -1,6 +1,9 @@
 """Tables and the Fig. 2 / Fig. 3-style plots of results/geometry/gnc_networks (reads runs.json).
 
     python results/geometry/gnc_networks/summarise.py   # writes tables.md, fig2_tau.png, fig3_dim.png here
+
+and, when runs_terminal.json exists (study.py --terminal), the terminal-phase tau sweep: its table in
+tables.md and fig2_tau_terminal.png.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from study import BASE_DIM, BASE_TAU, DIMS, TAUS  # noqa: E402
+from study import BASE_DIM, BASE_TAU, DIMS, TAUS, TERMINAL  # noqa: E402
 
 COLUMNS = ("test_acc", "train_acc", "gnc1", "gnc2", "gnc3", "nc1")
 
@@ -44,6 +47,23 @@ def table(rows, points, label):
         key = f"{tau:g}" if label == "τ" else f"{dim}"
         lines.append(f"| {key} | {len(rs)} | " + " | ".join(cells)
                      + f" | [{rs[0]['gnc2_lower']:.3f}, {rs[0]['gnc2_upper']:.3f}] |")
+    return lines
+
+
+def paired_extremes(rows, points):
+    """For each measure, the smallest-τ run minus the largest-τ run of the same seed: mean ± std and the
+    paired t-test p-value (the Fig. 2 claim is that GNC1 and GNC3 fall and GNC2 rises as τ falls)."""
+    from scipy import stats
+
+    (lo, dim), (hi, _) = min(points), max(points)
+    a = {r["seed"]: r for r in select(rows, lo, dim)}
+    b = {r["seed"]: r for r in select(rows, hi, dim)}
+    seeds = sorted(set(a) & set(b))
+    lines = [f"| τ = {lo:g} − τ = {hi:g}, same seed (n = {len(seeds)}) | mean ± std | paired p |", "|---|---|---|"]
+    for c in COLUMNS:
+        diffs = [(100 if c.endswith("acc") else 1) * (a[s][c] - b[s][c]) for s in seeds]
+        p = stats.ttest_rel([a[s][c] for s in seeds], [b[s][c] for s in seeds]).pvalue if len(seeds) >= 3 else None
+        lines.append(f"| {c} | {mean_std(diffs)} | {'–' if p is None else f'{p:.3g}'} |")
     return lines
 
 
@@ -84,6 +104,14 @@ def main():
     dim_points = [(BASE_TAU, d) for d in DIMS]
     text = [f"# vs τ (d = {BASE_DIM}), mean ± std over seeds", "", *table(rows, tau_points, "τ"), "",
             f"# vs d (τ = {BASE_TAU:g}), mean ± std over seeds", "", *table(rows, dim_points, "d"), ""]
+    terminal = HERE / "runs_terminal.json"
+    if terminal.exists():
+        rows_t = json.loads(terminal.read_text())
+        text += [f"# vs τ (d = {BASE_DIM}) in the terminal phase ({TERMINAL['epochs']} epochs, gradient norm clipped "
+                 f"at {TERMINAL['grad_clip']:g}), mean ± std over seeds", "", *table(rows_t, tau_points, "τ"), "",
+                 *paired_extremes(rows_t, tau_points), ""]
+        plot(rows_t, tau_points, lambda t, d: t, f"temperature τ (d = {BASE_DIM}, {TERMINAL['epochs']} epochs)",
+             HERE / "fig2_tau_terminal.png")
     (HERE / "tables.md").write_text("\n".join(text))
     plot(rows, tau_points, lambda t, d: t, f"temperature τ (d = {BASE_DIM})", HERE / "fig2_tau.png")
     plot(rows, dim_points, lambda t, d: d, f"feature dimension d (τ = {BASE_TAU:g})", HERE / "fig3_dim.png",

@@ -1,7 +1,10 @@
 """Tables for results/intra_class/convnet (runs of run.sh): teacher accuracy, soft-label diversity and
 feature geometry against λ; student accuracy against λ, "Ours + RKD", and the CE-only student.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python results/intra_class/convnet/summarise.py [--runs DIR]
+    OMP_NUM_THREADS=1 PYTHONPATH=src python results/intra_class/convnet/summarise.py [--runs DIR] [--out DIR]
+
+(--out: where tables.md and runs.json go; this directory by default, teacher3000/ for the runs whose teachers
+saw 3,000 images per class.)
 
 Teachers are measured on the run's test subset (300 images per class) in eval mode with the measures of
 results/intra_class/analyse_fashion_mnist.py (soft-label spread = mean ‖p(x) − p̄_y‖², p = softmax(z);
@@ -53,7 +56,10 @@ def finished(path: Path) -> list[Path]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", default="/work/runs/intra_class_convnet")
-    root = Path(parser.parse_args().runs)
+    parser.add_argument("--out", default=str(HERE))
+    args = parser.parse_args()
+    root, out = Path(args.runs), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = {"teachers": {}, "students": {}}
     for d in sorted(root.glob("teacher_l*")):
         for seed_dir in finished(d):
@@ -67,7 +73,7 @@ def main():
             last = read_metrics(seed_dir)[-1]
             rows["students"].setdefault(d.name, {})[seed_dir.name] = {"test_acc": last["test_acc"],
                                                                       "val_acc": last.get("val_acc")}
-    (HERE / "runs.json").write_text(json.dumps(rows, indent=1))
+    (out / "runs.json").write_text(json.dumps(rows, indent=1))
     lines = ["| teacher λ | seeds | test acc (%) | soft-label spread | d_intra | d_intra/d_inter | VCI | NC1 |",
              "|" + "---|" * 8]
     for name, per in rows["teachers"].items():
@@ -81,7 +87,7 @@ def main():
     for name, per in acc.items():
         lines.append(f"| {name} | {len(per)} | {mean_std(list(per.values()))} | "
                      f"{paired(per, acc.get('student_ce', {}))} | {paired(per, acc.get('student_kd_l0', {}))} |")
-    (HERE / "tables.md").write_text("\n".join(lines) + "\n")
+    (out / "tables.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
