@@ -154,7 +154,8 @@ def test_gnc_terminal_extremes_pair_smallest_with_largest_tau():
     gnc = script("geometry/gnc_networks/summarise.py", "gnc_networks_summarise")
     keys = ("test_acc", "train_acc", "gnc1", "gnc2", "gnc3", "nc1")
     rows = [{"tau": t, "dim": 16, "seed": s, **{k: t * (1 + s) + (0.1 * s if t < 0.1 else 0) for k in keys}}
-            for t in (0.02, 0.2, 0.5) for s in (0, 1, 2)] + [{"tau": 0.5, "dim": 8, "seed": 0, **dict.fromkeys(keys, 9)}]
+            for t in (0.02, 0.2, 0.5) for s in (0, 1, 2)]
+    rows.append({"tau": 0.5, "dim": 8, "seed": 0, **dict.fromkeys(keys, 9)})  # another d: not paired
     lines = gnc.paired_extremes(rows, [(0.02, 16), (0.2, 16), (0.5, 16)])
     assert lines[0].startswith("| τ = 0.02 − τ = 0.5, same seed (n = 3)")
     low = [0.02 * (1 + s) + 0.1 * s for s in range(3)]

@@ -92,8 +92,9 @@ def measure(run: Run) -> dict:
     means = torch.stack([h[train.labels == c].mean(0) for c in range(k)])
     norms = means.norm(dim=1)
     w = model.head.weight.detach().double()
+    w_norms = w.norm(dim=1)
     row = {"test_acc": test_acc,
-           "mean_norm_cv": float(norms.std() / norms.mean()), "w_norm_cv": float(w.norm(dim=1).std() / w.norm(dim=1).mean()),
+           "mean_norm_cv": float(norms.std() / norms.mean()), "w_norm_cv": float(w_norms.std() / w_norms.mean()),
            "mean_gap_min": gaps(means)[0], "mean_gap_max": gaps(means)[1],
            "w_gap_min": gaps(w)[0], "w_gap_max": gaps(w)[1]}
     if k == 6:

@@ -54,9 +54,11 @@ def main() -> None:
         for setting, runs in groups.items():
             cells = [fmt([r[k] for r in runs], 100 if k == "test_acc" else 1) for k in COLUMNS]
             lines.append(f"| {setting} | {','.join(str(r['seed']) for r in runs)} | " + " | ".join(cells) + " |")
-        lines += ["", "| paired difference | measure | mean ± std (each seed) | paired t-test p |", "|---|---|---|---|"]
+        lines += ["", "| paired difference | measure | mean ± std (each seed) | paired t-test p |",
+                  "|---|---|---|---|"]
         lines += [paired(groups, a, b, key) for a, b, key in COMPARISONS[figure]]
-        pairs = [(s, r["seed"], r["pair_angles_deg"]) for s, runs in groups.items() for r in runs if "pair_angles_deg" in r]
+        pairs = [(s, r["seed"], r["pair_angles_deg"])
+                 for s, runs in groups.items() for r in runs if "pair_angles_deg" in r]
         if pairs:
             lines += ["", "| setting | seed | angle between the rows of each similar pair (degrees) |", "|---|---|---|"]
             lines += [f"| {s} | {seed} | {', '.join(f'{a:.0f}' for a in angles)} |" for s, seed, angles in pairs]
