@@ -88,7 +88,38 @@ def main():
         lines.append(f"| {name} | {len(per)} | {mean_std(list(per.values()))} | "
                      f"{paired(per, acc.get('student_ce', {}))} | {paired(per, acc.get('student_kd_l0', {}))} |")
     (out / "tables.md").write_text("\n".join(lines) + "\n")
+    plot(rows, acc, out / "lambda.png")
     print("\n".join(lines))
+
+
+def plot(rows: dict, acc: dict, path: Path) -> None:
+    """Teacher soft-label spread and student accuracy against λ (mean ± std over seeds), CE student as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(per_name: dict, prefix: str, value):
+        points = sorted((float(name.removeprefix(prefix)), [value(v) for v in per.values()])
+                        for name, per in per_name.items() if name.startswith(prefix))
+        return ([x for x, _ in points], [statistics.mean(v) for _, v in points],
+                [statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in points])
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.errorbar(*series(rows["teachers"], "teacher_l", lambda v: v["soft_label_spread"]), marker="o", capsize=3)
+    left.set(xlabel="teacher λ", ylabel="soft-label spread", title="teacher")
+    for prefix, label in (("student_kd_l", "KD"), ("student_kdrkd_l", "KD + RKD")):
+        right.errorbar(*series(acc, prefix, lambda v: v), marker="o", capsize=3, label=label)
+    ce = list(acc.get("student_ce", {}).values())
+    if ce:
+        mean, std = statistics.mean(ce), statistics.stdev(ce) if len(ce) > 1 else 0.0
+        right.axhspan(mean - std, mean + std, color="grey", alpha=0.3, label="CE only (± std)")
+    right.set(xlabel="teacher λ", ylabel="student test accuracy (%)", title="student (convnet_small)")
+    right.legend()
+    for ax in (left, right):
+        ax.set_xscale("symlog", linthresh=0.1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
