@@ -2,8 +2,8 @@
 
     python results/geometry/gnc_networks/summarise.py   # writes tables.md, fig2_tau.png, fig3_dim.png here
 
-and, when runs_terminal.json exists (study.py --terminal), the terminal-phase tau sweep: its table in
-tables.md and fig2_tau_terminal.png.
+and, when runs_terminal.json exists (study.py --terminal), the terminal-phase sweeps: their tables in
+tables.md, fig2_tau_terminal.png and fig3_dim_terminal.png.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def plot(rows, points, x_of, xlabel, path, bounds=False):
             ax.plot(xs, [r["gnc2_upper"] for r in firsts], "k:", label="Thm 3.9 upper")
             ax.legend()
         ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.set_xlabel(xlabel)
         ax.set_title(key)
     fig.tight_layout()
@@ -112,6 +114,11 @@ def main():
                  *paired_extremes(rows_t, tau_points), ""]
         plot(rows_t, tau_points, lambda t, d: t, f"temperature τ (d = {BASE_DIM}, {TERMINAL['epochs']} epochs)",
              HERE / "fig2_tau_terminal.png")
+        dim_points_t = [(TERMINAL["tau"], d) for d in DIMS]
+        text += [f"# vs d (τ = {TERMINAL['tau']:g}) in the terminal phase, mean ± std over seeds", "",
+                 *table(rows_t, dim_points_t, "d"), ""]
+        plot(rows_t, dim_points_t, lambda t, d: d, f"feature dimension d (τ = {TERMINAL['tau']:g}, "
+             f"{TERMINAL['epochs']} epochs)", HERE / "fig3_dim_terminal.png", bounds=True)
     (HERE / "tables.md").write_text("\n".join(text))
     plot(rows, tau_points, lambda t, d: t, f"temperature τ (d = {BASE_DIM})", HERE / "fig2_tau.png")
     plot(rows, dim_points, lambda t, d: d, f"feature dimension d (τ = {BASE_TAU:g})", HERE / "fig3_dim.png",
