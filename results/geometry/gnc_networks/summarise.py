@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+from scipy import stats
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -53,8 +54,6 @@ def table(rows, points, label):
 def paired_extremes(rows, points):
     """For each measure, the smallest-τ run minus the largest-τ run of the same seed: mean ± std and the
     paired t-test p-value (the Fig. 2 claim is that GNC1 and GNC3 fall and GNC2 rises as τ falls)."""
-    from scipy import stats
-
     (lo, dim), (hi, _) = min(points), max(points)
     a = {r["seed"]: r for r in select(rows, lo, dim)}
     b = {r["seed"]: r for r in select(rows, hi, dim)}
