@@ -198,3 +198,23 @@ def test_parameter_groups_scale_the_learning_rate_through_the_schedule(tiny_conf
     lr0, lr1 = (g["lr"] for g in opt.param_groups)
     assert lr1 == pytest.approx(2 * lr0) and lr0 < cfg.optim.lr
     assert [g["weight_decay"] for g in opt.param_groups] == [5e-4, 0.0]
+
+
+@pytest.mark.parametrize("aux_head", ["linear", "mlp"])
+def test_extra_heads_travel_in_the_model_file_and_are_read_without_the_method(tmp_path, tiny_config, digits_teacher,
+                                                                              monkeypatch, aux_head):
+    from kdcollapse import methods
+    from kdcollapse.runs import Run, load_tensors
+
+    fit(tiny_config(tmp_path, "method.name=dhkd", f"method.aux_head={aux_head}", f"teacher.checkpoint={digits_teacher}",
+                    "train.epochs=1"))
+    tensors, meta = load_tensors(tmp_path / "model.safetensors")
+    assert any(k.startswith("extra_heads.aux.") for k in tensors) and "aux" in meta["extra_heads"]
+    checkpoint, _ = load_tensors(tmp_path / "checkpoint.safetensors")
+    monkeypatch.setattr(methods, "build_method", None)  # reading a run builds no method
+    run = Run(tmp_path)
+    model, meta = run.model()
+    (aux,) = run.heads(model, meta).values()
+    for key, value in aux.state_dict().items():
+        assert torch.equal(value, checkpoint[f"method.aux_head.{key}"]), key
+    assert not aux.training
