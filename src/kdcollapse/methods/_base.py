@@ -68,8 +68,8 @@ class Method(nn.Module):
     """The network being trained; the per-epoch collapse metrics read its features and head."""
 
     teacher: FrozenTeacher | None
-    """The frozen teacher (``None`` without one): the trainer reads it to record whether the teacher runs
-    online or from stored logits (``teacher.cache``), never to train it."""
+    """The frozen teacher (``None`` without one), online or stored logits as the trainer chose from
+    :meth:`teacher_request`; the method reads it through :meth:`read_teacher`, never trains it."""
 
     def __init__(
         self,
