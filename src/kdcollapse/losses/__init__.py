@@ -21,6 +21,10 @@ from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
 from kdcollapse.losses.rkd import rkd_loss
+from kdcollapse.losses.standardize import standardize_logits
+from kdcollapse.losses.nkd import nkd_loss
+from kdcollapse.losses.wttm import wttm_loss
+from kdcollapse.losses.mlkd import batch_correlation_loss, class_correlation_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -32,6 +36,8 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+NKDLoss = loss_module("NKDLoss", nkd_loss)
+WTTMLoss = loss_module("WTTMLoss", wttm_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -40,4 +46,6 @@ __all__ = [
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
+    "NKDLoss", "WTTMLoss",
 ]
