@@ -68,19 +68,19 @@ def _gray(u: torch.Tensor) -> torch.Tensor:
     """PIL's L conversion (ITU-R 601-2 luma) of RGB images, the image itself for one channel."""
     if u.shape[1] != 3:
         return u.mean(1, keepdim=True)
-    weights = torch.tensor([0.299, 0.587, 0.114], device=u.device).view(1, 3, 1, 1)
-    return (u * weights).sum(1, keepdim=True)
+    weights = torch.tensor([19595.0, 38470.0, 7471.0], device=u.device).view(1, 3, 1, 1)  # PIL's L24 integers
+    return torch.floor(((u * weights).sum(1, keepdim=True) + 32768) / 65536)
 
 
 def _blend(degenerate: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """PIL ImageEnhance: degenerate + v·(image − degenerate), clipped to [0, 255]."""
-    return (degenerate + v * (u - degenerate)).clamp(0, 255)
+    return (degenerate + v * (u - degenerate)).clamp(0, 255).floor()
 
 
 def _auto_contrast(u, v):
     lo, hi = u.amin((2, 3), keepdim=True), u.amax((2, 3), keepdim=True)
     scale = torch.where(hi > lo, 255.0 / (hi - lo).clamp_min(1e-6), torch.ones_like(hi))
-    return torch.where(hi > lo, (u - lo) * scale, u).clamp(0, 255)
+    return torch.where(hi > lo, ((u - lo) * scale).floor(), u).clamp(0, 255)
 
 
 def _equalize(u, v):
