@@ -27,7 +27,7 @@ import yaml
 from kdcollapse._registry import import_modules
 from kdcollapse.errors import ConfigError, KdcollapseError, unknown_choice
 from kdcollapse.data import USER_DATA, list_datasets
-from kdcollapse.methods import get_method
+from kdcollapse.methods import get_method, list_methods
 from kdcollapse.models import list_models
 
 # --- valid ranges -----------------------------------------------------------------------------------
@@ -335,9 +335,17 @@ def method_config(section: dict):
     section = dict(section)
     name = section.pop("name", "vanilla")
     config_cls = get_method(name).Config
+    if "logit_standardization" in section and not _has_field(config_cls, "logit_standardization"):
+        takes = [m for m in list_methods() if _has_field(get_method(m).Config, "logit_standardization")]
+        raise ConfigError(f"method.logit_standardization is defined for {', '.join(takes)} (the methods its "
+                          f"authors apply it to), not for method '{name}'; see docs/distillation.md")
     cfg = _build(config_cls, section, "method.")
     cfg.name = name  # every method config carries its name, for saving and printing
     return cfg
+
+
+def _has_field(config_cls, name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(config_cls))
 
 
 def config_to_dict(cfg) -> dict:

@@ -11,7 +11,9 @@ pure function of ``(seed, epoch, rank, world_size)`` on a given device type.
 With ``views = V > 1`` (contrastive methods) each sample is augmented V times independently: the plan
 draws the first view's offsets and flips exactly as for one view, then V - 1 further sets from the
 same generator, and ``x`` has shape ``(B, V, C, H, W)``. The first view is therefore the very batch a
-single-view loader yields, and the single-view path does no extra work.
+single-view loader yields, and the single-view path does no extra work. With ``strong_views`` the further
+views are also strongly augmented (RandAugment with two operations and Cutout, as MLKD's official code;
+``data/_randaugment.py``), from numbers the plan draws after all of the above.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from kdcollapse.data._dataset import Augment, TensorDataset, derive_seed
 from kdcollapse.data._folder import FolderDataset
+from kdcollapse.data._randaugment import draw_rand_augment, rand_augment_batch
 from kdcollapse.errors import DataError, KdcollapseError
 
 
@@ -63,10 +66,11 @@ class Loader:
     def __init__(
         self, dataset: TensorDataset | FolderDataset, batch_size: int, *, train: bool, device: torch.device,
         seed: int, augment: Augment, drop_last: bool, rank: int, world_size: int, views: int = 1,
+        strong_views: bool = False,
     ):  # fmt: skip
         self.dataset, self.batch_size, self.train, self.device = dataset, batch_size, train, device
         self.seed, self.augment, self.drop_last = seed, augment, drop_last
-        self.rank, self.world_size, self.views = rank, world_size, views
+        self.rank, self.world_size, self.views, self.strong_views = rank, world_size, views, strong_views
         self.epoch = 0
         self._current: dict[str, torch.Tensor] = {}  # the plan of the epoch being iterated
         n = len(dataset)
@@ -104,6 +108,8 @@ class Loader:
             plan["seeds"] = torch.randint(0, 2**62, (n,), generator=g, device=device)
         if self.views > 1:  # drawn after everything a single view uses, which therefore stays as it was
             plan |= self._draw_augmentation(g, (n, self.views - 1), device, "extra_")
+            if self.strong_views:
+                plan |= {"strong_" + k: v for k, v in draw_rand_augment(g, (n, self.views - 1), device).items()}
         mine = slice(self.rank, self.num_samples * self.world_size, self.world_size)
         return {k: v[mine] for k, v in plan.items()}
 
@@ -135,10 +141,14 @@ class Loader:
         """The first view (``extra=None``) or further view ``extra`` of batch ``x`` at plan positions ``part``."""
         prefix, index = ("", part) if extra is None else ("extra_", (part, extra))
         offsets, flips = plan.get(prefix + "offsets"), plan.get(prefix + "flips")
-        return augment_batch(
+        x = augment_batch(
             x, None if offsets is None else offsets[index].to(x.device),
             None if flips is None else flips[index].to(x.device), self.augment.crop_padding,
         )  # fmt: skip
+        if extra is None or not self.strong_views:
+            return x
+        strong = [plan["strong_" + k][index].to(x.device) for k in ("ops", "levels", "cutout")]
+        return rand_augment_batch(x, *strong, full_scale=self.dataset.full_scale)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
@@ -242,6 +252,7 @@ def make_loader(
     world_size: int = 1,
     num_workers: int | None = None,
     views: int = 1,
+    strong_views: bool = False,
 ) -> Loader:
     """Batches of ``dataset`` on ``device`` for one rank; call ``set_epoch(epoch)`` before each epoch.
 
@@ -251,7 +262,8 @@ def make_loader(
     ``world_size > 1`` each rank gets a disjoint shard of the same permutation. Folder datasets decode in
     ``num_workers`` processes (default ``min(8, cpu count)``); tensor datasets use none. ``views = V > 1``
     (training only) yields ``x`` of shape ``(B, V, C, H, W)``: V independently augmented views of each
-    image, the first of which is the single-view batch.
+    image, the first of which is the single-view batch; ``strong_views`` adds RandAugment(2) + Cutout to
+    the views after the first (MLKD's strong augmentation).
     """
     device = torch.device(device)
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -272,6 +284,8 @@ def make_loader(
             f"views={views} asks for independently augmented views, but this loader does not augment "
             "(it needs train=True and an active augmentation: crop_padding > 0 or flip=True)"
         )
+    if strong_views and views < 2:
+        raise DataError("strong_views augments the views after the first; it needs views >= 2")
     if views > 1 and getattr(dataset, "random_resized_crop", False):
         raise DataError(
             f"{dataset.name}: views > 1 is not supported with random-resized crops, which the decoding "
@@ -281,7 +295,7 @@ def make_loader(
         raise DataError(f"{dataset.name}: {len(dataset)} samples cannot be split over {world_size} ranks")
     kwargs = dict(
         train=train, device=device, seed=seed, augment=augment if train else Augment(),
-        drop_last=bool(drop_last), rank=rank, world_size=world_size, views=views,
+        drop_last=bool(drop_last), rank=rank, world_size=world_size, views=views, strong_views=strong_views,
     )  # fmt: skip
     derive_seed(seed)  # validates the seed now rather than at the first iteration
     if isinstance(dataset, FolderDataset):

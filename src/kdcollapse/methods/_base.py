@@ -54,6 +54,10 @@ class Method(nn.Module):
     """Independently augmented views per training image; with V > 1, ``forward`` gets x of shape
     (B, V, ...) (the trainer builds its loader with ``views=V``)."""
 
+    strong_views: ClassVar[bool] = False
+    """With ``views`` > 1: the views after the first are also strongly augmented (RandAugment with two
+    operations and Cutout, MLKD's official recipe), drawn from the epoch's plan like the crops."""
+
     manual_gradient_sync: ClassVar[bool] = False
     """True when ``backward`` all-reduces the gradients itself: under DDP the trainer then runs
     ``forward`` and ``backward`` inside ``no_sync()`` (e.g. DHKD's gradient alignment, which must project

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.losses import standardize_logits
 from kdcollapse.methods._base import Method
 from kdcollapse.methods._teacher import FrozenTeacher, TeacherRequest
 
@@ -39,6 +40,22 @@ class Distiller(Method):
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K) teacher logits, float32, without gradient."""
         return self.read_teacher(x).logits
+
+
+def standardized(config, *logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The logits z-scored per row (logit standardization, Sun et al. 2024) when
+    ``config.logit_standardization`` is set, else as they are."""
+    if not config.logit_standardization:
+        return logits
+    return tuple(standardize_logits(z) for z in logits)
+
+
+def softmax_request(config) -> TeacherRequest:
+    """What KD-like methods read: softmax(z_t / τ) at ``config.temperature`` (top-k teacher logits may be
+    stored), or, with logit standardization, the whole logit row (its mean and standard deviation)."""
+    if getattr(config, "logit_standardization", False):
+        return TeacherRequest()
+    return TeacherRequest(temperature=config.temperature)
 
 
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:

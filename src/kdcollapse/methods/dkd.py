@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import dkd_loss
-from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
+from kdcollapse.methods import register_method
+from kdcollapse.methods._distill import Distiller, check_config, softmax_request, standardized, warmup_factor
 
 
 @register_method("dkd")
@@ -16,12 +16,13 @@ class DKD(Distiller):
 
     The ramp is per epoch and counts epochs from 1, as mdistiller's ``DKD.forward_train`` does
     (``min(epoch / WARMUP, 1)``, epoch 1 of 20 weighted 1/20). NCKD compares distributions over the
-    K − 1 non-target classes, so DKD needs K ≥ 3. Logged parts: ``ce`` and ``dkd`` (weighted and ramped).
+    K − 1 non-target classes, so DKD needs K ≥ 3. With ``logit_standardization`` both logits are z-scored
+    per sample first (Sun et al. 2024). Logged parts: ``ce`` and ``dkd`` (weighted and ramped).
     """
 
     @classmethod
     def teacher_request(cls, config):
-        return TeacherRequest(temperature=config.temperature)  # softmax(z_t / τ) only: top-k may be stored
+        return softmax_request(config)
 
     @dataclass
     class Config:
@@ -30,6 +31,7 @@ class DKD(Distiller):
         temperature: float = 4.0  # τ
         ce_weight: float = 1.0
         warmup_epochs: int = 20  # linear ramp of the DKD term over the first epochs; 0: none
+        logit_standardization: bool = False  # z-score both logits first (Sun et al. 2024; they use temperature=2, alpha and beta ×9)
 
         def __post_init__(self):
             check_config(self, positive=("temperature",),
@@ -46,5 +48,5 @@ class DKD(Distiller):
         logits = self.student(x)
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
         dkd = warmup_factor(self.epoch, cfg.warmup_epochs) * dkd_loss(
-            logits, self.teacher_logits(x), y, cfg.alpha, cfg.beta, cfg.temperature)
+            *standardized(cfg, logits, self.teacher_logits(x)), y, cfg.alpha, cfg.beta, cfg.temperature)
         return {"loss": ce + dkd, "logits": logits, "ce": ce, "dkd": dkd}

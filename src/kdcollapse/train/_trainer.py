@@ -156,7 +156,8 @@ class Trainer:
         self.train_loader = make_loader(
             train_set, d.batch_size, train=True, seed=self.cfg.seed,
             augment=Augment(crop_padding=d.crop_padding, flip=d.flip), rank=self.dist.rank,
-            world_size=self.dist.world_size, views=get_method(self.cfg.method.name).views, **common,
+            world_size=self.dist.world_size, views=get_method(self.cfg.method.name).views,
+            strong_views=get_method(self.cfg.method.name).strong_views, **common,
         )
         self.test_loader = make_loader(test_set, d.eval_batch_size, train=False, seed=0, **common)
         self.val_loader = None if self.val_set is None else make_loader(
