@@ -142,9 +142,9 @@ def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, op
 
 
 PRECISIONS = {"off": None, "auto": "auto", "bf16": torch.bfloat16, "fp16": torch.float16}
-# What a bf16 training step cost against float32 on a CPU that emulates bf16 (AVX2, no avx512_bf16 / AMX):
-# one measurement, in one process, reported in issue 28 and results/benchmarks/speed.md.
-EMULATED_BF16_COST = "about 12x slower than float32 (measured on an AVX2 CPU)"
+# What a bf16 training step cost against float32 where bf16 is emulated (AVX2 kernels, no avx512_bf16 / AMX):
+# ratios in one process, results/benchmarks/speed.md ("bf16 by CPU capability").
+EMULATED_BF16_COST = "a KD step measured 3.8x (small CNN) to 12x slower than float32"
 _warned: set[str] = set()
 _log = logging.getLogger(__name__)
 
