@@ -99,7 +99,7 @@ class Run:
         # The method is rebuilt only to recover its auxiliary head; a stand-in teacher satisfies its checks.
         classes = meta["num_classes"]
         stand_in = FrozenTeacher(create_model(meta["model"], classes, meta.get("in_channels", 3),
-                                              **meta.get("model_kwargs", {})))
+                                              input_shape=meta.get("input_shape"), **meta.get("model_kwargs", {})))
         method = build_method(self.config.method, model, num_classes=classes, teacher=stand_in).to(device)
         ckpt.load_state(method, ckpt.split_prefix(tensors, "method."), str(path))
         return {label: method.get_submodule(attr) for label, attr in extra.items()}
@@ -123,7 +123,8 @@ def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict
             f"{dataset.num_classes} classes"
         )
     options = {**meta.get("model_kwargs", {}), **(kwargs or {})}
-    network = create_model(name, dataset.num_classes, in_channels=dataset.in_channels, **options).to(device)
+    network = create_model(name, dataset.num_classes, in_channels=dataset.in_channels,
+                           input_shape=dataset.input_shape, **options).to(device)
     ckpt.load_state(network, tensors, str(file))
     check_inputs(network, dataset, name)
     return network, meta

@@ -173,7 +173,7 @@ class Trainer:
         elif cfg.teacher.checkpoint or cfg.teacher.weights:
             raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
         student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels,
-                               **cfg.model.kwargs)
+                               input_shape=self.train_set.input_shape, **cfg.model.kwargs)
         self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
                                    label_smoothing=cfg.train.label_smoothing).to(self.device)
         self.method.set_input_normalization(self.train_set.mean, self.train_set.std)
