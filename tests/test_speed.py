@@ -48,10 +48,10 @@ def test_bf16_autocast_runs_on_cpu_with_float32_sums(tmp_path):
     trainer = Trainer(cfg)
     trainer.train_loader.set_epoch(0)
     x, y = next(iter(trainer.train_loader))
-    out = trainer._step(trainer._to_layout(x), y)
+    out = trainer.step(trainer.to_layout(x), y)
     assert out["logits"].dtype == torch.bfloat16  # autocast is on: the old trainer ignored it on CPU
     assert trainer.method.student.head.weight.dtype == torch.float32  # master weights stay float32
-    assert x.is_contiguous() and trainer._to_layout(x).is_contiguous(memory_format=torch.channels_last)
+    assert x.is_contiguous() and trainer.to_layout(x).is_contiguous(memory_format=torch.channels_last)
     record = trainer.run()
     assert record.last_acc > 30  # it learns digits in one bf16 epoch
     facts = run_json(cfg.run_dir)
@@ -152,10 +152,11 @@ def test_stored_teacher_logits_are_refused_where_they_would_not_be_exact(tmp_pat
 
 
 def test_stored_teacher_logits_need_a_selected_batch(teacher_run):
-    from kdcollapse.runs import TeacherLogitCache, load_model
+    from kdcollapse.methods import StoredLogits
+    from kdcollapse.runs import load_model
 
     model, _ = load_model(teacher_run)
-    cache = TeacherLogitCache(FrozenTeacher(model), torch.arange(30.0).view(10, 3))
+    cache = StoredLogits(FrozenTeacher(model), torch.arange(30.0).view(10, 3))
     with pytest.raises(KdcollapseError, match="was not selected"):
         cache.logits(torch.zeros(2, 1, 8, 8))
     cache.select(torch.tensor([4, 1]))
@@ -182,7 +183,7 @@ def test_analyze_defaults_skip_tsne_and_bf16_channels_last_agree_with_fp32(tmp_p
 
 
 def test_top_k_logits_keep_the_top_probabilities_and_the_rest_mass_at_the_temperature():
-    from kdcollapse.runs import expand_logits, top_logits
+    from kdcollapse.methods import expand_logits, top_logits
 
     z = 3 * torch.randn(50, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for k, tau in ((1, 1.0), (5, 4.0), (20, 2.0)):
@@ -234,5 +235,5 @@ def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path, cap
     caplog.clear()
     eager = Trainer(tiny(tmp_path / "eager", *common))
     assert "train.compile" not in caplog.text
-    assert compiled._evaluate() == eager._evaluate()  # same initial weights, same numbers
+    assert compiled.evaluate() == eager.evaluate()  # same initial weights, same numbers
     assert sum(counters["frames"].values()) == 0, dict(counters["frames"])  # nothing was compiled

@@ -4,9 +4,12 @@ Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool or 0/1 
 kept position (mask set, label not ``ignore_index``) is one sample. Half-precision inputs accumulate
 in float32. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
 :class:`kdcollapse.errors.KdcollapseError`; ``validation(False)`` turns the value checks off.
-Formulas, options and references: ``docs/losses.md``.
+Formulas, options and references: ``docs/losses.md``. Every loss is declared once with
+:func:`register_loss` (name, kind, paper, options, a test example); :func:`list_losses` and
+:func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
+from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
@@ -18,6 +21,10 @@ from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
 from kdcollapse.losses.rkd import rkd_loss
+from kdcollapse.losses.standardize import standardize_logits
+from kdcollapse.losses.nkd import nkd_loss
+from kdcollapse.losses.wttm import wttm_loss
+from kdcollapse.losses.mlkd import batch_correlation_loss, class_correlation_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -29,6 +36,8 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+NKDLoss = loss_module("NKDLoss", nkd_loss)
+WTTMLoss = loss_module("WTTMLoss", wttm_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -36,4 +45,7 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
+    "NKDLoss", "WTTMLoss",
 ]

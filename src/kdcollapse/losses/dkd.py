@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 
 
-def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+def target_split(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """log b = [log p_t, log(1 − p_t)] of softmax(z) and the log-softmax among non-targets.
 
     Computed from log-sum-exps, so neither probability is ever rounded to 0 or 1 before its log.
@@ -25,6 +26,9 @@ def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
+@register_loss("dkd", kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
+               equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
              temperature: float = 4.0, *, mask: Tensor | None = None,
              ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
@@ -51,8 +55,8 @@ def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.
                               f"K - 1 non-target classes), got K = {samples.logits[0].shape[-1]}")
 
     def rows(s: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        log_b_s, log_nt_s = _binary_log_probs(s / temperature, y)
-        log_b_t, log_nt_t = _binary_log_probs(t / temperature, y)
+        log_b_s, log_nt_s = target_split(s / temperature, y)
+        log_b_t, log_nt_t = target_split(t / temperature, y)
         tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
         nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
         return alpha * tckd + beta * nckd
