@@ -16,8 +16,9 @@ $(VENV)/.dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[dev,all,llm]'
 	touch $@
 
+# On a slow or loaded machine: make demo DEMO_ARGS=--quick
 demo: $(VENV)/.installed
-	$(VENV)/bin/kdcollapse demo
+	$(VENV)/bin/kdcollapse demo $(DEMO_ARGS)
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from kdcollapse.distributed import cpu_capability  # e.g. "AVX512 + avx512_bf16"
+
 
 def interleave(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, float]:
     """Median of what each timer returns (seconds) over ``rounds`` rounds, each round in a shuffled order."""
@@ -29,8 +31,7 @@ def machine(device: torch.device) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU used" + (
         "" if torch.cuda.is_available() else " (none present)")
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}")
+            f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability {cpu_capability()}")
 
 
 def cpu_model() -> str:
@@ -46,5 +47,6 @@ def cpu_model() -> str:
 def shared_machine(load: tuple[float, float]) -> str:
     """The "Machine: ..." sentence of a results page: processor, cores, the 1-minute load average at the start
     and at the end of the benchmark, torch threads and version."""
-    return (f"Machine: {cpu_model()} ({os.cpu_count()} cores, shared: 1-minute load average {load[0]:.1f} at the "
-            f"start, {load[1]:.1f} at the end), torch threads: {torch.get_num_threads()}, torch {torch.__version__}")
+    return (f"Machine: {cpu_model()} ({os.cpu_count()} cores, CPU capability {cpu_capability()}, shared: 1-minute "
+            f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), torch threads: "
+            f"{torch.get_num_threads()}, torch {torch.__version__}")

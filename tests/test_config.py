@@ -28,7 +28,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
         ("bogus=1", "unknown key 'bogus' in the config. Valid keys:"),
         ("optim.lr=fast", "'optim.lr' must be float, got 'fast'"),
         ("train.epochs=2.5", "'train.epochs' must be int"),
-        ("train.amp=fp8", "'train.amp' must be one of off, bf16, fp16"),
+        ("train.amp=fp8", "'train.amp' must be one of off, auto, bf16, fp16"),
         ("schedule.milestones=3", "'schedule.milestones' must be a list"),
         ("optim=3", "'optim' must be a mapping"),
         ("nonsense", "must look like key=value"),

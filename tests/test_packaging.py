@@ -97,34 +97,116 @@ def test_the_package_imports_matplotlib_and_sklearn_only_on_use():
     assert out.returncode == 0, out.stderr
 
 
+# Run inside the fresh venv by the test below: every command's --help, a tiny train / distill / analyze, and
+# `plot`, which needs an extra, refused before it reads anything.
+CORE_SCRIPT = """
+import argparse, contextlib, importlib.util, io, json, sys
+from pathlib import Path
+for extra in ("matplotlib", "sklearn", "tensorboard", "transformers"):
+    assert importlib.util.find_spec(extra) is None, extra + " is visible: not a core install"
+import kdcollapse
+assert "site-packages" in kdcollapse.__file__, kdcollapse.__file__
+from kdcollapse.cli import build_parser, main
+
+def parsers(parser, path=()):
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parsers(sub, (*path, name))
+
+helped = []
+for path in parsers(build_parser()):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([*path, "--help"])
+        except SystemExit as exit:
+            assert exit.code == 0, (path, exit.code)
+    assert "usage: kdcollapse" in out.getvalue(), path
+    helped.append(" ".join(path))
+Path("c.yaml").write_text("data: {name: gaussian_mixture, train_per_class: 20, test_per_class: 10}\\n"
+                          "model: {name: mlp, kwargs: {input_size: 1, hidden: [16]}}\\n"
+                          "train: {epochs: 1, progress: false}\\n")
+assert main(["train", "--config", "c.yaml", "run_dir=t", "--quiet"]) == 0
+assert main(["train", "--config", "c.yaml", "run_dir=s", "method.name=kd", "teacher.checkpoint=t", "--quiet"]) == 0
+assert main(["analyze", "s", "--no-progress"]) == 0
+report = json.loads(Path("s/analysis_test/analysis.json").read_text())
+assert report["figures"] == {} and report["num_samples"] == 100
+assert main(["plot", "s", "--out", "c.png"]) == 2 and not Path("c.png").exists()
+print("HELPED", len(helped), ";".join(helped))
+"""
+
+
+def _core_closure(requirements: list[str]) -> dict:
+    """The installed distributions that the unconditional ``requirements`` need, recursively."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, todo = {}, [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if canonicalize_name(req.name) not in found:
+            dist = metadata.distribution(req.name)
+            found[canonicalize_name(req.name)] = dist
+            todo += [Requirement(r) for r in dist.requires or []]
+    return found
+
+
 @pytest.mark.slow
-def test_wheel_installs_and_ships_the_recipes(tmp_path):
-    """A wheel built from the tree, installed into a fresh venv outside the repository (reusing this
-    environment's torch through a .pth file), runs `kdcollapse recipes list` and `recipes show`."""
+def test_a_core_install_runs_every_command(tmp_path):
+    """Issue 28: `pip install kdcollapse` without extras runs every command. The wheel built from the tree goes
+    into a fresh venv that sees exactly its core dependencies: this environment's copies of them (torch
+    2.13.0 among them, reused rather than downloaded again), linked one by one into a folder the venv reads
+    through a .pth file; `pip check` confirms the wheel's requirements are met, and matplotlib, scikit-learn,
+    TensorBoard and transformers are invisible. It then runs every command's --help, a tiny train, distill
+    and analyze, `plot` (refused: it needs the analysis extra), and the installed `kdcollapse` script
+    importing a module from the current directory and showing a shipped recipe."""
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(wheels), str(ROOT)], check=True, timeout=300, cwd=tmp_path)
     (wheel,) = wheels.glob("kdcollapse-*.whl")
     with zipfile.ZipFile(wheel) as z:
         files = z.namelist()
+        metadata_file = next(f for f in files if f.endswith(".dist-info/METADATA"))
+        requires = [line.removeprefix("Requires-Dist: ") for line in z.read(metadata_file).decode().splitlines()
+                    if line.startswith("Requires-Dist: ") and "extra ==" not in line]
     assert "kdcollapse/configs/cifar100/kd/resnet32x4_resnet8x4.yaml" in files
     assert any(f.endswith("licenses/LICENSE") for f in files)
+    assert any(r.startswith("pillow") for r in requires) and not any(r.startswith("matplotlib") for r in requires)
+    core = tmp_path / "core"
+    core.mkdir()
+    for dist in _core_closure(requires).values():
+        for top in {Path(f).parts[0] for f in dist.files or () if not str(f).startswith("..")}:
+            if not (core / top).exists() and dist.locate_file(top).exists():
+                (core / top).symlink_to(dist.locate_file(top))
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed copy, not this tree
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    # torch and the other dependencies from this environment (which may itself be a venv)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True, env=env).stdout.strip()
-    Path(site, "host_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, timeout=300, env=env, cwd=tmp_path)
-    kdcollapse = venv / "bin" / "kdcollapse"
-    listed = subprocess.run([str(kdcollapse), "recipes", "list"], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=120)
-    assert listed.returncode == 0, listed.stderr
-    assert "cifar100/dhkd/resnet32x4_resnet8x4" in listed.stdout.split()
-    shown = subprocess.run([str(kdcollapse), "recipes", "show", "fashion_mnist/teacher"], capture_output=True,
-                           text=True, env=env, cwd=tmp_path, timeout=120)
-    assert shown.returncode == 0 and str(venv) in shown.stdout and "model:" in shown.stdout
+    Path(site, "core_dependencies.pth").write_text(f"{core}\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(python)]
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True, timeout=300, env=env,
+                   cwd=tmp_path)
+    checked = subprocess.run([*pip, "check"], capture_output=True, text=True, env=env, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    ran = subprocess.run([str(python), "-c", CORE_SCRIPT], capture_output=True, text=True, env=env, cwd=work,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-4000:]
+    helped = ran.stdout.split("HELPED ")[1].split(" ", 1)
+    assert int(helped[0]) >= 15 and "train" in helped[1] and "geometry tammes" in helped[1]
+    assert "needs matplotlib" in ran.stderr and "pip install 'kdcollapse[analysis]'" in ran.stderr
+    (work / "first_hour_mods.py").write_text("from kdcollapse.models import register_model\n")
+    shown = subprocess.run([str(venv / "bin" / "kdcollapse"), "--import", "first_hour_mods", "recipes", "show",
+                            "fashion_mnist/teacher"], capture_output=True, text=True, env=env, cwd=work, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert str(venv) in shown.stdout and "model:" in shown.stdout
     shutil.rmtree(venv)

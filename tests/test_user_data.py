@@ -231,3 +231,19 @@ def test_a_user_data_run_is_analysed_with_its_training_normalisation(two_epochs,
     run = Run(two_epochs.run_dir, train_data=image_data[0], test_data=image_data[1])
     report = analyze(load_run(run, "test", device=torch.device("cpu")), tmp_path, AnalyzeOptions(progress=False))
     assert report["dataset"] == "user" and 100 * report["metrics"]["accuracy"] == pytest.approx(two_epochs.last_acc)
+
+
+def test_a_loaded_model_on_a_plain_dataset_gets_its_training_normalisation(two_epochs, image_data, tmp_path,
+                                                                          registered_garments):
+    """Issue 28: ``analyze(Subject(model, my_dataset))`` used to skip the normalisation and report a wrong
+    accuracy. A model loaded by kdcollapse keeps its (mean, std); a dataset standardised otherwise is refused."""
+    from kdcollapse.errors import KdcollapseError
+    from kdcollapse.runs import load_model
+
+    model, meta = load_model(two_epochs.run_dir)
+    assert model.input_normalization == (tuple(meta["mean"]), tuple(meta["std"])) != ((0.0,), (1.0,))
+    report = analyze(Subject(model, image_data[1], "test"), tmp_path, AnalyzeOptions(progress=False))
+    assert 100 * report["metrics"]["accuracy"] == pytest.approx(two_epochs.last_acc)
+    with pytest.raises(KdcollapseError, match=r"trained on inputs standardised with mean .* but dataset 'garments' "
+                                              r"applies mean \[0.0\], std \[1.0\]"):
+        Subject(model, registered_garments, "test")

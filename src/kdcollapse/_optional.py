@@ -9,6 +9,7 @@ one imports it on first use, so the rest of the package works without it, and a 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from types import ModuleType
 
@@ -29,6 +30,19 @@ def require(name: str, purpose: str) -> ModuleType:
             f"{purpose} needs {package}, which is not installed: pip install 'kdcollapse[{EXTRAS.get(top, 'all')}]' "
             f"(or pip install {package})"
         ) from None
+
+
+def available(name: str) -> bool:
+    """Whether ``import name`` would find the module (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_hint(name: str) -> str:
+    """``pip install 'kdcollapse[EXTRA]'`` for the optional module ``name``."""
+    return f"pip install 'kdcollapse[{EXTRAS.get(name.partition('.')[0], 'all')}]'"
 
 
 class OptionalModule:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -44,12 +46,21 @@ class Registry(Generic[T]):
         return name in self._entries
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 def import_modules(names: list[str] | tuple[str, ...], source: str = "imports") -> None:
-    """Import the user's modules ``names`` (dotted, importable from ``sys.path``) so that their
-    ``register_model`` / ``register_dataset`` / ``register_method`` calls run; importing twice is a no-op."""
+    """Import the user's modules ``names`` (dotted, importable from ``sys.path`` or the current directory,
+    which is searched last, as ``python -m`` would) so that their ``register_model`` / ``register_dataset`` /
+    ``register_method`` calls run; importing twice is a no-op."""
     for name in names:
-        if not isinstance(name, str) or not name:
-            raise KdcollapseError(f"{source}: a module name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name) or name.endswith(".py"):
+            raise KdcollapseError(f"{source}: {name!r} is not a module name; give a dotted name such as mymodels "
+                                  "or mypackage.models (a file mymodels.py in the current directory or on "
+                                  "PYTHONPATH), not a path")
+    if names and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # the `kdcollapse` script's own folder is sys.path[0], not the cwd
+    for name in names:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:

@@ -192,7 +192,9 @@ class TrainConfig:
     epochs: int = valid(240, AT_LEAST_1)
     eval_every: int = valid(1, AT_LEAST_1)  # epochs; the last epoch is always evaluated
     label_smoothing: float = valid(0.0, interval(0, 1, open_high=True))
-    amp: Literal["off", "bf16", "fp16"] = "off"  # autocast: bf16 on CPU or CUDA, fp16 on CUDA only
+    # autocast: bf16 on CPU or CUDA, fp16 on CUDA only; auto: bf16 where the device computes it natively
+    # (CPU with avx512_bf16 or AMX, GPU with bf16), else float32
+    amp: Literal["off", "auto", "bf16", "fp16"] = "off"
     channels_last: bool = True  # image batches, student and teacher in NHWC (faster on both CPU families measured)
     compile: bool = False  # torch.compile the student
     deterministic: bool = False  # torch.use_deterministic_algorithms

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,22 +152,61 @@ def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, op
     return device
 
 
-PRECISIONS = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = {"off": None, "auto": "auto", "bf16": torch.bfloat16, "fp16": torch.float16}
+# What a bf16 training step cost against float32 where bf16 is emulated (AVX2 kernels, no avx512_bf16 / AMX):
+# ratios in one process, results/benchmarks/speed.md ("bf16 by CPU capability").
+EMULATED_BF16_COST = "a KD step measured 3.8x (small CNN) to 12x slower than float32"
+_warned: set[str] = set()
+_log = logging.getLogger(__name__)
+
+
+def cpu_capability() -> str:
+    """The CPU's vector capability as torch reports it, with its native bf16 units: e.g. ``"AVX512 + avx512_bf16"``,
+    ``"AVX2"``. Every speed figure of the project names it.
+
+    >>> cpu_capability().split()[0] in {"AVX512", "AVX2", "DEFAULT", "NO", "ZVECTOR", "VSX", "SVE256", "SVE"}
+    True
+    """
+    units = [name for name, check in (("avx512_bf16", "_is_avx512_bf16_supported"), ("amx", "_is_amx_tile_supported"))
+             if _cpu_check(check)]
+    return " + ".join([torch.backends.cpu.get_cpu_capability(), *units])
+
+
+def _cpu_check(name: str) -> bool:
+    check = getattr(torch.cpu, name, None)  # private torch helpers: absent means "not known", i.e. no
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:
+        return False
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively: a CPU whose kernels torch dispatches at AVX-512 with
+    AVX-512 BF16 or AMX, a GPU that supports bf16. Elsewhere bf16 is emulated and slower than float32."""
+    if device.type == "cpu":
+        return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") and (
+            _cpu_check("_is_avx512_bf16_supported") or _cpu_check("_is_amx_tile_supported"))
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
 def resolve_precision(name: str, device: torch.device, *, option: str = "precision") -> torch.dtype | None:
-    """The autocast dtype that ``name`` (off | bf16 | fp16) asks for on ``device``; ``None`` for off.
+    """The autocast dtype that ``name`` (off | auto | bf16 | fp16) asks for on ``device``; ``None`` for off.
 
-    A precision that cannot be honoured is an error, never silently dropped: fp16 needs CUDA (its
-    gradient scaler and fast kernels are CUDA's), bf16 a CPU or a GPU that supports it. bf16 on a CPU
-    without native bf16 instructions (avx512_bf16, AMX) is honoured but can be slower than float32.
+    ``auto`` is bf16 where ``device`` computes it natively (:func:`native_bf16`), else float32. A precision
+    that cannot be honoured is an error, never silently dropped: fp16 needs CUDA (its gradient scaler and
+    fast kernels are CUDA's), bf16 a CPU or a GPU that supports it. bf16 asked for on a CPU without native
+    bf16 instructions is honoured, with a one-line warning (once per option) of what it costs.
 
-    >>> resolve_precision("bf16", torch.device("cpu"))
-    torch.bfloat16
+    >>> resolve_precision("off", torch.device("cpu")) is None
+    True
+    >>> resolve_precision("auto", torch.device("cpu")) is (torch.bfloat16 if native_bf16(torch.device("cpu")) else None)
+    True
     """
     if name not in PRECISIONS:
         raise ConfigError(f"{option} must be one of {', '.join(PRECISIONS)}, got {name!r}")
     dtype = PRECISIONS[name]
+    if dtype == "auto":
+        return torch.bfloat16 if device.type in ("cpu", "cuda") and native_bf16(device) else None
     if dtype is None:
         return None
     if device.type not in ("cpu", "cuda"):
@@ -175,6 +215,10 @@ def resolve_precision(name: str, device: torch.device, *, option: str = "precisi
         raise ConfigError(f"{option}=fp16 needs a CUDA device; on the CPU use {option}=bf16 or {option}=off")
     if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"{option}=bf16: this GPU does not support bfloat16; use {option}=fp16 or off")
+    if dtype is torch.bfloat16 and device.type == "cpu" and not native_bf16(device) and option not in _warned:
+        _warned.add(option)
+        _log.warning(f"{option}=bf16: torch's CPU kernels here ({cpu_capability()}) have no native bf16 (AVX512 with avx512_bf16 or AMX), "
+                     f"so bf16 is emulated, {EMULATED_BF16_COST}; {option}=auto or off uses float32 here")
     return dtype
 
 

@@ -106,7 +106,7 @@ def evaluate_attacks(
 ) -> RobustEvaluation:
     """Run ``attacks`` in order, each only on the points still classified correctly, in batches.
 
-    ``precision`` (off | bf16 | fp16) and ``channels_last`` speed up the attacks' search only
+    ``precision`` (off | auto | bf16 | fp16) and ``channels_last`` speed up the attacks' search only
     (:func:`search_model`); every verdict — clean accuracy, each candidate, the final check — is the
     float32 model's. A point counts as broken when an attack returns an input that the model misclassifies. Every
     returned input must lie in the ε-ball ∩ [0, 1] box (else ``RuntimeError``: the attack is wrong).

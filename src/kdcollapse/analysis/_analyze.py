@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import threading
 import time
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kdcollapse._optional import require
+from kdcollapse._optional import available, install_hint, require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
 from kdcollapse.analysis._options import AnalyzeOptions
@@ -26,6 +27,8 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, covariance_spectra
 from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
+
+logger = logging.getLogger(__name__)
 
 # One line per key for analysis.md: every metric's from the catalogue (definitions and papers:
 # docs/metrics.md), plus the numbers the analysis pass itself adds.
@@ -43,6 +46,12 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     options = options or AnalyzeOptions()
     dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
+    if tsne_classes:  # before the pass: a missing extra costs nothing
+        require("sklearn.manifold", "t-SNE (tsne_per_class=0 skips it)")
+    figures_on = available("matplotlib")
+    if not figures_on:
+        logger.warning(f"analyze: no figures (matplotlib is not installed: {install_hint('matplotlib')}); "
+                       "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -72,19 +81,21 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
         "spectra": spectra,
     }  # fmt: skip
     title = f"{report.get('model')} ({report.get('method')}) · {report.get('dataset')} {subject.split}"
-    figures = {
-        "spectra": _plots.plot_spectra(spectra, int(report["metrics"]["vci_rank"]), out_dir / "spectra.png", title),
-        "margins": _plots.plot_margins(result.margins.numpy(), result.labels.numpy(), dataset.classes,
-                                       out_dir / "margins.png", title),
-    }  # fmt: skip
+    figures = {}
+    if figures_on:
+        figures["spectra"] = _plots.plot_spectra(spectra, int(report["metrics"]["vci_rank"]), out_dir / "spectra.png",
+                                                 title)
+        figures["margins"] = _plots.plot_margins(result.margins.numpy(), result.labels.numpy(), dataset.classes,
+                                                 out_dir / "margins.png", title)
     if tsne_classes:
         index = result.sample.first(options.tsne_per_class, tsne_classes)
         with stage(f"t-SNE of {index.numel()} points", options.progress):
             embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
         labels = result.sample.labels[index].numpy()
-        figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
+        if figures_on:
+            figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
         report["tsne"] = {"classes": tsne_classes, "points": int(index.numel())}
-    if report["logit_matrices"]:
+    if report["logit_matrices"] and figures_on:
         figures["logit_matrices"] = _plots.plot_logit_matrices(
             {k: np.array(v["matrix"]) for k, v in report["logit_matrices"].items()},
             out_dir / "logit_matrices.png", f"|M_teacher − M_student| per head · {title}",
@@ -190,7 +201,8 @@ def markdown_report(report: dict) -> str:
                            [(name, _number(v["mean_abs_off_diagonal"]), _number(_off_diagonal_max(v["matrix"])))
                             for name, v in report["logit_matrices"].items()]),
         ]  # fmt: skip
-    lines += ["## Figures", ""] + [f"![{name}]({file})" for name, file in report["figures"].items()]
+    lines += ["## Figures", ""] + ([f"![{name}]({file})" for name, file in report["figures"].items()]
+                                   or [f"None: matplotlib was not installed ({install_hint('matplotlib')})."])
     lines += ["", f"One pass, {report['seconds']} s.", ""]
     return "\n".join(lines)
 

@@ -18,5 +18,5 @@ class AnalyzeOptions:
     tsne_per_class: int = 0  # t-SNE points per class; 0: no t-SNE (it costs more than the pass itself)
     seed: int = 0  # the feature sample and t-SNE
     progress: bool = True
-    precision: str = "off"  # autocast of the forward passes: off | bf16 | fp16 (CUDA); metrics stay float64
+    precision: str = "off"  # autocast of the forward passes: off | auto | bf16 | fp16 (CUDA); metrics stay float64
     channels_last: bool = False  # memory layout of image inputs, model and teacher

@@ -122,12 +122,13 @@ def feature_pass(
     return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)
 
 
-def user_split(data):
+def user_split(data, normalization: tuple | None = None):
     """A kdcollapse dataset as it is; a torch ``Dataset`` or ``DataLoader`` read by
-    :func:`kdcollapse.data.from_torch` and fed to the model as it yields it (uint8 images scaled to
-    [0, 1], nothing standardised: a model trained by kdcollapse gets its run's normalisation from
-    ``load_run(Run(run_dir, train_data=..., test_data=...), split)`` instead)."""
-    return as_dataset(data, name=USER_DATA, mean=(0.0,), std=(1.0,))
+    :func:`kdcollapse.data.from_torch`, standardised with ``normalization`` ``(mean, std)`` (what a model
+    loaded by kdcollapse was trained with: its ``input_normalization``), else fed to the model as it
+    yields it (uint8 images scaled to [0, 1], nothing standardised)."""
+    mean, std = normalization or ((0.0,), (1.0,))
+    return as_dataset(data, name=USER_DATA, mean=mean, std=std)
 
 
 def classifier_weight(model: nn.Module) -> Tensor | None:

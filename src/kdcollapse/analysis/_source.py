@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from kdcollapse.analysis._pass import user_split
 from kdcollapse.data import load_dataset
+from kdcollapse.errors import KdcollapseError
 from kdcollapse.models import FeatureSpec
 from kdcollapse.runs import Run, check_split, load_model_file
 
@@ -20,7 +22,9 @@ class Subject:
 
     ``model``: a :class:`~kdcollapse.models.Classifier` or any module with the feature spec ``features``
     (see :func:`~kdcollapse.models.as_classifier`); ``dataset``: a kdcollapse dataset, or a torch
-    ``Dataset`` / ``DataLoader`` of ``(x, y)`` (read once, see :func:`~kdcollapse.analysis.user_split`);
+    ``Dataset`` / ``DataLoader`` of ``(x, y)`` (read once, see :func:`~kdcollapse.analysis.user_split`, and
+    standardised as the model was trained when kdcollapse loaded it: ``model.input_normalization``; a
+    kdcollapse dataset with another standardisation is refused);
     ``heads``: extra heads on the model's features (a dual-head student's ``aux``); ``teacher``: the model
     whose logits each head is compared with (DHKD App. H); ``info``: provenance for the report.
     """
@@ -34,7 +38,24 @@ class Subject:
     features: FeatureSpec = None
 
     def __post_init__(self) -> None:
-        self.dataset = user_split(self.dataset)
+        trained = getattr(self.model, "input_normalization", None)  # set by kdcollapse.runs.load_model
+        self.dataset = user_split(self.dataset, trained)
+        if trained is not None and not _same_normalization(trained, (self.dataset.mean, self.dataset.std)):
+            raise KdcollapseError(
+                f"the model was trained on inputs standardised with mean {list(trained[0])}, std {list(trained[1])}, "
+                f"but dataset '{self.dataset.name}' applies mean {list(self.dataset.mean)}, std "
+                f"{list(self.dataset.std)}; pass the torch Dataset itself (it then gets the model's), or "
+                "load_run(Run(run_dir, ...), split)")
+
+
+def _same_normalization(a: tuple, b: tuple) -> bool:
+    """Whether two ``(mean, std)`` pairs standardise alike (one value stands for every channel)."""
+    def channels(values, n):
+        return [float(v) for v in values] * (n if len(values) == 1 else 1)
+
+    n = max(len(a[0]), len(b[0]))
+    return all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9)
+               for u, v in zip(a, b) for x, y in zip(channels(u, n), channels(v, n)))
 
 
 def load_run(

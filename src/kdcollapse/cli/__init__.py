@@ -29,8 +29,20 @@ _COMMAND_MODULES = [
 ]
 
 
+class UsageError(KdcollapseError):
+    """A command line argparse cannot parse (an unknown option, an invalid int or choice)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``error: kdcollapse train: argument ...``, exit 2 through
+    :func:`main`) rather than the usage text and ``SystemExit``; its subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kdcollapse",
         description="Knowledge distillation and the geometry of what classifiers learn.",
         formatter_class=HelpFormatter,
@@ -72,13 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # key=value overrides may come after options (`--overwrite optim.lr=0.1`): argparse leaves those over.
+        if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*args.overrides, *extra]
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     args.imports = imports
-    # key=value overrides may come after options (`--overwrite optim.lr=0.1`): argparse leaves those over.
-    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-        args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

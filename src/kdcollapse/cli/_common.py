@@ -10,7 +10,13 @@ from collections.abc import Iterator
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the examples in epilogs as written and shows defaults."""
+    """Keeps the examples in epilogs as written and shows defaults, but not an empty one (None, False, [])."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        empty = action.default is None or action.default is False or action.default == []
+        if empty or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
 
 
 @contextlib.contextmanager

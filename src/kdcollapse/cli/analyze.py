@@ -63,8 +63,9 @@ def register(subparsers) -> None:
     add("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: the first 10)")
     p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class,
                    help="t-SNE points per class (200 is a good figure); 0: no t-SNE, which costs more than the pass")
-    p.add_argument("--precision", choices=("off", "bf16", "fp16"), default=defaults.precision,
-                   help="autocast of the forward pass (bf16 on CPU or GPU, fp16 on GPU); metrics stay float64")
+    p.add_argument("--precision", choices=("off", "auto", "bf16", "fp16"), default=defaults.precision,
+                   help="autocast of the forward pass (bf16 on CPU or GPU, fp16 on GPU; auto: bf16 where the device "
+                        "computes it natively, else off); metrics stay float64")
     p.add_argument("--channels-last", action="store_true", help="channels-last layout for image models")
     add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -157,8 +158,11 @@ def _yaml_mapping(text: str | None) -> dict:
 
 
 def _plot(args: argparse.Namespace) -> int:
+    from kdcollapse._optional import require
     from kdcollapse.report import plot_curves
     from kdcollapse.runs import Run
+
+    require("matplotlib", "kdcollapse plot")  # before reading any run
 
     runs = {}
     labels = args.labels.split(",") if args.labels else _labels([Path(d) for d in args.run_dirs])

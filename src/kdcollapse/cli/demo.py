@@ -15,6 +15,7 @@ from kdcollapse.cli._common import HelpFormatter, add_quiet
 EXAMPLES = """examples:
   kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
   kdcollapse demo --out /tmp/demo --data digits
+  kdcollapse demo --quick               # a slow or loaded machine: fewer epochs, less data, KD only
 """
 DATASETS = ("digits", "fashion_mnist")  # the plans of kdcollapse.experiments.demo.PLANS
 
@@ -26,6 +27,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--out", default="runs/demo", help="directory for the runs and report.md")
     p.add_argument("--data", choices=DATASETS, help="dataset (default: fashion_mnist if found, else digits)")
+    p.add_argument("--quick", action="store_true",
+                   help="a fifth of the epochs, a tenth of the teacher's images, KD only: for a slow machine")
     add_quiet(p, "stage or per-epoch lines")
     p.set_defaults(func=_main)
 
@@ -33,5 +36,5 @@ def register(subparsers) -> None:
 def _main(args) -> int:
     from kdcollapse.experiments import demo  # the library: imported when the command runs, not for --help
 
-    demo.run_demo(Path(args.out), args.data)
+    demo.run_demo(Path(args.out), args.data, quick=args.quick)
     return 0

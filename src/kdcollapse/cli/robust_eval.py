@@ -50,8 +50,8 @@ def register(subparsers) -> None:
                    help="target classes of APGD-T/FAB-T")
     p.add_argument("--aa-queries", type=int, default=STANDARD_BUDGET["n_queries"], metavar="N",
                    help="Square queries")
-    p.add_argument("--precision", choices=("off", "bf16", "fp16"), default="off",
-                   help="autocast precision of the attacks' search (bf16 on CPU or CUDA, fp16 on CUDA); "
+    p.add_argument("--precision", choices=("off", "auto", "bf16", "fp16"), default="off",
+                   help="autocast precision of the attacks' search (bf16 on CPU or CUDA, fp16 on CUDA; auto: bf16 where native); "
                         "whether an input fools the model is always decided in float32")
     p.add_argument("--channels-last", action="store_true", help="channels-last layout for the search")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -60,6 +60,11 @@ def _train(args) -> None:
     from kdcollapse.distributed import is_main_process
     from kdcollapse.methods import get_method
 
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in RUN_DIR and --overwrite replaces it; give one of them")
+    if args.resume and args.seeds is not None:
+        raise ConfigError("--resume continues one run; resume each seed's directory (RUN_DIR/seed<N>) on its own")
+    seeds = _parse_seeds(args.seeds) if args.seeds is not None else None
     if args.quiet:
         args.overrides = [*args.overrides, "train.progress=false"]
     cfg = _resolve_config(args)
@@ -68,9 +73,6 @@ def _train(args) -> None:
     if args.command_name == "distill" and not needs_teacher:
         raise ConfigError(f"method '{cfg.method.name}' trains without a teacher; use `kdcollapse train`, or "
                           "set method.name to a distillation method (kd, dkd, dhkd, ikl_kd, ...)")
-    if args.resume and args.seeds:
-        raise ConfigError("--resume continues one run; resume each seed's directory (RUN_DIR/seed<N>) on its own")
-    seeds = _parse_seeds(args.seeds) if args.seeds else None
     report = is_main_process()  # under torchrun only rank 0 prints results
     if seeds is None:
         result = _fit(cfg, args)
@@ -129,7 +131,10 @@ def _parse_seeds(text: str) -> list[int]:
     except ValueError:
         raise ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
     if not seeds:
-        raise ConfigError("--seeds is empty")
+        raise ConfigError(f"--seeds is empty ({text!r}); give comma-separated integers such as 0,1,2")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"--seeds {text}: seed {', '.join(map(str, repeated))} is given twice; each seed is one run")
     return seeds
 
 

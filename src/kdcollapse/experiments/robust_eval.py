@@ -64,7 +64,7 @@ def evaluate_run(
     registered evaluation in ``attacks`` (``kdcollapse.adversarial.list_attacks()``): ``"standard"``
     (AutoAttack standard, or the same chain with ``aa_budget`` = {n_iter, n_targets, n_queries} when given,
     named ``autoattack-reduced``) and ``"pgd"`` (PGD-``pgd_steps``). Inputs are the images in [0, 1]; the
-    model file's mean/std go inside the model (:class:`Normalized`). ``precision`` (off | bf16 | fp16) and
+    model file's mean/std go inside the model (:class:`Normalized`). ``precision`` (off | auto | bf16 | fp16) and
     ``channels_last`` make the attacks' search faster; every verdict is the float32 model's.
 
     Writes ``robust_eval.json`` (entries keyed by attack, norm, ε and weights; earlier entries with

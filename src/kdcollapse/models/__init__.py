@@ -8,7 +8,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import torch
 from torch import nn
+from torch.nn.parameter import UninitializedParameter
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
@@ -20,10 +22,12 @@ _MODELS: Registry[Callable[..., Classifier]] = Registry("model")
 register_model = _MODELS.register
 
 
-def create_model(name: str, num_classes: int, in_channels: int = 3, **kwargs) -> Classifier:
+def create_model(name: str, num_classes: int, in_channels: int = 3, *, input_shape: tuple[int, ...] | None = None,
+                 **kwargs) -> Classifier:
     """Build a registered model; a factory returning a plain ``nn.Module`` is wrapped by
     :func:`as_classifier` (its feature found automatically). Raises a ``KdcollapseError`` listing the valid names for an unknown name
-    and the valid options for an unknown keyword argument."""
+    and the valid options for an unknown keyword argument. A model with lazy layers (``nn.LazyLinear``) is
+    materialised by one forward pass of zeros of ``input_shape`` (one sample's shape, e.g. ``(1, 8, 8)``)."""
     factory = _MODELS.get(name)
     params = inspect.signature(factory).parameters
     options = [p for p in params if p not in ("num_classes", "in_channels")]
@@ -36,7 +40,27 @@ def create_model(name: str, num_classes: int, in_channels: int = 3, **kwargs) ->
             f"num_classes and in_channels must be >= 1, got {num_classes} and {in_channels}"
         )
     model = factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+    materialize(model, input_shape, name)
     return as_classifier(model, num_classes=num_classes)
+
+
+def materialize(model: nn.Module, input_shape: tuple[int, ...] | None, name: str = "the model") -> None:
+    """Give the lazy layers of ``model`` (``nn.LazyLinear``, ``nn.LazyConv2d``) their shapes with one forward
+    pass of zeros (eval mode, no gradient; running statistics untouched); no-op without lazy layers."""
+    if not any(isinstance(p, UninitializedParameter) for p in model.parameters()):
+        return
+    if not input_shape:
+        raise KdcollapseError(f"model {name!r} has lazy layers (e.g. nn.LazyLinear), which need the input shape; "
+                              "pass input_shape=(C, H, W) (the trainer passes the dataset's)")
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(2, *input_shape))
+    except (RuntimeError, ValueError) as err:
+        raise KdcollapseError(f"model {name!r} with lazy layers fails on inputs of shape {tuple(input_shape)}: "
+                              f"{str(err).splitlines()[0]}") from None
+    finally:
+        model.train(training)
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -18,7 +18,7 @@ in the same pass as the feature; ``feature_info`` is measured once on a zero inp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -163,7 +163,7 @@ class ModuleClassifier(Classifier):
             super().__setattr__(name, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
+        return module_logits(self.module(x), self.module)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.features
@@ -217,6 +217,18 @@ class ModuleClassifier(Classifier):
                 f"Options: {OPTIONS}"
             )
         return h
+
+
+def module_logits(out: object, module: nn.Module) -> torch.Tensor:
+    """The logits in what ``module`` returned: a tensor, or the ``logits`` of a Hugging Face ``ModelOutput``
+    (or any object or mapping with a ``logits`` tensor)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise KdcollapseError(f"{type(module).__name__} returned a {type(out).__name__}; a classifier must return "
+                          "its logits as a tensor, or an output with a .logits tensor (Hugging Face ModelOutput)")
 
 
 def _submodule(module: nn.Module, name: str) -> nn.Module:

@@ -294,8 +294,11 @@ def read_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     if meta.get("num_classes") and num_classes and num_classes != meta["num_classes"]:
         raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
     options = {**meta.get("model_kwargs", {}), **(model_kwargs or {})}
-    model = create_model(name, classes, in_channels=channels, **options).to(device)
+    model = create_model(name, classes, in_channels=channels, input_shape=meta.get("input_shape"),
+                         **options).to(device)
     if "head" in meta:  # a special head recorded by save_model
         model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
     load_state(model, adapt_state_dict(model, state), str(path))
+    if "mean" in meta and "std" in meta:  # what the model was trained on: analyze(Subject(model, data)) applies it
+        model.input_normalization = (tuple(meta["mean"]), tuple(meta["std"]))
     return model, meta

@@ -8,7 +8,9 @@ only when all of that worked does :func:`start_run_dir` clear an overwritten run
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import io
 import json
 import os
@@ -65,6 +67,9 @@ class RunDir:
 
     def __init__(self, path: Path, *, is_main: bool, resume: bool):
         self.path, self.is_main, self.resume, self.clear = path, is_main, resume, False
+        # the topmost folder this claim will create (None: run_dir exists): a refused command removes them
+        self.created = next((p for p in [*reversed(path.parents), path] if not p.exists()), None)
+        self.started = False  # set by start_run_dir: from then on the directory is the run's
         self.lock: RunLock | None = None
         self.state: dict | None = None
         self.damaged: list[str] = []
@@ -72,6 +77,8 @@ class RunDir:
     def commit(self, epoch: int, tensor_files: dict, text_files: dict[str, str]) -> None:
         """Write and commit the files of ``epoch`` (see :mod:`kdcollapse.runs._commit`); ``text_files`` are
         :meth:`MetricsLog.files`."""
+        if self.lock is not None:
+            self.lock.check()
         self.state = commit_epoch(self.path, epoch, tensor_files, text_files, self.state)
 
     def replace_file(self, name: str, tensors: dict, meta: dict) -> None:
@@ -89,9 +96,17 @@ class RunDir:
             return None
 
     def release(self) -> None:
+        """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file and a
+        folder this claim created are removed, so a refused command leaves the disk as it was."""
         if self.lock is not None:
-            self.lock.release()
+            self.lock.release(undo=not self.started)
             self.lock = None
+        if self.is_main and self.created is not None and not self.started:
+            for folder in [self.path, *self.path.parents]:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if empty
+                if folder == self.created:
+                    break
 
 
 def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: bool = True) -> RunDir:
@@ -106,7 +121,7 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
 
     def take() -> None:
         _make_writable(run_dir)
-        claim.lock = RunLock(run_dir)
+        claim.lock = RunLock(run_dir, owner=False)
         try:
             holds_run = (run_dir / "config.yaml").exists()  # looked at under the lock
             claim.clear = holds_run and overwrite and not resume
@@ -143,6 +158,8 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
     """After everything was validated: clear an overwritten run, remove stray temporaries, write the config
     (on resume: with its permitted changes) and, for a new run, ``run.json``."""
     def write() -> None:
+        claim.lock.write_owner()
+        claim.started = True
         if claim.clear:
             for name in RUN_FILES:
                 (claim.path / name).unlink(missing_ok=True)
@@ -151,8 +168,10 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
         remove_temporaries(claim.path)
         with replacing(claim.path / "config.yaml") as tmp:
             save_config(cfg, tmp)
-        if not claim.resume:
-            write_text(claim.path / "run.json", json.dumps(provenance(), indent=2) + "\n")
+        digest = hashlib.sha256((claim.path / "config.yaml").read_bytes()).hexdigest()
+        facts = _read_run_json(claim.path) if claim.resume else provenance()
+        if facts is not None:  # the checksum a resume compares config.yaml with (hand edits are refused)
+            write_text(claim.path / "run.json", json.dumps({**facts, "config_sha256": digest}, indent=2) + "\n")
 
     on_main_process(claim.is_main, write, f"the main process could not write the run directory {claim.path}")
 
@@ -167,10 +186,36 @@ def _make_writable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
+def _read_run_json(run_dir: Path) -> dict | None:
+    """``run.json`` of ``run_dir`` (``None`` if absent); a damaged one is an error naming the file."""
+    path = run_dir / "run.json"
+    if not path.exists():
+        return None
+    try:
+        facts = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); it is not a run kdcollapse wrote intact") from None
+    if not isinstance(facts, dict):
+        raise CheckpointError(f"{path} is not a JSON object; it is not a run kdcollapse wrote intact")
+    return facts
+
+
+def check_config_unedited(run_dir: Path) -> None:
+    """Refuse a ``config.yaml`` whose bytes differ from the SHA-256 that ``run.json`` recorded when the run
+    wrote it: a hand edit would say one thing while the checkpoint continues another."""
+    recorded = (_read_run_json(run_dir) or {}).get("config_sha256")
+    path = run_dir / "config.yaml"
+    if recorded and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise CheckpointError(f"{path} was edited after the run wrote it (its SHA-256 differs from run.json's "
+                              "config_sha256); restore it, and change resumable keys with overrides: --resume "
+                              f"{run_dir} train.epochs=N")
+
+
 def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, overwrite: bool) -> None:
     if resume:
         if not (run_dir / "checkpoint.safetensors").exists() and not (run_dir / STATE_FILE).exists():
             raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
+        check_config_unedited(run_dir)
         if holds_run:
             check_resume_changes(load_config(run_dir / "config.yaml"), cfg)
     elif holds_run and not overwrite:
@@ -195,12 +240,12 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
             run_dir = Path(cfg.run_dir)
             if not run_dir.is_dir():
                 continue
-            lock = RunLock(run_dir)
+            lock = RunLock(run_dir, owner=False)
             try:
                 _check_use(cfg, run_dir, holds_run=(run_dir / "config.yaml").exists(), resume=False,
                            overwrite=overwrite)
             finally:
-                lock.release()
+                lock.release(undo=True)
 
     on_main_process(is_main, check, "the main process found a run directory that cannot be used")
 

@@ -14,6 +14,7 @@ state at its start — exactly what the checkpoint written at the end of the pre
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import random
@@ -110,6 +111,8 @@ class Trainer:
             self.teacher = self.setup_teacher()
             self.method = self.setup_method()
             self.optimizer, self.schedule = self.setup_optimizer()
+            if not resume:
+                self.check_first_batch()
             self.checkpointer = Checkpointer(cfg, self.run_files, self.dist.is_main, self.method, self.optimizer,
                                              self.schedule, self.ema, self.inference_model, self.train_set,
                                              has_val=self.val_set is not None)
@@ -191,7 +194,8 @@ class Trainer:
         """The student and the method around it, on the device and in the run's layout; the weight average
         (``train.ema``) and ``train.compile``."""
         cfg, data = self.cfg, self.train_set
-        student = create_model(cfg.model.name, data.num_classes, in_channels=data.in_channels, **cfg.model.kwargs)
+        student = create_model(cfg.model.name, data.num_classes, in_channels=data.in_channels,
+                               input_shape=data.input_shape, **cfg.model.kwargs)
         method = build_method(cfg.method, student, num_classes=data.num_classes, teacher=self.teacher,
                               label_smoothing=cfg.train.label_smoothing, num_samples=len(data)).to(self.device)
         method.set_input_normalization(data.mean, data.std)
@@ -382,6 +386,35 @@ class Trainer:
             self.schedule.step()
 
     # ------------------------------------------------------------------------------ checks
+    def check_first_batch(self) -> None:
+        """The method's forward (student and teacher) on the first training batch, before the run directory
+        changes: a model that cannot take the data, or a loss that is not finite before any step (e.g. an
+        infinite weight), is a ``ConfigError`` that leaves nothing behind. The method's state (batch-norm
+        statistics, buffers) and gradients are put back, and every epoch reseeds, so the run is unchanged."""
+        loader = self.train_loader
+        loader.set_epoch(0)
+        x, y = next(iter(loader))
+        index = loader.batch_index(0)
+        if self.teacher is not None:
+            self.teacher.select(index)
+        state = copy.deepcopy(self.method.state_dict())
+        self.method.on_epoch_start(0)
+        try:
+            with self.precision():
+                out = self.method(self.to_layout(x), y, **({"index": index} if self.method.needs_index else {}))
+            loss = float(out["loss"].detach().float())
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"the first training batch of shape {tuple(x.shape)} fails in model "
+                              f"'{self.cfg.model.name}' / method '{self.cfg.method.name}': {first}; check "
+                              "model.kwargs and the method's settings") from None
+        finally:
+            self.method.load_state_dict(state)
+            self.optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(loss):
+            raise ConfigError(f"the loss of the first training batch is {loss} before any step; check the method's "
+                              f"weights and temperature (method.* of method '{self.cfg.method.name}')")
+
     def check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
         if not torch.isfinite(loss_sum).item():
             where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
