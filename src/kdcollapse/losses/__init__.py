@@ -13,11 +13,14 @@ from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
 from kdcollapse.losses.cosine import within_class_cosine_distance
+from kdcollapse.losses.crd import crd_loss, crd_memory_update, crd_normalizer
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
+from kdcollapse.losses.reviewkd import hcl_loss
 from kdcollapse.losses.rkd import rkd_loss
+from kdcollapse.losses.vid import match_spatial_size, vid_initial_log_scale, vid_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -29,6 +32,8 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+HCLLoss = loss_module("HCLLoss", hcl_loss)
+VIDLoss = loss_module("VIDLoss", vid_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -36,4 +41,6 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
+    "crd_loss", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss", "vid_initial_log_scale",
+    "match_spatial_size", "HCLLoss", "VIDLoss",
 ]
