@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses import (crd_loss, crd_memory_update, crd_normalizer, hcl_loss, match_spatial_size,
-                               vid_initial_log_scale, vid_loss)
+from kdcollapse.losses import (crd_log_scores, crd_loss, crd_memory_update, crd_nce_loss, crd_normalizer, hcl_loss,
+                               match_spatial_size, vid_initial_log_scale, vid_loss)
 
 TOL = {"rtol": 1e-9, "atol": 1e-9}  # float64; the issue asks for 1e-6
 
@@ -109,13 +109,16 @@ def test_crd_loss_matches_official_values_and_gradients(temperature):
     memory, anchors, idx = crd_inputs()
     num_data = memory.shape[0]
     rows = memory[idx]
-    z = crd_normalizer(anchors, rows, num_data, temperature)
+    z = crd_normalizer(crd_log_scores(anchors, rows, temperature), num_data)
     official_scores = official_contrast_scores(memory, anchors, idx, temperature, 1.0)
     assert z == pytest.approx(official_scores.mean().item() * num_data, rel=1e-12)  # Z_v = mean · N
     expected = official_contrast_loss(official_contrast_scores(memory, anchors, idx, temperature, z), num_data)
     loss = crd_loss(anchors, rows, num_data=num_data, normalizer=z, temperature=temperature)
     torch.testing.assert_close(loss, expected.squeeze(), **TOL)
     torch.testing.assert_close(grads(loss, anchors)[0], grads(expected.sum(), anchors)[0], **TOL)
+    # The same loss from scores against the whole memory, gathered at the drawn indices.
+    full = (anchors @ memory.T / temperature).gather(1, idx)
+    torch.testing.assert_close(crd_nce_loss(full, num_data=num_data, normalizer=z), expected.squeeze(), **TOL)
 
 
 def test_crd_loss_closed_form_one_negative():

@@ -13,7 +13,7 @@ from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
 from kdcollapse.losses.cosine import within_class_cosine_distance
-from kdcollapse.losses.crd import crd_loss, crd_memory_update, crd_normalizer
+from kdcollapse.losses.crd import crd_log_scores, crd_loss, crd_memory_update, crd_nce_loss, crd_normalizer
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
@@ -41,6 +41,6 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
-    "crd_loss", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss", "vid_initial_log_scale",
+    "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss", "vid_initial_log_scale",
     "match_spatial_size", "HCLLoss", "VIDLoss",
 ]

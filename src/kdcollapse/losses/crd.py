@@ -51,15 +51,13 @@ def crd_log_scores(anchors: Tensor, memory_rows: Tensor, temperature: float = 0.
     return torch.einsum("bkd,bd->bk", memory_rows.to(dtype), anchors.to(dtype)) / temperature
 
 
-def crd_normalizer(anchors: Tensor, memory_rows: Tensor, num_data: int, temperature: float = 0.07) -> float:
-    """Z = N · mean exp(m_i · v / τ) over a batch: the constant CRD fixes at its first step, per direction.
-
-    Read once (a host synchronisation), without gradient, as the official code does with ``.item()``.
-    """
-    if not (isinstance(num_data, int) and num_data > 0):
-        raise KdcollapseError(f"num_data must be a positive int (the training-set size), got {num_data!r}")
+def crd_normalizer(log_scores: Tensor, num_data: int) -> float:
+    """Z = N · mean exp(m · v / τ) over a batch's (B, 1 + K) ``log_scores``: the constant CRD fixes at its
+    first step, per direction. Read once (a host synchronisation), without gradient, as the official code
+    does with ``.item()``."""
+    _check_num_data(num_data)
     with torch.no_grad():
-        return float(crd_log_scores(anchors, memory_rows, temperature).exp().mean()) * num_data
+        return float(log_scores.exp().mean()) * num_data
 
 
 def crd_loss(anchors: Tensor, memory_rows: Tensor, *, num_data: int, normalizer: float,
@@ -68,22 +66,38 @@ def crd_loss(anchors: Tensor, memory_rows: Tensor, *, num_data: int, normalizer:
 
     ``anchors`` (B, d) are one network's embeddings (unit-norm in CRD), ``memory_rows`` (B, 1 + K, d) the
     other network's memory rows drawn for them, ``num_data`` N the size of the memory bank, ``normalizer``
-    Z from :func:`crd_normalizer`. Computed in log space: log P − logaddexp(log P, log(K/N + ε)) equals the
-    official log(P / (P + K/N + ε)) and cannot overflow. Gradients reach ``anchors`` (and
-    ``memory_rows`` if they carry any; the official code detaches them). The value is a sum over the
-    1 + K terms and a mean over the batch, as in the official code.
+    Z from :func:`crd_normalizer`. Gradients reach ``anchors`` (and ``memory_rows`` if they carry any; the
+    official code detaches them). :func:`crd_nce_loss` on :func:`crd_log_scores`.
     """
-    check_positive("normalizer", normalizer)
-    if not (isinstance(num_data, int) and num_data > 0):
-        raise KdcollapseError(f"num_data must be a positive int (the training-set size), got {num_data!r}")
-    log_p = crd_log_scores(anchors, memory_rows, temperature) - math.log(normalizer)
+    log_scores = crd_log_scores(anchors, memory_rows, temperature)
     if validating(validate):
         check_values({"anchors": anchors, "memory_rows": memory_rows})
-    noise = (memory_rows.shape[1] - 1) / num_data  # K · P_n
+    return crd_nce_loss(log_scores, num_data=num_data, normalizer=normalizer)
+
+
+def crd_nce_loss(log_scores: Tensor, *, num_data: int, normalizer: float) -> Tensor:
+    """CRD's NCE loss from the (B, 1 + K) scores m_i · v / τ, positive in column 0.
+
+    log P = score − log Z; log P − logaddexp(log P, log(K/N + ε)) equals the official
+    log(P / (P + K/N + ε)) and cannot overflow. A sum over the 1 + K terms and a mean over the batch, as
+    in the official code.
+    """
+    check_positive("normalizer", normalizer)
+    _check_num_data(num_data)
+    check_tensor("log_scores", log_scores, (2,))
+    if log_scores.shape[1] < 2:
+        raise KdcollapseError(f"log_scores must have shape (B, 1 + K) with K >= 1, got {tuple(log_scores.shape)}")
+    log_p = log_scores - math.log(normalizer)
+    noise = (log_scores.shape[1] - 1) / num_data  # K · P_n
     log_denominator = torch.logaddexp(log_p, log_p.new_tensor(math.log(noise + NCE_EPS)))
     log_d1 = log_p[:, 0] - log_denominator[:, 0]  # positive: P / (P + K/N + ε)
     log_d0 = math.log(noise) - log_denominator[:, 1:]  # negatives: (K/N) / (P + K/N + ε)
-    return -(log_d1.sum() + log_d0.sum()) / anchors.shape[0]
+    return -(log_d1.sum() + log_d0.sum()) / log_scores.shape[0]
+
+
+def _check_num_data(num_data: int) -> None:
+    if not (isinstance(num_data, int) and num_data > 0):
+        raise KdcollapseError(f"num_data must be a positive int (the training-set size), got {num_data!r}")
 
 
 def crd_memory_update(rows: Tensor, embeddings: Tensor, momentum: float = 0.5) -> Tensor:
