@@ -4,9 +4,12 @@ Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool or 0/1 
 kept position (mask set, label not ``ignore_index``) is one sample. Half-precision inputs accumulate
 in float32. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
 :class:`kdcollapse.errors.KdcollapseError`; ``validation(False)`` turns the value checks off.
-Formulas, options and references: ``docs/losses.md``.
+Formulas, options and references: ``docs/losses.md``. Every loss is declared once with
+:func:`register_loss` (name, kind, paper, options, a test example); :func:`list_losses` and
+:func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
+from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
@@ -41,6 +44,7 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
-    "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss", "vid_initial_log_scale",
-    "match_spatial_size", "HCLLoss", "VIDLoss",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",
+    "vid_initial_log_scale", "match_spatial_size", "HCLLoss", "VIDLoss",
 ]
