@@ -113,12 +113,14 @@ def test_crd_loss_matches_official_values_and_gradients(temperature):
     official_scores = official_contrast_scores(memory, anchors, idx, temperature, 1.0)
     assert z == pytest.approx(official_scores.mean().item() * num_data, rel=1e-12)  # Z_v = mean · N
     expected = official_contrast_loss(official_contrast_scores(memory, anchors, idx, temperature, z), num_data)
-    loss = crd_loss(anchors, rows, num_data=num_data, normalizer=z, temperature=temperature)
+    loss = crd_loss(anchors, rows, num_data, z, temperature)
     torch.testing.assert_close(loss, expected.squeeze(), **TOL)
     torch.testing.assert_close(grads(loss, anchors)[0], grads(expected.sum(), anchors)[0], **TOL)
     # The same loss from scores against the whole memory, gathered at the drawn indices.
     full = (anchors @ memory.T / temperature).gather(1, idx)
-    torch.testing.assert_close(crd_nce_loss(full, num_data=num_data, normalizer=z), expected.squeeze(), **TOL)
+    torch.testing.assert_close(crd_nce_loss(full, num_data, z), expected.squeeze(), **TOL)
+    # Without a normalizer the first step's estimate is used, as the official code does.
+    torch.testing.assert_close(crd_loss(anchors, rows, torch.tensor(num_data), None, temperature), loss, **TOL)
 
 
 def test_crd_loss_closed_form_one_negative():
@@ -127,14 +129,14 @@ def test_crd_loss_closed_form_one_negative():
     rows = torch.tensor([[[1.0], [-1.0]]], dtype=torch.float64)
     e, c, eps = math.e, 0.5, 1e-7
     by_hand = -(math.log(e / (e + c + eps)) + math.log(c / (1 / e + c + eps)))
-    loss = crd_loss(anchors, rows, num_data=2, normalizer=1.0, temperature=1.0)
+    loss = crd_loss(anchors, rows, 2, 1.0, temperature=1.0)
     assert loss.item() == pytest.approx(by_hand, rel=1e-14)
 
 
 def test_crd_loss_is_finite_where_the_official_form_overflows():
     anchors = torch.ones(1, 1, dtype=torch.float64)
     rows = torch.tensor([[[1.0], [-1.0]]], dtype=torch.float64)
-    loss = crd_loss(anchors, rows, num_data=2, normalizer=1.0, temperature=1e-3)  # exp(1000) overflows
+    loss = crd_loss(anchors, rows, 2, 1.0, temperature=1e-3)  # exp(1000) overflows
     assert torch.isfinite(loss) and loss.item() == pytest.approx(-math.log(0.5 / (0.5 + 1e-7)), rel=1e-9)
 
 
@@ -156,9 +158,9 @@ def test_crd_memory_update_matches_official_and_stays_unit_norm():
 def test_crd_bad_inputs():
     memory, anchors, idx = crd_inputs()
     with pytest.raises(KdcollapseError, match="memory_rows must have shape"):
-        crd_loss(anchors, memory[idx][:, :, :3], num_data=40, normalizer=1.0)
+        crd_loss(anchors, memory[idx][:, :, :3], 40, 1.0)
     with pytest.raises(KdcollapseError, match="num_data"):
-        crd_loss(anchors, memory[idx], num_data=0, normalizer=1.0)
+        crd_loss(anchors, memory[idx], 0, 1.0)
     with pytest.raises(KdcollapseError, match="momentum"):
         crd_memory_update(memory[:2], memory[:2], 1.5)
 
@@ -171,7 +173,8 @@ def test_hcl_matches_official_values_and_gradients(size):
     shapes = [(3, 4, size, size), (3, 2, 2 * size, 2 * size)]
     student = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
     teacher = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
-    loss, expected = hcl_loss(student, teacher), official_hcl(student, teacher)
+    loss = sum(hcl_loss(s, t) for s, t in zip(student, teacher))
+    expected = official_hcl(student, teacher)
     torch.testing.assert_close(loss, expected, **TOL)
     for a, b in zip(grads(loss, *student, *teacher), grads(expected, *student, *teacher)):
         torch.testing.assert_close(a, b, **TOL)
@@ -179,22 +182,22 @@ def test_hcl_matches_official_values_and_gradients(size):
 
 def test_hcl_single_level_is_mse_and_pooled_levels_by_loop():
     s, t = torch.randn(2, 3, 1, 1, dtype=torch.float64), torch.randn(2, 3, 1, 1, dtype=torch.float64)
-    torch.testing.assert_close(hcl_loss([s], [t]), ((s - t) ** 2).mean(), **TOL)  # 1×1: no pooled level
+    torch.testing.assert_close(hcl_loss(s, t), ((s - t) ** 2).mean(), **TOL)  # 1×1: no pooled level
     # 4×4 maps: levels 2 and 1 are kept, with weights 1/2 and 1/4 over a total 7/4; pool by hand.
     s, t = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.randn(2, 3, 4, 4, dtype=torch.float64)
     d = s - t
     pool2 = torch.stack([torch.stack([d[..., 2 * i:2 * i + 2, 2 * j:2 * j + 2].mean((-2, -1))
                                       for j in range(2)], -1) for i in range(2)], -2)
     by_hand = ((d ** 2).mean() + 0.5 * (pool2 ** 2).mean() + 0.25 * (d.mean((-2, -1)) ** 2).mean()) / 1.75
-    torch.testing.assert_close(hcl_loss([s], [t]), by_hand, **TOL)
-    assert hcl_loss([s], [s]).item() == 0.0
+    torch.testing.assert_close(hcl_loss(s, t), by_hand, **TOL)
+    assert hcl_loss(s, s).item() == 0.0
 
 
 def test_hcl_bad_inputs():
-    with pytest.raises(KdcollapseError, match="same length"):
-        hcl_loss([torch.zeros(1, 1, 2, 2)], [])
+    with pytest.raises(KdcollapseError, match="must have 4 dimensions"):
+        hcl_loss(torch.zeros(1, 2, 2), torch.zeros(1, 2, 2))
     with pytest.raises(KdcollapseError, match="same shape"):
-        hcl_loss([torch.zeros(1, 1, 2, 2)], [torch.zeros(1, 2, 2, 2)])
+        hcl_loss(torch.zeros(1, 1, 2, 2), torch.zeros(1, 2, 2, 2))
 
 
 # --- VID --------------------------------------------------------------------------------------

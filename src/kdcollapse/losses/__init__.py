@@ -35,7 +35,6 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
-HCLLoss = loss_module("HCLLoss", hcl_loss)
 VIDLoss = loss_module("VIDLoss", vid_loss)
 
 __all__ = [
@@ -46,5 +45,5 @@ __all__ = [
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
     "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",
-    "vid_initial_log_scale", "match_spatial_size", "HCLLoss", "VIDLoss",
+    "vid_initial_log_scale", "match_spatial_size", "VIDLoss",
 ]

@@ -11,10 +11,16 @@ student, saved in the checkpoint, absent from the model file.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from kdcollapse.losses import hcl_loss
+from kdcollapse.methods import TeacherRequest, register_method
+from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
+from kdcollapse.methods._stages import check_stages, stage_channels
 
 
 class ABF(nn.Module):
@@ -75,3 +81,54 @@ class ReviewFusion(nn.Module):
             out, residual = block(x, residual, x.shape[-1], out_size)
             results.insert(0, out)
         return results
+
+
+@register_method("reviewkd")
+class ReviewKD(Distiller):
+    """ce_weight·CE + reviewkd_weight·min(epoch / warmup_epochs, 1)·HCL(ABF(student maps), teacher maps).
+
+    The student's maps of ``stages`` (post-activation, or pre-activation with ``student_pre_act`` as
+    mdistiller's ImageNet configs) and its pooled feature as a 1×1 map go through :class:`ReviewFusion`;
+    the targets are the teacher's pre-activation maps of the same ``stages`` and its pooled feature
+    (mdistiller's ``preact_feats[1:]`` and ``pooled_feat``). ``stages`` default to the three stages after
+    the stem of the CIFAR ResNets (mdistiller's ``feats[1:]``); the recipes list them for other families.
+    The warm-up counts epochs from 1 as mdistiller does (epoch 1 of 20 weighted 1/20).
+    Logged parts: ``ce`` and ``reviewkd`` (weighted and ramped).
+    """
+
+    @classmethod
+    def teacher_request(cls, config):
+        return TeacherRequest(features=True, stages=tuple(config.teacher_stages or config.stages), pre_act=True)
+
+    @dataclass
+    class Config:
+        ce_weight: float = 1.0
+        reviewkd_weight: float = 1.0  # mdistiller REVIEWKD_WEIGHT (5 for resnet32x4 -> resnet8x4)
+        warmup_epochs: int = 20  # linear ramp of the ReviewKD term; 0: none
+        stages: list[int] = field(default_factory=lambda: [1, 2, 3])  # student feature_info indices, shallow to deep
+        teacher_stages: list[int] | None = None  # the teacher's matching stages; None: the same indices
+        student_pre_act: bool = False  # mdistiller STU_PREACT (True in its ImageNet configs)
+        mid_channels: int = 0  # ABF width; 0: min(512, student feature width), the official rule
+
+        def __post_init__(self):
+            check_config(self, non_negative=("ce_weight", "reviewkd_weight", "warmup_epochs", "mid_channels"))
+            check_stages(self)
+
+    def __init__(self, student, config, *, num_classes, **kwargs):
+        super().__init__(student, config, num_classes=num_classes, **kwargs)
+        s_info = stage_channels(self.student, config.stages)
+        t_info = stage_channels(self.teacher.model, config.teacher_stages or config.stages)
+        self.fusion = ReviewFusion([*s_info, self.student.feature_dim], [*t_info, self.teacher.model.feature_dim],
+                                   config.mid_channels or None)
+
+    def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        cfg = self.config
+        features, maps = self.student.forward_intermediates(x, list(cfg.stages), pre_act=cfg.student_pre_act)
+        logits = self.student.forward_head(features)
+        teacher = self.read_teacher(x)
+        targets = [*teacher.maps, teacher.features[:, :, None, None]]
+        fused = self.fusion([*maps, features[:, :, None, None]], [t.shape[-1] for t in targets])
+        ce = cfg.ce_weight * self.cross_entropy(logits, y)
+        hcl = sum(hcl_loss(f, t) for f, t in zip(fused, targets))
+        review = cfg.reviewkd_weight * warmup_factor(self.epoch, cfg.warmup_epochs) * hcl
+        return {"loss": ce + review, "logits": logits, "ce": ce.detach(), "reviewkd": review.detach()}
