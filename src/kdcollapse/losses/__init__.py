@@ -18,6 +18,10 @@ from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
 from kdcollapse.losses.rkd import rkd_loss
+from kdcollapse.losses.attention import at_loss, attention_map
+from kdcollapse.losses.dist import dist_loss, pearson_correlation
+from kdcollapse.losses.fitnet import fitnet_loss
+from kdcollapse.losses.ofd import ofd_distance, ofd_loss, ofd_margin
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -29,6 +33,10 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+FitNetLoss = loss_module("FitNetLoss", fitnet_loss)
+ATLoss = loss_module("ATLoss", at_loss)
+OFDLoss = loss_module("OFDLoss", ofd_loss)
+DISTLoss = loss_module("DISTLoss", dist_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -36,4 +44,6 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
+    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_distance", "ofd_margin", "dist_loss",
+    "pearson_correlation", "FitNetLoss", "ATLoss", "OFDLoss", "DISTLoss",
 ]
