@@ -1,10 +1,10 @@
-"""Feature-map and relation losses (FitNet, AT, OFD, DIST) against their official code and the papers.
+"""Feature-map and relation losses (FitNet, AT, OFD, DIST, NST, SP, PKT) against their official code and the papers.
 
 Each ``official_*`` function below is a literal transcription of the official computation, kept
 independent of the package (only torch, numpy and scipy), with its source:
 
 * mdistiller: github.com/megvii-research/mdistiller at a08d46f10d6102bd6e3f258ca5ac880b020ea259,
-  ``mdistiller/distillers/FitNet.py``, ``AT.py``, ``OFD.py``;
+  ``mdistiller/distillers/FitNet.py``, ``AT.py``, ``OFD.py``, ``NST.py``, ``SP.py``, ``PKT.py``;
 * DIST: github.com/hunto/image_classification_sota at d9662f7df68fe46b973c4580b7c9b896cedcd301 (the
   commit hunto/DIST_KD pins as its ``classification`` submodule), ``lib/models/losses/dist_kd.py``.
 
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from scipy.stats import norm
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses import (at_loss, attention_map, dist_loss, fitnet_loss, ofd_distance, ofd_loss,
-                               ofd_margin, pearson_correlation)
+from kdcollapse.losses import (at_loss, attention_map, dist_loss, fitnet_loss, nst_loss, ofd_distance, ofd_loss,
+                               ofd_margin, pearson_correlation, pkt_loss, sp_loss)
 
 TOL = dict(rtol=1e-10, atol=1e-12)
 
@@ -124,6 +124,49 @@ def official_dist(z_s, z_t, beta, gamma, tau):
     inter_loss = tau**2 * inter_class_relation(y_s, y_t)
     intra_loss = tau**2 * intra_class_relation(y_s, y_t)
     return beta * inter_loss + gamma * intra_loss
+
+
+def official_nst(g_s, g_t):
+    # NST.py: nst_loss / single_stage_nst_loss / poly_kernel.
+    def poly_kernel(a, b):
+        a = a.unsqueeze(1)
+        b = b.unsqueeze(2)
+        return (a * b).sum(-1).pow(2)
+
+    def single(f_s, f_t):
+        s_H, t_H = f_s.shape[2], f_t.shape[2]
+        if s_H > t_H:
+            f_s = F.adaptive_avg_pool2d(f_s, (t_H, t_H))
+        elif s_H < t_H:
+            f_t = F.adaptive_avg_pool2d(f_t, (s_H, s_H))
+        f_s = F.normalize(f_s.view(f_s.shape[0], f_s.shape[1], -1), dim=2)
+        f_t = F.normalize(f_t.view(f_t.shape[0], f_t.shape[1], -1), dim=2)
+        return poly_kernel(f_t, f_t).mean().detach() + poly_kernel(f_s, f_s).mean() - 2 * poly_kernel(f_s, f_t).mean()
+
+    return sum([single(f_s, f_t.detach()) for f_s, f_t in zip(g_s, g_t)])
+
+
+def official_sp(f_s, f_t):
+    # SP.py: similarity_loss.
+    bsz = f_s.shape[0]
+    f_s = f_s.view(bsz, -1)
+    f_t = f_t.detach().view(bsz, -1)
+    G_s = torch.nn.functional.normalize(torch.mm(f_s, torch.t(f_s)))
+    G_t = torch.nn.functional.normalize(torch.mm(f_t, torch.t(f_t)))
+    G_diff = G_t - G_s
+    return (G_diff * G_diff).view(-1, 1).sum(0) / (bsz * bsz)
+
+
+def official_pkt(f_s, f_t, eps=1e-7):
+    # PKT.py: pkt_loss (its in-place NaN repair, f[f != f] = 0, is a no-op on finite inputs).
+    f_t = f_t.detach()
+    f_s = f_s / (torch.sqrt(torch.sum(f_s**2, dim=1, keepdim=True)) + eps)
+    f_t = f_t / (torch.sqrt(torch.sum(f_t**2, dim=1, keepdim=True)) + eps)
+    model_similarity = (torch.mm(f_s, f_s.transpose(0, 1)) + 1.0) / 2.0
+    target_similarity = (torch.mm(f_t, f_t.transpose(0, 1)) + 1.0) / 2.0
+    model_similarity = model_similarity / torch.sum(model_similarity, dim=1, keepdim=True)
+    target_similarity = target_similarity / torch.sum(target_similarity, dim=1, keepdim=True)
+    return torch.mean(target_similarity * torch.log((target_similarity + eps) / (model_similarity + eps)))
 
 
 # --- FitNet -------------------------------------------------------------------------------------
@@ -284,3 +327,54 @@ def test_dist_sequence_logits_and_mask_select_positions():
                                official_dist(z_s[mask], z_t[mask], 1.0, 1.0, 2.0), **TOL)
     with pytest.raises(KdcollapseError, match="validate=True"):
         dist_loss(z_s, z_t, mask=mask, validate=False)
+
+
+# --- NST, SP, PKT ---------------------------------------------------------------------------------
+
+def test_nst_equals_official():
+    g_s = [rand(4, 3, 8, 8, seed=1).relu().detach().requires_grad_(), rand(4, 5, 4, 4, seed=2)]
+    g_t = [rand(4, 6, 4, 4, seed=3), rand(4, 7, 8, 8, seed=4)]
+    assert_same(nst_loss(g_s, g_t), official_nst(g_s, g_t), g_s)
+
+
+def test_nst_is_the_distance_of_mean_embeddings():
+    """NST eq. 5-6: with k(x, y) = (xᵀy)² = ⟨xxᵀ, yyᵀ⟩_F, MMD² = ‖mean_i t_i t_iᵀ − mean_j s_j s_jᵀ‖²_F
+    per image (the channels' unit spatial patterns as samples), averaged over images."""
+    s, t = rand(3, 4, 3, 3, seed=5).detach(), rand(3, 6, 3, 3, seed=6).detach()
+    expected = []
+    for a, b in zip(s.flatten(2), t.flatten(2)):
+        a, b = F.normalize(a, dim=1), F.normalize(b, dim=1)
+        second_moment = [torch.einsum("ci,cj->ij", x, x) / len(x) for x in (a, b)]
+        expected.append((second_moment[1] - second_moment[0]).pow(2).sum())
+    torch.testing.assert_close(nst_loss(s, t), torch.stack(expected).mean(), **TOL)
+    assert nst_loss(s, 2 * s).abs().item() < 1e-14  # same channels up to scale: no discrepancy
+
+
+def test_sp_equals_official():
+    f_s, f_t = rand(8, 4, 3, 3, seed=1), rand(8, 6, 2, 2, seed=2)
+    assert_same(sp_loss(f_s, f_t), official_sp(f_s, f_t)[0], [f_s])
+
+
+def test_sp_only_sees_the_batch_similarities():
+    """SP eq. 2-4: G = F Fᵀ is unchanged by an orthogonal map of the feature space and row normalisation
+    removes a common scale, so a rotated, rescaled teacher leaves nothing to learn."""
+    f = rand(6, 5, seed=3).detach()
+    q, _ = torch.linalg.qr(rand(5, 5, seed=4).detach())
+    assert sp_loss(f, 3 * f @ q).item() == pytest.approx(0.0, abs=1e-14)
+    assert sp_loss(f, rand(6, 5, seed=5).detach()).item() > 1e-3
+
+
+def test_pkt_equals_official():
+    f_s, f_t = rand(10, 7, seed=1), rand(10, 12, seed=2)
+    assert_same(pkt_loss(f_s, f_t), official_pkt(f_s, f_t), [f_s])
+
+
+def test_pkt_is_zero_when_cosines_agree_and_rejects_bad_shapes():
+    """PKT eq. 10-12: p = q when the student's cosine similarities equal the teacher's (an orthogonal map
+    and positive per-sample scales keep them)."""
+    f = rand(6, 5, seed=3).detach()
+    q, _ = torch.linalg.qr(rand(5, 5, seed=4).detach())
+    scales = torch.rand(6, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
+    assert pkt_loss(scales * f @ q, f).item() == pytest.approx(0.0, abs=1e-9)  # ε terms only
+    with pytest.raises(KdcollapseError, match="batch sizes differ"):
+        pkt_loss(torch.zeros(3, 2), torch.zeros(4, 2))

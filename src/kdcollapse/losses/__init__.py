@@ -22,6 +22,8 @@ from kdcollapse.losses.attention import at_loss, attention_map
 from kdcollapse.losses.dist import dist_loss, pearson_correlation
 from kdcollapse.losses.fitnet import fitnet_loss
 from kdcollapse.losses.ofd import ofd_distance, ofd_loss, ofd_margin
+from kdcollapse.losses.nst import nst_loss
+from kdcollapse.losses.similarity import pkt_loss, sp_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -37,6 +39,9 @@ FitNetLoss = loss_module("FitNetLoss", fitnet_loss)
 ATLoss = loss_module("ATLoss", at_loss)
 OFDLoss = loss_module("OFDLoss", ofd_loss)
 DISTLoss = loss_module("DISTLoss", dist_loss)
+NSTLoss = loss_module("NSTLoss", nst_loss)
+SPLoss = loss_module("SPLoss", sp_loss)
+PKTLoss = loss_module("PKTLoss", pkt_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -46,4 +51,5 @@ __all__ = [
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
     "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_distance", "ofd_margin", "dist_loss",
     "pearson_correlation", "FitNetLoss", "ATLoss", "OFDLoss", "DISTLoss",
+    "nst_loss", "sp_loss", "pkt_loss", "NSTLoss", "SPLoss", "PKTLoss",
 ]
