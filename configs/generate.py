@@ -6,7 +6,8 @@
 One row per teacher -> student pair; the methods' official hyperparameters are filled in here, once,
 so the recipes cannot drift apart. Each file names the paper number it should reproduce in its header.
 Sources: DHKD paper Tables 1-4, App. F, J (Table 11); DKL paper Tables 3, 5; mdistiller's DKD configs;
-the official DKL/IKL code (see docs/distillation.md). configs/fashion_mnist/teacher.yaml and
+the official DKL/IKL code (see docs/distillation.md); for the baselines of issue 23, mdistiller's configs
+and the DIST authors' code and README. configs/fashion_mnist/teacher.yaml and
 configs/fashion_mnist_pairs/teacher.yaml are hand-written and are the bases of their student recipes.
 """
 
@@ -68,6 +69,21 @@ IMAGENET_TEACHERS = {"resnet34": 73.31, "resnet50": 76.16}  # torchvision weight
 
 PAPER_NAMES = {"kd": "KD", "dkd": "DKD", "dhkd": "DHKD", "ikl_kd": "IKL-KD"}
 
+# The feature and relation baselines of the same tables (issue 23), recipes named by the row they
+# reproduce: method -> {teacher_student stem: published top-1 (%)}, with the source of the numbers.
+BASELINES_CIFAR = {
+    # DIST: the official README's CIFAR-100 table (hunto/DIST_KD), mean ± std of its runs; DIST is in
+    # neither paper's CIFAR tables.
+    "dist": ({"resnet56_resnet20": "71.75 ± 0.30", "resnet32x4_resnet8x4": "76.31 ± 0.19",
+              "wrn_40_2_wrn_40_1": "74.43 ± 0.24", "resnet50_cifar_mobilenetv2": "68.66 ± 0.23",
+              "resnet32x4_shufflev1": "76.34 ± 0.18", "resnet32x4_shufflev2": "77.35 ± 0.25"},
+             "the DIST authors' README, hunto/DIST_KD"),
+}
+BASELINES_IMAGENET = {  # DHKD Tables 3-4; the DKL paper's Table 3 has the same AT and OFD numbers
+    "dist": ({"resnet34_resnet18": "72.07", "resnet50_mobilenetv1": "73.24"}, "DHKD paper"),
+}
+BASELINE_NAMES = {"dist": "DIST"}
+
 
 # ------------------------------------------------------------------------------------- CIFAR-100
 def cifar_common(student: str, run_dir: str, lr: float) -> dict:
@@ -117,7 +133,43 @@ def cifar_recipes() -> dict[Path, str]:
             header = [reproduces("CIFAR-100", method, pair), *notes(method, pair, "cifar100"),
                       f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
             out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
+    for method, (numbers, source) in BASELINES_CIFAR.items():
+        for pair in CIFAR_PAIRS:
+            stem = f"{pair.teacher}_{pair.student}"
+            if stem not in numbers:
+                continue
+            lr = 0.01 if pair.student in ("shufflev1", "shufflev2", "mobilenetv2") else 0.05
+            body = cifar_common(pair.student, f"runs/cifar100/{method}/{stem}", lr)
+            body["method"] = baseline_method(method, "cifar100")
+            body["teacher"] = {"checkpoint": f"runs/cifar100/teacher_{pair.teacher}"}
+            header = [baseline_reproduces("CIFAR-100", method, pair, numbers[stem], source),
+                      *baseline_notes(method, "cifar100"),
+                      f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
+            out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
+
+
+def baseline_method(method: str, dataset: str) -> dict:
+    """The official hyperparameters of a baseline method on ``dataset`` (cifar100 or imagenet)."""
+    if method == "dist":  # dist_cifar.yaml (kd: dist_t4) and resnet_dist.yaml (kd: dist, tau 1)
+        return {"name": "dist", "beta": 1.0, "gamma": 1.0, "temperature": 4.0 if dataset == "cifar100" else 1.0,
+                "ce_weight": 1.0, "kd_weight": 2.0}
+    raise ValueError(method)
+
+
+def baseline_reproduces(dataset: str, method: str, pair: Pair, number: str, source: str) -> str:
+    return (f"Reproduces: {BASELINE_NAMES[method]} {pair.teacher} -> {pair.student} on {dataset}: "
+            f"{number} % top-1 ({source}).")
+
+
+def baseline_notes(method: str, dataset: str) -> list[str]:
+    if method == "dist":
+        if dataset == "cifar100":
+            return ["Official DIST config dist_cifar.yaml: tau 4, CE weight 1, DIST weight 2, beta = gamma = 1, "
+                    "lr x0.1 at epochs 150, 180, 210 (as here)."]
+        return ["Official DIST config resnet_dist.yaml: tau 1, CE weight 1, DIST weight 2, beta = gamma = 1, "
+                "lr x0.1 every 30 epochs (as here)."]
+    return []
 
 
 def reproduces(dataset: str, method: str, pair: Pair) -> str:
@@ -192,6 +244,17 @@ def imagenet_recipes() -> dict[Path, str]:
                       f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
                       f"{stem}.yaml data.batch_size=32"]
             out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
+    for method, (numbers, source) in BASELINES_IMAGENET.items():
+        for pair in IMAGENET_PAIRS:
+            stem = f"{pair.teacher}_{pair.student}"
+            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}")
+            body["method"] = baseline_method(method, "imagenet")
+            body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
+            header = [baseline_reproduces("ImageNet", method, pair, numbers[stem], source),
+                      *baseline_notes(method, "imagenet"),
+                      f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
+                      f"{stem}.yaml data.batch_size=32"]
+            out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
 
 
@@ -213,6 +276,7 @@ FMNIST_METHODS = {
                     "CE + BinaryKL on one head: the combination DHKD §3.1 shows collapsing."),
     "binarykl_only": ({"name": "ce_binarykl", "alpha": 1.0, "temperature": 2.0, "ce_weight": 0.0},
                       "BinaryKL alone (no labels), the second setting of DHKD §3.1."),
+    "dist": (baseline_method("dist", "cifar100"), "DIST, the official CIFAR-100 weights (tau 4)."),
 }
 
 
