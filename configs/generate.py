@@ -277,6 +277,7 @@ FMNIST_METHODS = {
     "binarykl_only": ({"name": "ce_binarykl", "alpha": 1.0, "temperature": 2.0, "ce_weight": 0.0},
                       "BinaryKL alone (no labels), the second setting of DHKD §3.1."),
     "dist": (baseline_method("dist", "cifar100"), "DIST, the official CIFAR-100 weights (tau 4)."),
+    "pkt": ({"name": "pkt", "ce_weight": 1.0, "pkt_weight": 30000.0}, "PKT on penultimate features, mdistiller's weights."),
 }
 
 

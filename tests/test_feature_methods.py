@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kdcollapse.config import method_config
-from kdcollapse.losses import dist_loss
+from kdcollapse.losses import dist_loss, pkt_loss
 from kdcollapse.methods import FrozenTeacher, build_method
 from kdcollapse.models import create_model
 
@@ -28,3 +28,14 @@ def test_dist_method_is_ce_plus_twice_dist_at_tau_4():
     expected = F.cross_entropy(logits, y) + 2 * dist_loss(logits, teacher_logits, 1.0, 1.0, 4.0)
     torch.testing.assert_close(out["loss"], expected)
     torch.testing.assert_close(out["ce"] + out["dist"], out["loss"])
+
+
+def test_pkt_method_is_ce_plus_weighted_pkt_on_penultimate_features():
+    """mdistiller PKT.forward_train: CE + 30000·pkt_loss(pooled_feat_s, pooled_feat_t)."""
+    student, teacher = mlp((16,), 0), FrozenTeacher(mlp((12,), 1))
+    method = build_method(method_config({"name": "pkt"}), student, num_classes=K, teacher=teacher)
+    x, y = torch.randn(12, 1, 8, 8), torch.arange(12) % K
+    out = method(x, y)
+    h = student.forward_features(x)
+    expected = F.cross_entropy(student.forward_head(h), y) + 30000 * pkt_loss(h, teacher(x)[0])
+    torch.testing.assert_close(out["loss"], expected)

@@ -39,6 +39,6 @@ from kdcollapse.methods import ce_binarykl, dhkd, dkd, dkl_kd, dual_head_kd, ikl
 from kdcollapse.methods import ikl_at, trades  # noqa: E402,F401
 from kdcollapse.methods import intra_class_teacher, rkd  # noqa: E402,F401
 from kdcollapse.methods import spherical  # noqa: E402,F401
-from kdcollapse.methods import dist  # noqa: E402,F401
+from kdcollapse.methods import dist, pkt  # noqa: E402,F401
 
 __all__ = ["FrozenTeacher", "Method", "build_method", "get_method", "list_methods", "register_method"]
