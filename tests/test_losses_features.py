@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from scipy.stats import norm
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses import (at_loss, attention_map, dist_loss, fitnet_loss, nst_loss, ofd_distance, ofd_loss,
+from kdcollapse.losses import (at_loss, attention_map, dist_loss, fitnet_loss, nst_loss, ofd_loss,
                                ofd_margin, pearson_correlation, pkt_loss, sp_loss)
 
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -277,7 +277,7 @@ def test_ofd_distance_cases_by_hand():
         (3.0, 1.0, 4.0),
     ]
     for s, t, expected in cases:
-        value = ofd_distance(torch.tensor([[[[s]]]], dtype=torch.float64), torch.tensor([[[[t]]]], dtype=torch.float64), m)
+        value = ofd_loss(torch.tensor([[[[s]]]], dtype=torch.float64), torch.tensor([[[[t]]]], dtype=torch.float64), m)
         assert value.item() == pytest.approx(expected, abs=1e-15), (s, t)
 
 
@@ -320,13 +320,9 @@ def test_dist_only_sees_relations():
     torch.testing.assert_close(dist_loss(z + rand(8, 1, seed=5).detach(), z), dist_loss(z, z), **TOL)
 
 
-def test_dist_sequence_logits_and_mask_select_positions():
-    z_s, z_t = rand(2, 5, 7, seed=6).detach(), rand(2, 5, 7, seed=7).detach()
-    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
-    torch.testing.assert_close(dist_loss(z_s, z_t, temperature=2.0, mask=mask),
-                               official_dist(z_s[mask], z_t[mask], 1.0, 1.0, 2.0), **TOL)
-    with pytest.raises(KdcollapseError, match="validate=True"):
-        dist_loss(z_s, z_t, mask=mask, validate=False)
+def test_dist_takes_batches_of_logits_only():
+    with pytest.raises(KdcollapseError, match="2 dimensions"):
+        dist_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4))
 
 
 # --- NST, SP, PKT ---------------------------------------------------------------------------------

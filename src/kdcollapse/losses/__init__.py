@@ -4,9 +4,12 @@ Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool or 0/1 
 kept position (mask set, label not ``ignore_index``) is one sample. Half-precision inputs accumulate
 in float32. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
 :class:`kdcollapse.errors.KdcollapseError`; ``validation(False)`` turns the value checks off.
-Formulas, options and references: ``docs/losses.md``.
+Formulas, options and references: ``docs/losses.md``. Every loss is declared once with
+:func:`register_loss` (name, kind, paper, options, a test example); :func:`list_losses` and
+:func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
+from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
@@ -21,7 +24,7 @@ from kdcollapse.losses.rkd import rkd_loss
 from kdcollapse.losses.attention import at_loss, attention_map
 from kdcollapse.losses.dist import dist_loss, pearson_correlation
 from kdcollapse.losses.fitnet import fitnet_loss
-from kdcollapse.losses.ofd import ofd_distance, ofd_loss, ofd_margin
+from kdcollapse.losses.ofd import ofd_loss, ofd_margin
 from kdcollapse.losses.nst import nst_loss
 from kdcollapse.losses.similarity import pkt_loss, sp_loss
 
@@ -35,13 +38,8 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
-FitNetLoss = loss_module("FitNetLoss", fitnet_loss)
-ATLoss = loss_module("ATLoss", at_loss)
-OFDLoss = loss_module("OFDLoss", ofd_loss)
+ATLoss = loss_module("ATLoss", at_loss)  # the other feature losses have no hyperparameters to store
 DISTLoss = loss_module("DISTLoss", dist_loss)
-NSTLoss = loss_module("NSTLoss", nst_loss)
-SPLoss = loss_module("SPLoss", sp_loss)
-PKTLoss = loss_module("PKTLoss", pkt_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -49,7 +47,7 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
-    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_distance", "ofd_margin", "dist_loss",
-    "pearson_correlation", "FitNetLoss", "ATLoss", "OFDLoss", "DISTLoss",
-    "nst_loss", "sp_loss", "pkt_loss", "NSTLoss", "SPLoss", "PKTLoss",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
+    "nst_loss", "sp_loss", "pkt_loss", "ATLoss", "DISTLoss",
 ]

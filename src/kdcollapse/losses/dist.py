@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
-from kdcollapse.losses._shapes import check_positive
+from kdcollapse.losses._shapes import check_positive, check_tensor
 
 _EPS = 1e-8  # the official cosine's denominator guard, kept so values match the official code
 
@@ -29,9 +29,12 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1) + eps)
 
 
+@register_loss("dist", kind="logits", paper="Huang et al. 2022, Knowledge distillation from a stronger teacher (NeurIPS)",
+               equation="τ²·[β·(1 − mean_i ρ(Y_s,i:, Y_t,i:)) + γ·(1 − mean_j ρ(Y_s,:j, Y_t,:j))] (eqs. 5-7)",
+               temperature=True, sequences=False, ignore_index=False, chunked=False,
+               example=lambda k, y: {"temperature": 4.0, "gamma": 2.0})
 def dist_loss(student: Tensor, teacher: Tensor, beta: float = 1.0, gamma: float = 1.0,
-              temperature: float = 1.0, *, mask: Tensor | None = None,
-              validate: bool | None = None) -> Tensor:
+              temperature: float = 1.0, *, validate: bool | None = None) -> Tensor:
     """τ²·[β·(1 − mean_i ρ(Y_s[i, :], Y_t[i, :])) + γ·(1 − mean_j ρ(Y_s[:, j], Y_t[:, j]))] (DIST eq. 7).
 
     Y = softmax(z/τ) row by row, for the B samples (rows) and K classes (columns) of the batch;
@@ -39,16 +42,15 @@ def dist_loss(student: Tensor, teacher: Tensor, beta: float = 1.0, gamma: float 
     sample's K probabilities), the second the intra-class relation (eq. 6: each class's B
     probabilities across the batch). The τ² factor is the official code's (``DIST(tau=...)``);
     the paper's eq. 7 has none, and with the official ImageNet τ = 1 the two agree.
-    Gradients flow into both arguments as in the formula; a frozen teacher simply has none. Logits are (B, K) or (B, T, K) (every position a sample;
-    ``mask`` (B, T) keeps the positions that count). The intra-class term couples the samples, so
-    there is no per-sample value and the reduction is always the mean above. Half inputs
-    accumulate in float32. With B = 1 the intra-class correlation is 0/eps = 0 for every class.
+    Gradients flow into both arguments as in the formula; a frozen teacher simply has none. Logits
+    are (B, K): the intra-class term couples the samples of the batch, so there is no per-sample
+    value, no reduction other than this mean and no (B, T, K) form with masks. Half inputs accumulate
+    in float32. With B = 1 the intra-class correlation is 0/eps = 0 for every class.
     """
     check_positive("temperature", temperature)
-    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask, validate=validate)
-    if samples.weights is not None:
-        raise KdcollapseError("dist_loss with a mask needs validate=True: the intra-class relation is "
-                              "computed over the kept samples, which takes one read-back to select")
+    check_tensor("student", student, (2,))
+    check_tensor("teacher", teacher, (2,))
+    samples = logit_samples({"student": student, "teacher": teacher}, validate=validate)
     s, t = (x.to(samples.dtype) for x in samples.logits)
     y_s = torch.softmax(s / temperature, dim=-1)
     y_t = torch.softmax(t / temperature, dim=-1)

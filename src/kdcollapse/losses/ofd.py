@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._maps import paired_stages, pool_to
 from kdcollapse.losses._reduce import validating
 from kdcollapse.losses._shapes import check_tensor, check_values
@@ -51,6 +52,14 @@ def ofd_distance(student: Tensor, teacher: Tensor, margin: Tensor) -> Tensor:
     return torch.where((student <= target) & (target <= 0), 0, diff).sum((1, 2, 3)).mean()
 
 
+def _ofd_example() -> tuple[Tensor, Tensor, Tensor]:
+    student, teacher, margin = example_tensors((4, 3, 2, 2), (4, 3, 4, 4), (3,))
+    return student, teacher, -margin.abs()
+
+
+@register_loss("ofd", kind="features", paper="Heo et al. 2019, A comprehensive overhaul of feature distillation (ICCV)",
+               equation="Σ_i 2^−(n−1−i)·d_p(σ_m(T_i), S_i), margin ReLU and partial L2 (eqs. 2-5)", temperature=False,
+               sequences=False, ignore_index=False, chunked=False, inputs=_ofd_example)
 def ofd_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor],
              margins: Tensor | Sequence[Tensor], *, validate: bool | None = None) -> Tensor:
     """Σ_i 2^−(n−1−i)·:func:`ofd_distance`(S_i, pool(T_i), m_i) over n stages, as mdistiller's ``OFD``.
