@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kdcollapse.losses import pkt_loss
-from kdcollapse.methods import register_method
+from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config
 
 
@@ -20,7 +20,9 @@ class PKT(Distiller):
     the student. Logged parts: ``ce`` and ``pkt``, weighted (they sum to ``loss``).
     """
 
-    teacher_features = True
+    @classmethod
+    def teacher_request(cls, config):
+        return TeacherRequest(features=True)
 
     @dataclass
     class Config:
@@ -34,7 +36,6 @@ class PKT(Distiller):
         cfg = self.config
         features = self.student.forward_features(x)
         logits = self.student.forward_head(features)
-        teacher_features, _ = self.teacher(x)
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
-        pkt = cfg.pkt_weight * pkt_loss(features.float(), teacher_features)
+        pkt = cfg.pkt_weight * pkt_loss(features.float(), self.read_teacher(x).features)
         return {"loss": ce + pkt, "logits": logits, "ce": ce, "pkt": pkt}
