@@ -168,8 +168,10 @@ def test_reviewkd_step_is_the_official_hcl_of_its_fusion():
 
 def test_reviewkd_and_vid_reject_missing_stages():
     for name in ("reviewkd", "vid"):
-        with pytest.raises(ConfigError, match="stage 7 does not exist"):
-            make(name, stages=[1, 7])
+        with pytest.raises(ConfigError, match="student_stages: stage.*7.* not offered by the student"):
+            make(name, student_stages=[1, 7], teacher_stages=[1, 2])
+        with pytest.raises(ConfigError, match="pair the stages one to one"):
+            make(name, student_stages=[1, 2], teacher_stages=[1, 2, 3])
 
 
 # ------------------------------------------------------------------------------------------- VID

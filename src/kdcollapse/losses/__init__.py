@@ -24,6 +24,12 @@ from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
 from kdcollapse.losses.reviewkd import hcl_loss
 from kdcollapse.losses.rkd import rkd_loss
 from kdcollapse.losses.vid import match_spatial_size, vid_initial_log_scale, vid_loss
+from kdcollapse.losses.attention import at_loss, attention_map
+from kdcollapse.losses.dist import dist_loss, pearson_correlation
+from kdcollapse.losses.fitnet import fitnet_loss
+from kdcollapse.losses.ofd import ofd_loss, ofd_margin
+from kdcollapse.losses.nst import nst_loss
+from kdcollapse.losses.similarity import pkt_loss, sp_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -36,6 +42,8 @@ RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
 VIDLoss = loss_module("VIDLoss", vid_loss)
+ATLoss = loss_module("ATLoss", at_loss)  # the other feature losses have no hyperparameters to store
+DISTLoss = loss_module("DISTLoss", dist_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -46,4 +54,6 @@ __all__ = [
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
     "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",
     "vid_initial_log_scale", "match_spatial_size", "VIDLoss",
+    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
+    "nst_loss", "sp_loss", "pkt_loss", "ATLoss", "DISTLoss",
 ]

@@ -11,7 +11,7 @@ student, saved in the checkpoint, absent from the model file.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from kdcollapse.losses import hcl_loss
 from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
-from kdcollapse.methods._stages import check_stages, stage_channels
+from kdcollapse.methods._stages import check_pairs, check_stages, stages
 
 
 class ABF(nn.Module):
@@ -87,10 +87,10 @@ class ReviewFusion(nn.Module):
 class ReviewKD(Distiller):
     """ce_weight·CE + reviewkd_weight·min(epoch / warmup_epochs, 1)·HCL(ABF(student maps), teacher maps).
 
-    The student's maps of ``stages`` (post-activation, or pre-activation with ``student_pre_act`` as
+    The student's maps of ``student_stages`` (post-activation, or pre-activation with ``student_pre_act`` as
     mdistiller's ImageNet configs) and its pooled feature as a 1×1 map go through :class:`ReviewFusion`;
-    the targets are the teacher's pre-activation maps of the same ``stages`` and its pooled feature
-    (mdistiller's ``preact_feats[1:]`` and ``pooled_feat``). ``stages`` default to the three stages after
+    the targets are the teacher's pre-activation maps of ``teacher_stages`` and its pooled feature
+    (mdistiller's ``preact_feats[1:]`` and ``pooled_feat``). Both default to the three stages after
     the stem of the CIFAR ResNets (mdistiller's ``feats[1:]``); the recipes list them for other families.
     The warm-up counts epochs from 1 as mdistiller does (epoch 1 of 20 weighted 1/20).
     Logged parts: ``ce`` and ``reviewkd`` (weighted and ramped).
@@ -98,32 +98,33 @@ class ReviewKD(Distiller):
 
     @classmethod
     def teacher_request(cls, config):
-        return TeacherRequest(features=True, stages=tuple(config.teacher_stages or config.stages), pre_act=True)
+        return TeacherRequest(features=True, stages=tuple(config.teacher_stages), pre_act=True)
 
     @dataclass
     class Config:
         ce_weight: float = 1.0
         reviewkd_weight: float = 1.0  # mdistiller REVIEWKD_WEIGHT (5 for resnet32x4 -> resnet8x4)
         warmup_epochs: int = 20  # linear ramp of the ReviewKD term; 0: none
-        stages: list[int] = field(default_factory=lambda: [1, 2, 3])  # student feature_info indices, shallow to deep
-        teacher_stages: list[int] | None = None  # the teacher's matching stages; None: the same indices
+        student_stages: list[int] = stages(1, 2, 3)  # feature_info indices, shallow to deep
+        teacher_stages: list[int] = stages(1, 2, 3)  # the teacher's, paired in order
         student_pre_act: bool = False  # mdistiller STU_PREACT (True in its ImageNet configs)
         mid_channels: int = 0  # ABF width; 0: min(512, student feature width), the official rule
 
         def __post_init__(self):
             check_config(self, non_negative=("ce_weight", "reviewkd_weight", "warmup_epochs", "mid_channels"))
-            check_stages(self)
 
     def __init__(self, student, config, *, num_classes, **kwargs):
         super().__init__(student, config, num_classes=num_classes, **kwargs)
-        s_info = stage_channels(self.student, config.stages)
-        t_info = stage_channels(self.teacher.model, config.teacher_stages or config.stages)
-        self.fusion = ReviewFusion([*s_info, self.student.feature_dim], [*t_info, self.teacher.model.feature_dim],
+        s_info = check_stages("student_stages", self.student.feature_info, config.student_stages, "student")
+        t_info = check_stages("teacher_stages", self.teacher.feature_info, config.teacher_stages, "teacher")
+        check_pairs("student_stages", "teacher_stages", config.student_stages, config.teacher_stages)
+        self.fusion = ReviewFusion([*(f.channels for f in s_info), self.student.feature_dim],
+                                   [*(f.channels for f in t_info), self.teacher.model.feature_dim],
                                    config.mid_channels or None)
 
     def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         cfg = self.config
-        features, maps = self.student.forward_intermediates(x, list(cfg.stages), pre_act=cfg.student_pre_act)
+        features, maps = self.student.forward_intermediates(x, list(cfg.student_stages), pre_act=cfg.student_pre_act)
         logits = self.student.forward_head(features)
         teacher = self.read_teacher(x)
         targets = [*teacher.maps, teacher.features[:, :, None, None]]

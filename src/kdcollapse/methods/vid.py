@@ -1,8 +1,8 @@
 """Variational Information Distillation (Ahn et al., CVPR 2019) with mdistiller's defaults.
 
 loss = ce_weight·CE + vid_weight·Σ_stages VID-NLL(regressor(s), t) (:func:`kdcollapse.losses.vid_loss`):
-for each of ``stages`` (mdistiller's ``feats[1:]``: the stages after the stem, post-activation), the larger
-of the student's and the teacher's maps is average-pooled to the other's size, a regressor (1×1 conv,
+for each pair of ``student_stages`` / ``teacher_stages`` (mdistiller's ``feats[1:]``: the stages after the
+stem, post-activation), the larger of the student's and the teacher's maps is average-pooled to the other's size, a regressor (1×1 conv,
 ReLU, 1×1 conv, ReLU, 1×1 conv, no biases, teacher width) predicts the teacher's map from the student's, and
 a per-channel variance softplus(α) + 1e-5, initialised to ``init_variance``, is learned with it.
 
@@ -14,7 +14,7 @@ to the model file. Logged parts: ``ce`` and ``vid`` (weighted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from kdcollapse.losses import match_spatial_size, vid_initial_log_scale, vid_loss
 from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config
-from kdcollapse.methods._stages import check_stages, stage_channels
+from kdcollapse.methods._stages import check_pairs, check_stages, stages
 
 
 def regressor(c_in: int, c_out: int) -> nn.Sequential:
@@ -37,7 +37,7 @@ class VID(Distiller):
 
     @classmethod
     def teacher_request(cls, config):
-        return TeacherRequest(stages=tuple(config.teacher_stages or config.stages))
+        return TeacherRequest(stages=tuple(config.teacher_stages))
 
     @dataclass
     class Config:
@@ -45,17 +45,18 @@ class VID(Distiller):
         vid_weight: float = 1.0  # mdistiller VID.LOSS.FEAT_WEIGHT
         init_variance: float = 5.0  # VID.INIT_PRED_VAR
         learn_variance: bool = True  # the paper; false: mdistiller's fixed variance (see the module docstring)
-        stages: list[int] = field(default_factory=lambda: [1, 2, 3])  # student feature_info indices
-        teacher_stages: list[int] | None = None  # the teacher's matching stages; None: the same indices
+        student_stages: list[int] = stages(1, 2, 3)  # feature_info indices (mdistiller's feats[1:])
+        teacher_stages: list[int] = stages(1, 2, 3)  # the teacher's, paired in order
 
         def __post_init__(self):
             check_config(self, positive=("init_variance",), non_negative=("ce_weight", "vid_weight"))
-            check_stages(self)
 
     def __init__(self, student, config, *, num_classes, **kwargs):
         super().__init__(student, config, num_classes=num_classes, **kwargs)
-        s_channels = stage_channels(self.student, config.stages)
-        t_channels = stage_channels(self.teacher.model, config.teacher_stages or config.stages)
+        s_info = check_stages("student_stages", self.student.feature_info, config.student_stages, "student")
+        t_info = check_stages("teacher_stages", self.teacher.feature_info, config.teacher_stages, "teacher")
+        check_pairs("student_stages", "teacher_stages", config.student_stages, config.teacher_stages)
+        s_channels, t_channels = [f.channels for f in s_info], [f.channels for f in t_info]
         self.regressors = nn.ModuleList(regressor(s, t) for s, t in zip(s_channels, t_channels))
         alpha = vid_initial_log_scale(config.init_variance)
         self.log_scales = nn.ParameterList(
@@ -63,7 +64,7 @@ class VID(Distiller):
 
     def forward(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         cfg = self.config
-        features, maps = self.student.forward_intermediates(x, list(cfg.stages))
+        features, maps = self.student.forward_intermediates(x, list(cfg.student_stages))
         logits = self.student.forward_head(features)
         targets = self.read_teacher(x).maps
         nll = 0.0
