@@ -7,7 +7,8 @@ One row per teacher -> student pair; the methods' official hyperparameters are f
 so the recipes cannot drift apart. Each file names the paper number it should reproduce in its header.
 Sources: DHKD paper Tables 1-4, App. F, J (Table 11); DKL paper Tables 3, 5; mdistiller's DKD configs;
 the official DKL/IKL code (see docs/distillation.md); for NKD, WTTM, CTKD, MLKD and logit standardization
-their official repositories (logit_recipes below). configs/fashion_mnist/teacher.yaml and
+their official repositories (logit_recipes below); for the baselines of issue 23, mdistiller's configs
+and the DIST authors' code and README. configs/fashion_mnist/teacher.yaml and
 configs/fashion_mnist_pairs/teacher.yaml are hand-written and are the bases of their student recipes.
 """
 
@@ -69,6 +70,48 @@ IMAGENET_TEACHERS = {"resnet34": 73.31, "resnet50": 76.16}  # torchvision weight
 
 PAPER_NAMES = {"kd": "KD", "dkd": "DKD", "dhkd": "DHKD", "ikl_kd": "IKL-KD"}
 
+# The feature and relation baselines of the same tables (issue 23), recipes named by the row they
+# reproduce: method -> {teacher_student stem: published top-1 (%)}, with the source of the numbers.
+_TABLES_1_2 = "DHKD paper, Tables 1-2"
+BASELINES_CIFAR = {
+    "fitnet": ({"resnet56_resnet20": "69.21", "resnet110_resnet32": "71.06", "resnet32x4_resnet8x4": "73.50",
+                "wrn_40_2_wrn_16_2": "73.58", "wrn_40_2_wrn_40_1": "72.24", "vgg13_vgg8": "71.02",
+                "resnet32x4_shufflev1": "73.59", "wrn_40_2_shufflev1": "73.73", "vgg13_mobilenetv2": "64.14",
+                "resnet50_cifar_mobilenetv2": "63.16", "resnet32x4_shufflev2": "73.54"}, _TABLES_1_2),
+    "ofd": ({"resnet56_resnet20": "70.98", "resnet110_resnet32": "73.23", "resnet32x4_resnet8x4": "74.95",
+             "wrn_40_2_wrn_16_2": "75.24", "wrn_40_2_wrn_40_1": "74.33", "vgg13_vgg8": "73.95",
+             "resnet32x4_shufflev1": "75.98", "wrn_40_2_shufflev1": "75.85", "vgg13_mobilenetv2": "69.48",
+             "resnet50_cifar_mobilenetv2": "69.04", "resnet32x4_shufflev2": "76.82"}, _TABLES_1_2),
+    # AT is in the papers' ImageNet tables only; mdistiller's CIFAR-100 config (configs/cifar100/at.yaml) is
+    # for this pair.
+    "at": ({"resnet32x4_resnet8x4": None}, "no CIFAR-100 number in the DHKD or DKL tables"),
+    # DIST: the official README's CIFAR-100 table (hunto/DIST_KD), mean ± std of its runs; DIST is in
+    # neither paper's CIFAR tables.
+    "dist": ({"resnet56_resnet20": "71.75 ± 0.30", "resnet32x4_resnet8x4": "76.31 ± 0.19",
+              "wrn_40_2_wrn_40_1": "74.43 ± 0.24", "resnet50_cifar_mobilenetv2": "68.66 ± 0.23",
+              "resnet32x4_shufflev1": "76.34 ± 0.18", "resnet32x4_shufflev2": "77.35 ± 0.25"},
+             "the DIST authors' README, hunto/DIST_KD"),
+}
+BASELINES_IMAGENET = {  # DHKD Tables 3-4; the DKL paper's Table 3 has the same AT and OFD numbers
+    "at": ({"resnet34_resnet18": "70.69", "resnet50_mobilenetv1": "69.56"}, "DHKD paper, DKL paper Table 3"),
+    "ofd": ({"resnet34_resnet18": "70.81", "resnet50_mobilenetv1": "71.25"}, "DHKD paper, DKL paper Table 3"),
+    "dist": ({"resnet34_resnet18": "72.07", "resnet50_mobilenetv1": "73.24"}, "DHKD paper"),
+}
+BASELINE_NAMES = {"dist": "DIST", "fitnet": "FitNet", "ofd": "OFD", "at": "AT"}
+# mdistiller's feature lists, as feature_info stages: "feats[1:]" (every stage after the stem) of the CIFAR
+# models (3 for the ResNets, WRNs and ShuffleNets, 4 for VGG, MobileNetV2 and ResNet50) and of the
+# ImageNet ResNets; its MobileNetV1 lists start at our stage 2 (the 128-channel map), and its ImageNet
+# ResNets have OFD margins for layer2-layer4 only.
+FIVE_STAGES = ("vgg13", "vgg8", "mobilenetv2", "resnet50_cifar")
+IMAGENET_STAGES = {  # method -> stem -> (student stages, teacher stages)
+    "at": {"resnet34_resnet18": ([1, 2, 3, 4], [1, 2, 3, 4]), "resnet50_mobilenetv1": ([3, 4, 5], [1, 2, 3])},
+    "ofd": {"resnet34_resnet18": ([2, 3, 4], [2, 3, 4]), "resnet50_mobilenetv1": ([3, 4, 5], [2, 3, 4])},
+}
+
+
+def after_stem(model: str) -> list[int]:
+    return [1, 2, 3, 4] if model in FIVE_STAGES else [1, 2, 3]
+
 
 # ------------------------------------------------------------------------------------- CIFAR-100
 def cifar_common(student: str, run_dir: str, lr: float) -> dict:
@@ -118,7 +161,61 @@ def cifar_recipes() -> dict[Path, str]:
             header = [reproduces("CIFAR-100", method, pair), *notes(method, pair, "cifar100"),
                       f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
             out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
+    for method, (numbers, source) in BASELINES_CIFAR.items():
+        for pair in CIFAR_PAIRS:
+            stem = f"{pair.teacher}_{pair.student}"
+            if stem not in numbers:
+                continue
+            lr = 0.01 if pair.student in ("shufflev1", "shufflev2", "mobilenetv2") else 0.05
+            body = cifar_common(pair.student, f"runs/cifar100/{method}/{stem}", lr)
+            body["method"] = baseline_method(method, "cifar100", pair)
+            body["teacher"] = {"checkpoint": f"runs/cifar100/teacher_{pair.teacher}"}
+            header = [baseline_reproduces("CIFAR-100", method, pair, numbers[stem], source),
+                      *baseline_notes(method, "cifar100"),
+                      f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
+            out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
+
+
+def baseline_method(method: str, dataset: str, pair: Pair | None = None) -> dict:
+    """The official hyperparameters of a baseline method on ``dataset`` (cifar100, imagenet or, for the
+    fashion_mnist recipes, None: the CIFAR-100 weights and default stages)."""
+    if method == "dist":  # dist_cifar.yaml (kd: dist_t4) and resnet_dist.yaml (kd: dist, tau 1)
+        return {"name": "dist", "beta": 1.0, "gamma": 1.0, "temperature": 1.0 if dataset == "imagenet" else 4.0,
+                "ce_weight": 1.0, "kd_weight": 2.0}
+    if method == "fitnet":  # CFG.FITNET: HINT_LAYER 2, FEAT_WEIGHT 100
+        return {"name": "fitnet", "ce_weight": 1.0, "hint_weight": 100.0, "student_stage": 2, "teacher_stage": 2}
+    weight = {"at": 1000.0, "ofd": 1e-4 if dataset == "imagenet" else 1e-3}[method]  # CFG.AT, CFG.OFD, r50_mv1/ofd
+    body = {"name": method, "ce_weight": 1.0, "feat_weight": weight}
+    if pair is not None:
+        stem = f"{pair.teacher}_{pair.student}"
+        student, teacher = (IMAGENET_STAGES[method][stem] if dataset == "imagenet"
+                            else (after_stem(pair.student), after_stem(pair.teacher)))
+        body |= {"student_stages": student, "teacher_stages": teacher}
+    return body
+
+
+def baseline_reproduces(dataset: str, method: str, pair: Pair, number: str | None, source: str) -> str:
+    what = f"Reproduces: {BASELINE_NAMES[method]} {pair.teacher} -> {pair.student} on {dataset}"
+    return f"{what}: {source}." if number is None else f"{what}: {number} % top-1 ({source})."
+
+
+def baseline_notes(method: str, dataset: str) -> list[str]:
+    if method == "dist":
+        if dataset == "cifar100":
+            return ["Official DIST config dist_cifar.yaml: tau 4, CE weight 1, DIST weight 2, beta = gamma = 1, "
+                    "lr x0.1 at epochs 150, 180, 210 (as here)."]
+        return ["Official DIST config resnet_dist.yaml: tau 1, CE weight 1, DIST weight 2, beta = gamma = 1, "
+                "lr x0.1 every 30 epochs (as here)."]
+    if method == "fitnet":
+        return ["mdistiller's FitNet config: hint = teacher stage 2, guided = student stage 2, ConvReg regressor, "
+                "CE 1 + MSE 100, trained jointly from epoch 1."]
+    if method == "at":
+        return ["mdistiller's AT config: p 2, beta 1000, CE 1, the stages after the stem (feats[1:])."]
+    if method == "ofd":
+        return [f"mdistiller's OFD config: pre-ReLU stage maps (preact_feats[1:]), 1x1 conv + BN connectors, "
+                f"margins from the teacher's BN statistics, CE 1 + OFD {1e-4 if dataset == 'imagenet' else 1e-3:g}."]
+    return []
 
 
 def reproduces(dataset: str, method: str, pair: Pair) -> str:
@@ -193,6 +290,17 @@ def imagenet_recipes() -> dict[Path, str]:
                       f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
                       f"{stem}.yaml data.batch_size=32"]
             out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
+    for method, (numbers, source) in BASELINES_IMAGENET.items():
+        for pair in IMAGENET_PAIRS:
+            stem = f"{pair.teacher}_{pair.student}"
+            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}")
+            body["method"] = baseline_method(method, "imagenet", pair)
+            body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
+            header = [baseline_reproduces("ImageNet", method, pair, numbers[stem], source),
+                      *baseline_notes(method, "imagenet"),
+                      f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
+                      f"{stem}.yaml data.batch_size=32"]
+            out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
 
 
@@ -214,7 +322,18 @@ FMNIST_METHODS = {
                     "CE + BinaryKL on one head: the combination DHKD §3.1 shows collapsing."),
     "binarykl_only": ({"name": "ce_binarykl", "alpha": 1.0, "temperature": 2.0, "ce_weight": 0.0},
                       "BinaryKL alone (no labels), the second setting of DHKD §3.1."),
+    "dist": (baseline_method("dist", "cifar100"), "DIST, the official CIFAR-100 weights (tau 4)."),
+    "pkt": ({"name": "pkt", "ce_weight": 1.0, "pkt_weight": 30000.0}, "PKT on penultimate features, mdistiller's weights."),
+    "fitnet": (baseline_method("fitnet", None), "FitNet, hint and guided layer at stage 2, mdistiller's weights."),
+    "at": (baseline_method("at", None), "AT on the three stages after the stem, mdistiller's weights."),
+    "ofd": (baseline_method("ofd", None), "OFD on the three stages after the stem, mdistiller's CIFAR weights."),
+    "nst": ({"name": "nst", "ce_weight": 1.0, "feat_weight": 50.0}, "NST on the three stages after the stem, "
+            "mdistiller's weights."),
+    "sp": ({"name": "sp", "ce_weight": 1.0, "feat_weight": 3000.0}, "SP on the last stage, mdistiller's weights."),
 }
+
+
+BASELINE_STEMS = ("dist", "pkt", "fitnet", "at", "ofd", "nst", "sp", "crd", "reviewkd", "vid")  # issue 23's methods
 
 
 def fmnist_recipes(area: str = "fashion_mnist", prefix: str = "fmnist", stems=tuple(FMNIST_METHODS),
@@ -222,13 +341,14 @@ def fmnist_recipes(area: str = "fashion_mnist", prefix: str = "fmnist", stems=tu
     base = yaml.safe_load((ROOT / area / "teacher.yaml").read_text())
     out = {}
     for stem in stems:
-        method, line = FMNIST_METHODS[stem]
+        method, line = (FMNIST_METHODS | FMNIST_FEATURE_METHODS)[stem]
         body = {**base, "run_dir": f"runs/{prefix}_{stem}", "model": {"name": "convnet_small"}, "method": method}
         if method["name"] != "vanilla":
             body["teacher"] = {"checkpoint": f"runs/{prefix}_teacher"}
         command = "train" if method["name"] == "vanilla" else "distill"
+        found = "not run yet (issue 23)" if stem in BASELINE_STEMS else results
         header = [f"{title}, convnet -> convnet_small: {line}",
-                  f"Schedule and augmentation as configs/{area}/teacher.yaml; results: {results}",
+                  f"Schedule and augmentation as configs/{area}/teacher.yaml; results: {found}",
                   f"kdcollapse {command} --config configs/{area}/{stem}.yaml --seeds 0,1,2"]
         out[Path(area) / f"{stem}.yaml"] = render(header, order(body))
     return out
@@ -349,6 +469,119 @@ def logit_recipes() -> dict[Path, str]:
     return out
 
 
+# ---------------------------------------------------------------- feature methods (issue 23): CRD, ReviewKD, VID
+# Published top-1 (%): CRD and ReviewKD from DHKD Tables 1-4 (the DKL paper's Tables 3 and 5 give the same
+# numbers); VID from the intra-class paper's Table 1. Keyed by (teacher, student).
+FEATURE_PAPER = {
+    "crd": {("resnet56", "resnet20"): 71.16, ("resnet110", "resnet32"): 73.48, ("resnet32x4", "resnet8x4"): 75.51,
+            ("wrn_40_2", "wrn_16_2"): 75.48, ("wrn_40_2", "wrn_40_1"): 74.14, ("vgg13", "vgg8"): 73.94,
+            ("resnet32x4", "shufflev1"): 75.11, ("wrn_40_2", "shufflev1"): 76.05, ("vgg13", "mobilenetv2"): 69.73,
+            ("resnet50_cifar", "mobilenetv2"): 69.11, ("resnet32x4", "shufflev2"): 75.65,
+            ("resnet34", "resnet18"): 71.17, ("resnet50", "mobilenetv1"): 71.37},
+    "reviewkd": {("resnet56", "resnet20"): 71.89, ("resnet110", "resnet32"): 73.89,
+                 ("resnet32x4", "resnet8x4"): 75.63, ("wrn_40_2", "wrn_16_2"): 76.12,
+                 ("wrn_40_2", "wrn_40_1"): 75.09, ("vgg13", "vgg8"): 74.84, ("resnet32x4", "shufflev1"): 77.45,
+                 ("wrn_40_2", "shufflev1"): 77.14, ("vgg13", "mobilenetv2"): 70.37,
+                 ("resnet50_cifar", "mobilenetv2"): 69.89, ("resnet32x4", "shufflev2"): 77.78,
+                 ("resnet34", "resnet18"): 71.61, ("resnet50", "mobilenetv1"): 72.56},
+    "vid": {("resnet32x4", "resnet8x4"): None},  # mdistiller's VID config; VID is in no DHKD/DKL table
+}
+FEATURE_NAMES = {"crd": "CRD", "reviewkd": "ReviewKD", "vid": "VID"}
+# ReviewKD's loss weight per pair: the official CIFAR script (dvlab-research/ReviewKD CIFAR-100/script/reviewKD.sh,
+# mdistiller agrees for resnet32x4 -> resnet8x4); pairs it does not list keep the code's default 1.0.
+REVIEWKD_WEIGHT = {("wrn_40_2", "wrn_16_2"): 5.0, ("wrn_40_2", "wrn_40_1"): 5.0, ("wrn_40_2", "shufflev1"): 5.0,
+                   ("resnet32x4", "resnet8x4"): 5.0, ("resnet32x4", "shufflev1"): 5.0,
+                   ("resnet32x4", "shufflev2"): 8.0, ("resnet56", "resnet20"): 0.6, ("resnet110", "resnet32"): 1.0}
+
+
+def stage_keys(pair: Pair) -> dict:
+    """ReviewKD's and VID's stages: mdistiller's feats[1:] (see after_stem), MobileNetV1's from our stage 2."""
+    def of(model: str) -> list[int]:
+        imagenet = {"resnet18": [1, 2, 3, 4], "resnet34": [1, 2, 3, 4], "resnet50": [1, 2, 3, 4],
+                    "mobilenetv1": [2, 3, 4, 5]}
+        return imagenet.get(model) or after_stem(model)
+
+    return {"student_stages": of(pair.student), "teacher_stages": of(pair.teacher)}
+
+
+def feature_method(method: str, pair: Pair, dataset: str) -> dict:
+    imagenet = dataset == "imagenet"
+    if method == "crd":  # mdistiller CRD defaults; its ImageNet sampler draws negatives with replacement
+        return {"name": "crd", "ce_weight": 1.0, "crd_weight": 0.8, "feat_dim": 128, "num_negatives": 16384,
+                "temperature": 0.07, "momentum": 0.5, "replacement": imagenet}
+    if method == "reviewkd":
+        if imagenet:  # mdistiller ImageNet configs; mid channels 256 for MobileNet as the official ImageNet code
+            weight, mid = (1.0, 0) if pair.student == "resnet18" else (8.0, 256)
+            return {"name": "reviewkd", "ce_weight": 1.0, "reviewkd_weight": weight, "warmup_epochs": 1,
+                    "student_pre_act": True, "mid_channels": mid, **stage_keys(pair)}
+        return {"name": "reviewkd", "ce_weight": 1.0,
+                "reviewkd_weight": REVIEWKD_WEIGHT.get((pair.teacher, pair.student), 1.0), "warmup_epochs": 20,
+                "student_pre_act": False, "mid_channels": 0, **stage_keys(pair)}
+    return {"name": "vid", "ce_weight": 1.0, "vid_weight": 1.0, "init_variance": 5.0, **stage_keys(pair)}
+
+
+def feature_header(method: str, pair: Pair, dataset: str) -> str:
+    number = FEATURE_PAPER[method][(pair.teacher, pair.student)]
+    what = f"{FEATURE_NAMES[method]} {pair.teacher} -> {pair.student} on {dataset}"
+    if number is None:
+        return f"Reproduces: {what}: mdistiller's config; no published number in the DHKD or DKL tables."
+    return f"Reproduces: {what}: {number:.2f} % top-1 (DHKD paper, Tables 1-4)."
+
+
+def feature_recipes() -> dict[Path, str]:
+    out = {}
+    for area, dataset, pairs in (("cifar100", "CIFAR-100", CIFAR_PAIRS), ("imagenet", "ImageNet", IMAGENET_PAIRS)):
+        for pair in pairs:
+            for method, rows in FEATURE_PAPER.items():
+                if (pair.teacher, pair.student) not in rows:
+                    continue
+                stem = f"{pair.teacher}_{pair.student}"
+                run_dir = f"runs/{area}/{method}/{stem}"
+                if area == "cifar100":
+                    lr = 0.01 if pair.student in ("shufflev1", "shufflev2", "mobilenetv2") else 0.05
+                    body = cifar_common(pair.student, run_dir, lr)
+                    command = f"kdcollapse distill --config configs/{area}/{method}/{stem}.yaml --seeds 0,1,2"
+                else:
+                    body = imagenet_common(pair.student, run_dir)
+                    command = (f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/{area}/{method}/"
+                               f"{stem}.yaml data.batch_size=32")
+                body["method"] = feature_method(method, pair, area)
+                body["teacher"] = {"checkpoint": f"runs/{area}/teacher_{pair.teacher}"}
+                header = [feature_header(method, pair, dataset), *feature_notes(method, pair, area), command]
+                out[Path(area) / method / f"{stem}.yaml"] = render(header, order(body))
+    return out
+
+
+def feature_notes(method: str, pair: Pair, area: str) -> list[str]:
+    if method == "crd":
+        return ["mdistiller's CRD config: CE 1, CRD 0.8, 128-d embeddings, 16384 negatives from other classes, "
+                "tau 0.07, memory momentum 0.5" + ("; negatives drawn with replacement as its ImageNet sampler"
+                                                    if area == "imagenet" else ".")]
+    if method == "reviewkd":
+        weight = feature_method(method, pair, area)["reviewkd_weight"]
+        source = ("mdistiller's ImageNet config" if area == "imagenet" else
+                  "the official CIFAR script" if (pair.teacher, pair.student) in REVIEWKD_WEIGHT else
+                  "the official code's default: the script lists no run for this pair")
+        return [f"ReviewKD loss weight {weight:g} ({source}); mdistiller's solver (batch and lr as the other "
+                "recipes of this table), its warm-up min(epoch / warmup_epochs, 1) with epochs counted from 1."]
+    return ["mdistiller's VID config: CE 1, VID 1, initial variance 5, the stages after the stem."]
+
+
+FMNIST_FEATURE_METHODS = {
+    "crd": ({"name": "crd", "ce_weight": 1.0, "crd_weight": 0.8, "feat_dim": 128, "num_negatives": 4096,
+             "temperature": 0.07, "momentum": 0.5, "replacement": False},
+            "CRD, mdistiller's weights; 4096 negatives instead of 16384 to fit a CPU."),
+    "reviewkd": ({"name": "reviewkd", "ce_weight": 1.0, "reviewkd_weight": 1.0, "warmup_epochs": 1,
+                  "student_pre_act": False, "mid_channels": 0},
+                 "ReviewKD, mdistiller's defaults; the 20-of-240-epoch warm-up shortened to 1 of 15."),
+    "vid": ({"name": "vid", "ce_weight": 1.0, "vid_weight": 1.0, "init_variance": 5.0}, "VID, mdistiller's weights."),
+}
+
+
+def fmnist_feature_recipes() -> dict[Path, str]:
+    return fmnist_recipes(stems=tuple(FMNIST_FEATURE_METHODS))
+
+
 # ---------------------------------------------------------------------------------------- output
 _ORDER = ("run_dir", "seed", "data", "model", "teacher", "method", "optim", "schedule", "train")
 
@@ -365,7 +598,8 @@ def render(header: list[str], body: dict) -> str:
 
 def recipes() -> dict[Path, str]:
     """Every generated recipe: path relative to configs/ -> file text."""
-    return cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes() | logit_recipes()
+    return (cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes() | logit_recipes()
+            | feature_recipes() | fmnist_feature_recipes())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,9 +37,12 @@ def test_committed_recipes_are_the_generator_output():
 
 
 def test_recipe_set_is_complete():
-    for method in ("kd", "dkd", "dhkd", "ikl_kd"):
+    for method in ("kd", "dkd", "dhkd", "ikl_kd", "fitnet", "ofd"):
         assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", method)]) == 11  # DHKD Tables 1-2
-        assert len([p for p in GENERATED if p.parts[:2] == ("imagenet", method)]) == 2
+    for method in ("kd", "dkd", "dhkd", "ikl_kd", "at", "ofd", "dist"):
+        assert len([p for p in GENERATED if p.parts[:2] == ("imagenet", method)]) == 2  # DHKD Tables 3-4
+    assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", "dist")]) == 6  # the DIST authors' table
+    assert Path("cifar100/at/resnet32x4_resnet8x4.yaml") in GENERATED
     assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", "teachers")]) == 6
 
 
@@ -70,6 +73,13 @@ def test_official_hyperparameters_spot_checks():
         "weight_temperature": 100.0, "ce_weight": 1.0, "warmup_epochs": 20}
     assert method("imagenet/dhkd/resnet34_resnet18.yaml")["distill_until"] == 50
     assert method("imagenet/ikl_kd/resnet50_mobilenetv1.yaml")["soft_ce_weight"] == 4.0
+    assert method("cifar100/fitnet/resnet32x4_resnet8x4.yaml") == {
+        "name": "fitnet", "ce_weight": 1.0, "hint_weight": 100.0, "student_stage": 2, "teacher_stage": 2}
+    assert method("cifar100/ofd/vgg13_vgg8.yaml")["teacher_stages"] == [1, 2, 3, 4]
+    assert method("imagenet/ofd/resnet50_mobilenetv1.yaml") | {} == {
+        "name": "ofd", "ce_weight": 1.0, "feat_weight": 1e-4, "student_stages": [3, 4, 5], "teacher_stages": [2, 3, 4]}
+    assert method("imagenet/dist/resnet34_resnet18.yaml")["temperature"] == 1.0
+    assert method("cifar100/dist/resnet32x4_shufflev2.yaml")["temperature"] == 4.0
 
 
 # First two training losses (one step per epoch) of each Fashion-MNIST recipe on 30 digits images;
@@ -83,18 +93,31 @@ PINNED = {
     "dual_head_kd": [2.4069325923919678, 2.4118733406066895],
     "ce_binarykl": [2.55800461769104, 2.5004162788391113],
     "binarykl_only": [0.21077974140644073, 0.14054988324642181],
+    "dist": [69.51753997802734, 90.26846313476562],
+    "pkt": [13.593820571899414, 24.2440242767334],
+    "fitnet": [46.3981819152832, 15.170525550842285],
+    "at": [63.268310546875, 67.45654296875],
+    "ofd": [2.7037224769592285, 2.605848550796509],
+    "nst": [6.8994035720825195, 13.369685173034668],
+    "sp": [18.584468841552734, 38.42279815673828],
 }
 
 
+STAGE_MAPS = {"fitnet", "at", "ofd", "nst", "sp"}  # read stage maps: convnet_small student and teacher
+
+
 @pytest.mark.parametrize("stem", sorted(PINNED))
-def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, digits_teacher):
+def test_fashion_mnist_recipe_trains_with_pinned_losses(stem, tmp_path, request):
     recipe = CONFIGS / "fashion_mnist" / f"{stem}.yaml"
     command = "train" if stem == "student" else "distill"
+    model = (["model.name=convnet_small", "model.kwargs={}"] if stem in STAGE_MAPS else
+             ["model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}"])
     overrides = ["data.name=digits", "data.train_per_class=3", "data.batch_size=30", "data.test_per_class=2",
-                 "model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}", "schedule.warmup_epochs=0",
+                 *model, "schedule.warmup_epochs=0",
                  "train.epochs=2", "train.progress=false", f"run_dir={tmp_path / stem}"]
     if command == "distill":
-        overrides.append(f"teacher.checkpoint={digits_teacher}")
+        teacher = request.getfixturevalue("digits_conv_teacher" if stem in STAGE_MAPS else "digits_teacher")
+        overrides.append(f"teacher.checkpoint={teacher}")
     assert main([command, "--config", str(recipe), *overrides]) == 0
     records = [json.loads(line) for line in (tmp_path / stem / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in records]

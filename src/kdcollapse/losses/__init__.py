@@ -16,15 +16,24 @@ from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
 from kdcollapse.losses.cosine import within_class_cosine_distance
+from kdcollapse.losses.crd import crd_log_scores, crd_loss, crd_memory_update, crd_nce_loss, crd_normalizer
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
+from kdcollapse.losses.reviewkd import hcl_loss
 from kdcollapse.losses.rkd import rkd_loss
 from kdcollapse.losses.standardize import standardize_logits
 from kdcollapse.losses.nkd import nkd_loss
 from kdcollapse.losses.wttm import wttm_loss
 from kdcollapse.losses.mlkd import batch_correlation_loss, class_correlation_loss
+from kdcollapse.losses.vid import match_spatial_size, vid_initial_log_scale, vid_loss
+from kdcollapse.losses.attention import at_loss, attention_map
+from kdcollapse.losses.dist import dist_loss, pearson_correlation
+from kdcollapse.losses.fitnet import fitnet_loss
+from kdcollapse.losses.ofd import ofd_loss, ofd_margin
+from kdcollapse.losses.nst import nst_loss
+from kdcollapse.losses.similarity import pkt_loss, sp_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -38,6 +47,9 @@ TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
 NKDLoss = loss_module("NKDLoss", nkd_loss)
 WTTMLoss = loss_module("WTTMLoss", wttm_loss)
+VIDLoss = loss_module("VIDLoss", vid_loss)
+ATLoss = loss_module("ATLoss", at_loss)  # the other feature losses have no hyperparameters to store
+DISTLoss = loss_module("DISTLoss", dist_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -48,4 +60,8 @@ __all__ = [
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
     "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
     "NKDLoss", "WTTMLoss",
+    "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",
+    "vid_initial_log_scale", "match_spatial_size", "VIDLoss",
+    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
+    "nst_loss", "sp_loss", "pkt_loss", "ATLoss", "DISTLoss",
 ]
