@@ -23,6 +23,12 @@ LOSSES = {
                                                             mask=m, **o),
     "trades": lambda a, b, y, m, **o: L.trades_loss(a, b, y, mask=m, **o),
     "ikl_at": lambda a, b, y, m, **o: L.ikl_at_loss(a, b, y, TABLE, mask=m, **o),
+    "forward_kl": lambda a, b, y, m, **o: L.forward_kl_loss(a, b, 2.0, mask=m, **o),
+    "reverse_kl": lambda a, b, y, m, **o: L.reverse_kl_loss(a, b, 2.0, mask=m, **o),
+    "jsd": lambda a, b, y, m, **o: L.jsd_loss(a, b, 0.3, mask=m, **o),
+    "skew_forward_kl": lambda a, b, y, m, **o: L.skew_forward_kl_loss(a, b, 0.1, mask=m, **o),
+    "skew_reverse_kl": lambda a, b, y, m, **o: L.skew_reverse_kl_loss(a, b, 0.2, 0.5, mask=m, **o),
+    "tvd": lambda a, b, y, m, **o: L.tvd_loss(a, b, mask=m, **o),
 }
 LABELLED = ["dkd", "ikl", "ikl_class_weights", "trades", "ikl_at"]
 
@@ -167,7 +173,7 @@ def test_fullgraph_compile_traces_every_loss():
 
 # --- vocabulary slicing ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["kd", "dkd", "binary_kl", "binary_kl_norm", "dkl", "ikl"])
+@pytest.mark.parametrize("name", ["kd", "dkd", "binary_kl", "binary_kl_norm", "dkl", "ikl", "jsd", "tvd"])
 def test_padded_vocabularies_need_an_explicit_vocab_size(name):
     loss_fn, (a, c, y, mask) = LOSSES[name], batch(k=8)
     y = y.clamp_max(K - 1)

@@ -16,7 +16,9 @@ from kdcollapse.losses.cosine import within_class_cosine_distance
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
-from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
+from kdcollapse.losses.llm import (DIVERGENCES, CausalLMBatch, divergence_rows, forward_kl_loss, jsd_loss,
+                                  reverse_kl_loss, shift_for_causal_lm, skew_forward_kl_loss,
+                                  skew_reverse_kl_loss, token_divergence, tvd_loss)
 from kdcollapse.losses.rkd import rkd_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
@@ -29,6 +31,12 @@ IntraClassContrastiveLoss = loss_module("IntraClassContrastiveLoss", intra_class
 RKDLoss = loss_module("RKDLoss", rkd_loss)
 TRADESLoss = loss_module("TRADESLoss", trades_loss)
 IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
+ForwardKLLoss = loss_module("ForwardKLLoss", forward_kl_loss)
+ReverseKLLoss = loss_module("ReverseKLLoss", reverse_kl_loss)
+JSDLoss = loss_module("JSDLoss", jsd_loss)
+SkewForwardKLLoss = loss_module("SkewForwardKLLoss", skew_forward_kl_loss)
+SkewReverseKLLoss = loss_module("SkewReverseKLLoss", skew_reverse_kl_loss)
+TVDLoss = loss_module("TVDLoss", tvd_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -36,4 +44,7 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
+    "token_divergence", "divergence_rows", "DIVERGENCES", "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
+    "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
+    "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss",
 ]
