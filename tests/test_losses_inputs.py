@@ -1,4 +1,4 @@
-"""Sequence logits with masks, bad input and the nn.Module wrappers, across every loss."""
+"""Sequence logits with masks, bad input and the nn.Module wrappers, across every declared loss."""
 
 import inspect
 
@@ -7,27 +7,20 @@ import torch
 
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
+from loss_cases import labelled, logit_cases, other_losses
 
 K = 5
 TABLE = torch.softmax(torch.randn(K, K), -1)
 
-# Every logit loss as f(first, second, target, mask); "first"/"second" are the two logit arguments.
-LOGIT_LOSSES = {
-    "kd": lambda a, b, y, mask: L.kd_loss(a, b, 2.0, mask=mask),
-    "dkd": lambda a, b, y, mask: L.dkd_loss(a, b, y, mask=mask),
-    "binary_kl": lambda a, b, y, mask: L.binary_kl_loss(a, b, mask=mask),
-    "binary_kl_norm": lambda a, b, y, mask: L.binary_kl_norm_loss(a, b, mask=mask),
-    "dkl": lambda a, b, y, mask: L.dkl_loss(a, b, mask=mask),
-    "ikl": lambda a, b, y, mask: L.ikl_loss(a, b, class_weights=TABLE, target=y, mask=mask),
-    "ikl_sample_weights": lambda a, b, y, mask: L.ikl_loss(a, b, temperature=4.0, mask=mask),
-    "trades": lambda a, b, y, mask: L.trades_loss(a, b, y, mask=mask),
-    "ikl_at": lambda a, b, y, mask: L.ikl_at_loss(a, b, y, TABLE, mask=mask),
-}
+
+def as_fn(info, case):
+    """The loss as f(fitted side, reference side, target, mask)."""
+    return lambda a, b, y, mask: info.call(a, b, y, mask, case)
 
 
-@pytest.mark.parametrize("name", LOGIT_LOSSES)
-def test_sequence_logits_with_mask_are_samples(name):
-    loss_fn = LOGIT_LOSSES[name]
+@pytest.mark.parametrize("info,case", logit_cases(lambda info, case: info.sequences))
+def test_sequence_logits_with_mask_are_samples(info, case):
+    loss_fn = as_fn(info, case)
     b, steps = 3, 4
     a, c = (3 * torch.randn(2, b, steps, K)).unbind()
     a, c = a.requires_grad_(), c.requires_grad_()
@@ -50,12 +43,12 @@ def _two(shape=(4, K)):
     return torch.randn(*shape), torch.randn(*shape)
 
 
-@pytest.mark.parametrize("name", LOGIT_LOSSES)
-def test_every_logit_loss_rejects_bad_input(name):
-    loss_fn = LOGIT_LOSSES[name]
+@pytest.mark.parametrize("info,case", logit_cases())
+def test_every_logit_loss_rejects_bad_input(info, case):
+    loss_fn = as_fn(info, case)
     a, c = _two()
     y = torch.randint(0, K, (4,))
-    with pytest.raises(KdcollapseError, match=r"K = 5 classes, .* K = 7"):
+    with pytest.raises(KdcollapseError, match=r"K = [57] classes, .* K = [57]"):
         loss_fn(a, torch.randn(4, 7), y, None)
     with pytest.raises(KdcollapseError, match="floating-point"):
         loss_fn(a.long(), c, y, None)
@@ -66,17 +59,19 @@ def test_every_logit_loss_rejects_bad_input(name):
     bad[1, 2] = float("inf")
     with pytest.raises(KdcollapseError, match="contains NaN or inf"):
         loss_fn(bad, a, y, None)
-    with pytest.raises(KdcollapseError, match="2 or 3 dimensions"):
+    with pytest.raises(KdcollapseError, match="2 or 3 dimensions" if info.sequences else "dimensions"):
         loss_fn(a[0], c[0], y, None)
+    if not info.sequences:
+        return
     with pytest.raises(KdcollapseError, match=r"mask must be a bool or integer \(0/1\) tensor of shape"):
         loss_fn(a, c, y, torch.ones(4))
     with pytest.raises(KdcollapseError, match="mask selects no positions"):
         loss_fn(a, c, y, torch.zeros(4, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("name", ["dkd", "ikl", "trades", "ikl_at"])
-def test_target_is_validated(name):
-    loss_fn = LOGIT_LOSSES[name]
+@pytest.mark.parametrize("info,case", logit_cases(lambda info, case: labelled(case)))
+def test_target_is_validated(info, case):
+    loss_fn = as_fn(info, case)
     a, c = _two()
     with pytest.raises(KdcollapseError, match=r"labels outside \[0, 5\)"):
         loss_fn(a, c, torch.tensor([0, 1, 5, 2]), None)
@@ -86,6 +81,15 @@ def test_target_is_validated(name):
         loss_fn(a, c, torch.zeros(4), None)
     with pytest.raises(KdcollapseError, match=r"target must have shape \(4,\)"):
         loss_fn(a, c, torch.zeros(3, dtype=torch.long), None)
+
+
+@pytest.mark.parametrize("info", other_losses(lambda info: info.checks_values))
+def test_every_other_loss_rejects_nan(info):
+    inputs = list(info.inputs())
+    inputs[0] = inputs[0].clone()
+    inputs[0].view(-1)[1] = float("nan")
+    with pytest.raises(KdcollapseError, match="contains NaN or inf"):
+        info.function(*inputs)
 
 
 def test_mixed_dtypes():
@@ -131,24 +135,22 @@ def test_specific_errors():
 
 # --- wrappers ---------------------------------------------------------------------------------
 
-WRAPPERS = {
-    "KDLoss": (L.kd_loss, ["temperature", "reduction"]),
-    "DKDLoss": (L.dkd_loss, ["alpha", "beta", "temperature", "ignore_index", "reduction"]),
-    "BinaryKLLoss": (L.binary_kl_loss, ["temperature", "form", "reduction"]),
-    "BinaryKLNormLoss": (L.binary_kl_norm_loss, ["temperature", "form", "reduction"]),
-    "DKLLoss": (L.dkl_loss, ["alpha", "beta", "reduction"]),
-    "IKLLoss": (L.ikl_loss, ["mse_weight", "ce_weight", "temperature", "ignore_index", "reduction"]),
-    "IntraClassContrastiveLoss": (L.intra_class_contrastive_loss, ["temperature", "reduction"]),
-    "RKDLoss": (L.rkd_loss, ["distance_weight", "angle_weight", "reduction"]),
-    "TRADESLoss": (L.trades_loss, ["beta", "ignore_index", "reduction"]),
-    "IKLATLoss": (L.ikl_at_loss, ["mse_weight", "ce_weight", "ignore_index", "reduction"]),
-}
+WRAPPERS = [name for name in L.__all__ if inspect.isclass(getattr(L, name))
+            and issubclass(getattr(L, name), L.LossModule) and name != "LossModule"]
+
+
+def test_wrapper_hyperparameters_are_the_functions_number_and_string_options():
+    assert list(L.KDLoss.hyperparameters.parameters) == ["temperature", "reduction"]
+    assert list(L.DKDLoss.hyperparameters.parameters) == ["alpha", "beta", "temperature",
+                                                          "ignore_index", "reduction"]
 
 
 @pytest.mark.parametrize("name", WRAPPERS)
 def test_wrapper_stores_hyperparameters(name):
-    cls, (fn, hyper) = getattr(L, name), WRAPPERS[name]
-    assert list(cls.hyperparameters.parameters) == hyper
+    cls = getattr(L, name)
+    fn, hyper = cls.loss_fn, list(cls.hyperparameters.parameters)
+    options = inspect.signature(fn).parameters
+    assert hyper == [p for p in options if type(options[p].default) in (int, float, str)]
     defaults = {p: inspect.signature(fn).parameters[p].default for p in hyper}
     assert cls().config == defaults
     values = [1.5 + i for i in range(len(hyper))]

@@ -1,5 +1,7 @@
 """The LLM path: ignore_index, 0/1 masks, reductions, validation off (torch.compile), vocabulary
-slicing, row chunking and the causal-LM shift, across every logit loss."""
+slicing, row chunking and the causal-LM shift, across every declared logit loss."""
+
+import functools
 
 import pytest
 import torch
@@ -7,30 +9,15 @@ import torch.nn.functional as F
 
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
+from loss_cases import labelled, logit_cases, other_losses, takes
 
 K = 6
-TABLE = torch.softmax(torch.randn(K, K, dtype=torch.float64), -1)
+SEQUENCE_CASES = logit_cases(lambda info, case: info.sequences)
 
-# Every logit loss as f(first, second, target, mask, **options).
-LOSSES = {
-    "kd": lambda a, b, y, m, **o: L.kd_loss(a, b, 2.0, mask=m, **o),
-    "dkd": lambda a, b, y, m, **o: L.dkd_loss(a, b, y, mask=m, **o),
-    "binary_kl": lambda a, b, y, m, **o: L.binary_kl_loss(a, b, mask=m, **o),
-    "binary_kl_norm": lambda a, b, y, m, **o: L.binary_kl_norm_loss(a, b, mask=m, **o),
-    "dkl": lambda a, b, y, m, **o: L.dkl_loss(a, b, mask=m, **o),
-    "ikl": lambda a, b, y, m, **o: L.ikl_loss(a, b, target=y, temperature=2.0, mask=m, **o),
-    "ikl_class_weights": lambda a, b, y, m, **o: L.ikl_loss(a, b, class_weights=TABLE, target=y,
-                                                            mask=m, **o),
-    "trades": lambda a, b, y, m, **o: L.trades_loss(a, b, y, mask=m, **o),
-    "ikl_at": lambda a, b, y, m, **o: L.ikl_at_loss(a, b, y, TABLE, mask=m, **o),
-    "forward_kl": lambda a, b, y, m, **o: L.forward_kl_loss(a, b, 2.0, mask=m, **o),
-    "reverse_kl": lambda a, b, y, m, **o: L.reverse_kl_loss(a, b, 2.0, mask=m, **o),
-    "jsd": lambda a, b, y, m, **o: L.jsd_loss(a, b, 0.3, mask=m, **o),
-    "skew_forward_kl": lambda a, b, y, m, **o: L.skew_forward_kl_loss(a, b, 0.1, mask=m, **o),
-    "skew_reverse_kl": lambda a, b, y, m, **o: L.skew_reverse_kl_loss(a, b, 0.2, 0.5, mask=m, **o),
-    "tvd": lambda a, b, y, m, **o: L.tvd_loss(a, b, mask=m, **o),
-}
-LABELLED = ["dkd", "ikl", "ikl_class_weights", "trades", "ikl_at"]
+
+def as_fn(info, case):
+    """The loss as f(fitted side, reference side, target, mask, **options)."""
+    return lambda a, b, y, m, **o: info.call(a, b, y, m, case, **o)
 
 
 def batch(b=3, steps=5, k=K, seed=0):
@@ -44,9 +31,9 @@ def batch(b=3, steps=5, k=K, seed=0):
     return a.requires_grad_(), c.requires_grad_(), y, mask
 
 
-def kept(y, mask, loss):
+def kept(y, mask, case):
     keep = mask.bool()
-    return keep & (y != -100) if loss in LABELLED else keep
+    return keep & (y != -100) if labelled(case) else keep
 
 
 def value_and_grads(fn, a, c):
@@ -57,10 +44,10 @@ def value_and_grads(fn, a, c):
 
 # --- ignore_index, integer masks, reductions --------------------------------------------------
 
-@pytest.mark.parametrize("name", LOSSES)
-def test_ignored_labels_and_int_masks_are_dropped_positions(name):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch()
-    keep = kept(y, mask, name)
+@pytest.mark.parametrize("info,case", SEQUENCE_CASES)
+def test_ignored_labels_and_int_masks_are_dropped_positions(info, case):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch()
+    keep = kept(y, mask, case)
     value = loss_fn(a, c, y, mask)  # -100 labels, also outside the mask, are no error
     torch.testing.assert_close(value, loss_fn(a[keep], c[keep], y[keep], None))
     torch.testing.assert_close(value, loss_fn(a, c, y, keep))
@@ -68,9 +55,9 @@ def test_ignored_labels_and_int_masks_are_dropped_positions(name):
     assert g_a[~keep].eq(0).all() and g_c[~keep].eq(0).all()
 
 
-@pytest.mark.parametrize("name", LABELLED)
-def test_ignore_index_is_configurable_and_labels_are_checked_where_kept(name):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch()
+@pytest.mark.parametrize("info,case", logit_cases(lambda info, case: info.ignore_index and labelled(case)))
+def test_ignore_index_is_configurable_and_labels_are_checked_where_kept(info, case):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch()
     y_custom = y.masked_fill(y == -100, K + 3)  # an out-of-range sentinel, dropped by ignore_index
     torch.testing.assert_close(loss_fn(a, c, y_custom, mask, ignore_index=K + 3),
                                loss_fn(a, c, y, mask))
@@ -92,10 +79,10 @@ def test_integer_masks_must_be_zero_or_one():
 
 
 @pytest.mark.parametrize("validate", [True, False])
-@pytest.mark.parametrize("name", LOSSES)
-def test_reductions(name, validate):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch()
-    keep = kept(y, mask, name)
+@pytest.mark.parametrize("info,case", SEQUENCE_CASES)
+def test_reductions(info, case, validate):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch()
+    keep = kept(y, mask, case)
     per_position = loss_fn(a, c, y, mask, reduction="none", validate=validate)
     assert per_position.shape == (3, 5) and per_position[~keep].eq(0).all()
     assert per_position[keep].abs().min() > 0
@@ -133,9 +120,9 @@ def test_wrappers_take_ignore_index_and_reduction():
 
 # --- validation off: same numbers, no host synchronisation, fullgraph compile ------------------
 
-@pytest.mark.parametrize("name", LOSSES)
-def test_unvalidated_path_gives_the_validated_values_and_gradients(name):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch()
+@pytest.mark.parametrize("info,case", SEQUENCE_CASES)
+def test_unvalidated_path_gives_the_validated_values_and_gradients(info, case):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch()
     checked = value_and_grads(lambda: loss_fn(a, c, y, mask), a, c)
     with L.validation(False):
         unchecked = value_and_grads(lambda: loss_fn(a, c, y, mask), a, c)
@@ -150,18 +137,25 @@ def test_unvalidated_path_gives_the_validated_values_and_gradients(name):
 
 
 def test_fullgraph_compile_traces_every_loss():
-    """Dynamo traces each loss (forward and backward, aot_eager backend) in one graph with checks
-    off; with them on it cannot (the read-back breaks the graph). Inductor is not used here: it
-    compiles C++ for a minute per loss on the test machine."""
+    """Dynamo traces each declared loss (forward and backward, aot_eager backend) in one graph with
+    checks off (a loss declared ``compiles=False`` says why not); with them on it cannot (the
+    read-back breaks the graph). Inductor is not used here: it compiles C++ for a minute per loss
+    on the test machine."""
     a, c, y, mask = batch()
     a32, c32 = a.detach().float().requires_grad_(), c.detach().float()
-    e_s, e_t = torch.randn(6, 4, requires_grad=True), torch.randn(6, 3)
-    calls = {name: (fn, (a32, c32, y, mask)) for name, fn in LOSSES.items()}
-    calls["rkd"] = (L.rkd_loss, (e_s, e_t))
-    calls["contrastive"] = (L.intra_class_contrastive_loss,
-                            (e_s, e_s.flip(0), e_s.unsqueeze(1).roll(1, 0)))
+    calls = {}
+    for p in SEQUENCE_CASES:
+        info, case = p.values
+        pair, arguments = info.arguments(a32, c32, y, case)
+        if info.compiles and case is info.cases[0]:  # one case per loss keeps this test cheap
+            calls[p.id] = (functools.partial(info.function, mask=mask, **arguments), pair)
+    for p in other_losses(lambda info: info.compiles):
+        first, *rest = p.values[0].inputs()
+        rest = (x.float() if x.is_floating_point() else x for x in rest)
+        calls[p.id] = (p.values[0].function, (first.float().requires_grad_(), *rest))
     torch._dynamo.reset()
-    with L.validation(False):
+    # the losses share code (logit_samples, per_row), traced once per loss: more than 8 recompiles
+    with L.validation(False), torch._dynamo.config.patch(recompile_limit=64):
         for name, (fn, args) in calls.items():
             value = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
             torch.testing.assert_close(value, fn(*args), msg=name)
@@ -173,12 +167,13 @@ def test_fullgraph_compile_traces_every_loss():
 
 # --- vocabulary slicing ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["kd", "dkd", "binary_kl", "binary_kl_norm", "dkl", "ikl", "jsd", "tvd"])
-def test_padded_vocabularies_need_an_explicit_vocab_size(name):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch(k=8)
+@pytest.mark.parametrize("info,case", logit_cases(
+    lambda info, case: takes(info, "vocab_size") and not case.class_table))
+def test_padded_vocabularies_need_an_explicit_vocab_size(info, case):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch(k=8)
     y = y.clamp_max(K - 1)
     padded = torch.cat([c, torch.randn(3, 5, 4, dtype=torch.float64)], -1)  # teacher V = 12
-    with pytest.raises(KdcollapseError, match=r"K = 8 classes, .* K = 12 \(padded vocabularies: "
+    with pytest.raises(KdcollapseError, match=r"K = (8|12) classes, .* K = (8|12) \(padded vocabularies: "
                                               r"pass vocab_size="):
         loss_fn(a, padded, y, mask)
     torch.testing.assert_close(loss_fn(a, padded, y, mask, vocab_size=K),
@@ -192,12 +187,9 @@ def test_padded_vocabularies_need_an_explicit_vocab_size(name):
 # --- chunked rows ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("validate", [True, False])
-@pytest.mark.parametrize("name", LOSSES)
-def test_chunked_rows_equal_unchunked(name, validate):
-    loss_fn, (a, c, y, mask) = LOSSES[name], batch(b=4, steps=5, k=50)
-    y = y.clamp_max(K - 1) if "class_weights" in name or name == "ikl_at" else y
-    if "class_weights" in name or name == "ikl_at":
-        a, c = (x.detach()[..., :K].requires_grad_() for x in (a, c))
+@pytest.mark.parametrize("info,case", logit_cases(lambda info, case: info.chunked))
+def test_chunked_rows_equal_unchunked(info, case, validate):
+    loss_fn, (a, c, y, mask) = as_fn(info, case), batch(b=4, steps=5, k=50)
     for reduction in ("mean", "none"):
         whole = value_and_grads(lambda: loss_fn(a, c, y, mask, reduction=reduction,
                                                 validate=validate), a, c)

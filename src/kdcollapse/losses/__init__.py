@@ -4,9 +4,12 @@ Logit losses take (B, K) or (B, T, K) logits and an optional (B, T) bool or 0/1 
 kept position (mask set, label not ``ignore_index``) is one sample. Half-precision inputs accumulate
 in float32. Bad input (shapes, dtypes, NaN/inf, labels out of range) raises
 :class:`kdcollapse.errors.KdcollapseError`; ``validation(False)`` turns the value checks off.
-Formulas, options and references: ``docs/losses.md``.
+Formulas, options and references: ``docs/losses.md``. Every loss is declared once with
+:func:`register_loss` (name, kind, paper, options, a test example); :func:`list_losses` and
+:func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
+from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
@@ -16,9 +19,8 @@ from kdcollapse.losses.cosine import within_class_cosine_distance
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
 from kdcollapse.losses.kd import kd_loss
-from kdcollapse.losses.llm import (DIVERGENCES, CausalLMBatch, divergence_rows, forward_kl_loss, jsd_loss,
-                                  reverse_kl_loss, shift_for_causal_lm, skew_forward_kl_loss,
-                                  skew_reverse_kl_loss, token_divergence, tvd_loss)
+from kdcollapse.losses.llm import (CausalLMBatch, forward_kl_loss, jsd_loss, reverse_kl_loss,
+                                  shift_for_causal_lm, skew_forward_kl_loss, skew_reverse_kl_loss, tvd_loss)
 from kdcollapse.losses.rkd import rkd_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
@@ -44,7 +46,8 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
-    "token_divergence", "divergence_rows", "DIVERGENCES", "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
+    "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
     "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
     "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
 ]

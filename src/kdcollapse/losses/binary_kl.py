@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
+from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive
 
@@ -37,6 +38,9 @@ def _check_form(form: str) -> None:
         raise KdcollapseError(unknown_choice("BinaryKL form", form, FORMS))
 
 
+@register_loss("binary_kl", kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
+               equation="τ²·Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]) (eq. 1)", temperature=True,
+               sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {})
 def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                    mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                    vocab_size: int | None = None, chunk_size: int | None = None,
@@ -68,6 +72,10 @@ def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *
     return temperature**2 * samples.reduce(kl, reduction)
 
 
+@register_loss("binary_kl_norm", kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
+               equation="τ²·Σ_k KL([½, ½] ‖ [σ(u_k), σ(−u_k)]), u = (z_s − z_t)/τ (eq. 5)",
+               temperature=True, sequences=True, ignore_index=False, chunked=True,
+               example=lambda k, y: {})
 def binary_kl_norm_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                         mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                         vocab_size: int | None = None, chunk_size: int | None = None,

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 
@@ -25,6 +26,9 @@ def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
+@register_loss("dkd", kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
+               equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
              temperature: float = 4.0, *, mask: Tensor | None = None,
              ignore_index: int = IGNORE_INDEX, reduction: str = "mean",

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
+from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, check_mask, check_target, logit_samples
 from kdcollapse.losses._shapes import check_positive, check_tensor
 
@@ -136,35 +137,69 @@ def token_divergence(student: Tensor, teacher: Tensor, divergence: str = "forwar
     return samples.reduce(values, reduction)
 
 
-def forward_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, **options) -> Tensor:
+_OPTIONS = dict(temperature=True, sequences=True, ignore_index=False, chunked=True)
+
+
+@register_loss("forward_kl", kind="logits", paper="Hinton et al. 2015; Agarwal et al. 2024 (GKD) Sec. 3",
+               equation="KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) per token, no τ²", **_OPTIONS,
+               example=lambda k, y: {"temperature": 2.0})
+def forward_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, *, mask: Tensor | None = None,
+                    reduction: str = "mean", vocab_size: int | None = None, chunk_size: int | None = None,
+                    validate: bool | None = None) -> Tensor:
     """Mean over tokens of KL(p_teacher ‖ q_student) at temperature τ (no τ² factor)."""
-    return token_divergence(student, teacher, "forward_kl", None, temperature, **options)
+    return token_divergence(student, teacher, "forward_kl", None, temperature, mask=mask, reduction=reduction,
+                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
 
-def reverse_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, **options) -> Tensor:
+@register_loss("reverse_kl", kind="logits", paper="Agarwal et al. 2024 (GKD); Gu et al. 2024 (MiniLLM)",
+               equation="KL(softmax(z_s/τ) ‖ softmax(z_t/τ)) per token, no τ²", **_OPTIONS,
+               example=lambda k, y: {"temperature": 2.0})
+def reverse_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, *, mask: Tensor | None = None,
+                    reduction: str = "mean", vocab_size: int | None = None, chunk_size: int | None = None,
+                    validate: bool | None = None) -> Tensor:
     """Mean over tokens of KL(q_student ‖ p_teacher) at temperature τ (no τ² factor)."""
-    return token_divergence(student, teacher, "reverse_kl", None, temperature, **options)
+    return token_divergence(student, teacher, "reverse_kl", None, temperature, mask=mask, reduction=reduction,
+                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
 
-def jsd_loss(student: Tensor, teacher: Tensor, beta: float = 0.5, temperature: float = 1.0,
-             **options) -> Tensor:
-    """GKD's generalized Jensen-Shannon divergence (Agarwal et al. 2024, eq. 1; TRL's defaults β = 0.5):
+@register_loss("jsd", kind="logits", paper="Agarwal et al. 2024, On-policy distillation of language models (GKD)",
+               equation="β KL(p ‖ m) + (1−β) KL(q ‖ m), m = βp + (1−β)q (eq. 1)", **_OPTIONS,
+               example=lambda k, y: {"beta": 0.3}, variants={"endpoint": lambda k, y: {"beta": 1.0}})
+def jsd_loss(student: Tensor, teacher: Tensor, beta: float = 0.5, temperature: float = 1.0, *,
+             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
+    """GKD's generalized Jensen-Shannon divergence (Agarwal et al. 2024, eq. 1; TRL's default β = 0.5):
     β KL(p ‖ m) + (1 − β) KL(q ‖ m), m = β p + (1 − β) q; β = 0 forward KL, β = 1 reverse KL."""
-    return token_divergence(student, teacher, "jsd", beta, temperature, **options)
+    return token_divergence(student, teacher, "jsd", beta, temperature, mask=mask, reduction=reduction,
+                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
 
-def skew_forward_kl_loss(student: Tensor, teacher: Tensor, alpha: float = 0.1, temperature: float = 1.0,
-                         **options) -> Tensor:
+@register_loss("skew_forward_kl", kind="logits", paper="Ko et al. 2024, DistiLLM",
+               equation="KL(p ‖ αp + (1−α)q) (eq. 3)", **_OPTIONS, example=lambda k, y: {"alpha": 0.1})
+def skew_forward_kl_loss(student: Tensor, teacher: Tensor, alpha: float = 0.1, temperature: float = 1.0, *,
+                         mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+                         chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
     """DistiLLM's skew KL (Ko et al. 2024, eq. 3; official α = 0.1): KL(p ‖ α p + (1 − α) q)."""
-    return token_divergence(student, teacher, "skew_forward_kl", alpha, temperature, **options)
+    return token_divergence(student, teacher, "skew_forward_kl", alpha, temperature, mask=mask,
+                            reduction=reduction, vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
 
-def skew_reverse_kl_loss(student: Tensor, teacher: Tensor, alpha: float = 0.1, temperature: float = 1.0,
-                         **options) -> Tensor:
+@register_loss("skew_reverse_kl", kind="logits", paper="Ko et al. 2024, DistiLLM",
+               equation="KL(q ‖ αq + (1−α)p) (eq. 4)", **_OPTIONS,
+               example=lambda k, y: {"alpha": 0.2, "temperature": 0.5})
+def skew_reverse_kl_loss(student: Tensor, teacher: Tensor, alpha: float = 0.1, temperature: float = 1.0, *,
+                         mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+                         chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
     """DistiLLM's skew reverse KL (Ko et al. 2024; official α = 0.1): KL(q ‖ α q + (1 − α) p)."""
-    return token_divergence(student, teacher, "skew_reverse_kl", alpha, temperature, **options)
+    return token_divergence(student, teacher, "skew_reverse_kl", alpha, temperature, mask=mask,
+                            reduction=reduction, vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
 
-def tvd_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, **options) -> Tensor:
+@register_loss("tvd", kind="logits", paper="Ko et al. 2024, DistiLLM (tv_distance); Wen et al. 2023 (f-divergences)",
+               equation="½ Σ_v |p_v − q_v| per token", **_OPTIONS, example=lambda k, y: {})
+def tvd_loss(student: Tensor, teacher: Tensor, temperature: float = 1.0, *, mask: Tensor | None = None,
+             reduction: str = "mean", vocab_size: int | None = None, chunk_size: int | None = None,
+             validate: bool | None = None) -> Tensor:
     """Mean over tokens of the total variation distance ½ Σ_v |p_v − q_v| (DistiLLM's ``tv_distance``)."""
-    return token_divergence(student, teacher, "tvd", None, temperature, **options)
+    return token_divergence(student, teacher, "tvd", None, temperature, mask=mask, reduction=reduction,
+                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
