@@ -18,6 +18,7 @@ from kdcollapse.losses.contrastive import intra_class_contrastive_loss
 from kdcollapse.losses.cosine import within_class_cosine_distance
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
+from kdcollapse.losses.fused import TeacherHead, TeacherLogits, TopKTeacher, fused_head_loss
 from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import (CausalLMBatch, forward_kl_loss, jsd_loss, reverse_kl_loss,
                                   shift_for_causal_lm, skew_forward_kl_loss, skew_reverse_kl_loss, tvd_loss)
@@ -48,6 +49,7 @@ __all__ = [
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
     "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
     "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
-    "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss",
+    "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
+    "TopKTeacher",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
 ]
