@@ -138,3 +138,49 @@ def test_a_corpus_without_text_is_one_error(tmp_path):
     (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad")
     with pytest.raises(DataError, match="not UTF-8"):
         lm.read_documents(tmp_path)
+
+
+# --- stored teacher tokens ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def teacher_and_blocks(tokenizer, tmp_path_factory):
+    root = write_corpus(tmp_path_factory.mktemp("text"), copies=2)
+    corpus = lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path_factory.mktemp("cache"))
+    teacher = lm.load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=1)
+    return teacher.model, corpus["train"].blocks(8)[:10]
+
+
+def test_stored_tokens_with_k_equal_to_v_are_the_full_distribution_bit_for_bit(tmp_path, teacher_and_blocks):
+    model, blocks = teacher_and_blocks
+    vocab = model.config.vocab_size
+    lm.store_teacher_tokens(model, blocks, tmp_path, k=vocab, batch_size=4, shard_blocks=3)
+    assert len(list(tmp_path.glob("shard-*.safetensors"))) == 4
+    stored = lm.TeacherTokens.load(tmp_path)
+    with torch.no_grad():
+        full = torch.cat([torch.log_softmax(model(b).logits.float(), -1) for b in blocks.split(4)])
+    dense = stored.rows(torch.arange(len(blocks))).log_probs(slice(None), vocab, 1.0)
+    assert torch.equal(dense, full.reshape(-1, vocab))
+
+
+def test_stored_top_k_keep_the_largest_and_checksums_catch_damage(tmp_path, teacher_and_blocks):
+    model, blocks = teacher_and_blocks
+    lm.store_teacher_tokens(model, blocks, tmp_path, k=5, temperature=2.0, shard_blocks=4)
+    stored = lm.TeacherTokens.load(tmp_path)
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(blocks).logits.float() / 2.0, -1)
+    top = log_p.topk(5, -1)
+    torch.testing.assert_close(stored.log_probs, top.values)
+    torch.testing.assert_close(stored.log_rest.exp() + stored.log_probs.exp().sum(-1), torch.ones(blocks.shape))
+    rows = stored.rows(torch.tensor([3, 1]), slice(None, -1))
+    assert rows.indices.shape == (2 * (blocks.shape[1] - 1), 5) and rows.temperature == 2.0
+    assert lm.store_teacher_tokens(model, blocks, tmp_path, k=5, temperature=2.0) == tmp_path  # kept
+    with pytest.raises(KdcollapseError, match="other blocks, k or temperature"):
+        lm.store_teacher_tokens(model, blocks, tmp_path, k=6, temperature=2.0)
+    shard = tmp_path / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="shard-00001.safetensors is missing or damaged"):
+        lm.TeacherTokens.load(tmp_path)
+    with pytest.raises(DataError, match="no complete store"):
+        lm.TeacherTokens.load(tmp_path / "nothing")
