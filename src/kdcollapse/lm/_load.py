@@ -95,6 +95,21 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
     return LanguageModel(model.eval(), tokenizer, str(path))
 
 
+def load_tokenizer(source: str | Path) -> Any:
+    """The tokenizer of ``source`` (``"smollm2-135m"``, a model directory or a ``.gguf`` file) alone."""
+    path = smollm2_path() if str(source) == SMOLLM2 else Path(source)
+    if not path.exists():
+        raise KdcollapseError(f"language model {str(source)!r} not found")
+    transformers = require("transformers", PURPOSE)
+    directory, options = (path, {}) if path.is_dir() else (path.parent, {"gguf_file": path.name})
+    if options:
+        check_gguf(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(directory, **options)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise KdcollapseError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
+
+
 def check_gguf(path: Path) -> None:
     """Parse the GGUF header and tensor table of ``path``; a truncated or foreign file is an error."""
     gguf = require("gguf", "GGUF models")

@@ -100,7 +100,7 @@ Teacher = TeacherLogits | TeacherHead | TopKTeacher
                inputs=lambda: (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),
                                torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
                                TeacherLogits(torch.randn(6, 5, dtype=torch.float64))))
-def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher, divergence: str = "forward_kl",
+def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, divergence: str = "forward_kl",
                     divergence_weight: float | None = None, temperature: float = 1.0, *,
                     labels: Tensor | None = None, ce_weight: float = 0.0, distill_weight: float = 1.0,
                     mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
@@ -110,7 +110,8 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher, divergence
 
     ``hidden`` (N, H) and ``weight`` (V, H) of one floating dtype (bf16 logits accumulate in float32);
     ``labels`` (N,) with ``ignore_index`` (needed when ``ce_weight`` > 0); ``mask`` (N,) bool or 0/1;
-    ``divergence_weight`` is the β of ``jsd`` or the α of the skew KLs. Returns the scalar loss; its
+    ``divergence_weight`` is the β of ``jsd`` or the α of the skew KLs; ``teacher`` may be None when
+    ``distill_weight`` is 0 (cross-entropy only). Returns the scalar loss; its
     gradients in ``hidden`` and ``weight`` are computed in the forward pass.
     """
     rows = divergence_rows(divergence, divergence_weight)
@@ -124,6 +125,8 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher, divergence
         raise KdcollapseError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not (torch.isfinite(hidden).all() and torch.isfinite(weight).all()):
         raise KdcollapseError("hidden or weight contains NaN or inf")
+    if teacher is None and distill_weight:
+        raise KdcollapseError("a teacher is needed unless distill_weight is 0 (cross-entropy only)")
     if ce_weight and labels is None:
         raise KdcollapseError("ce_weight > 0 needs labels")
     keep = _kept(hidden.shape[0], labels, mask, ignore_index, hidden.device)
@@ -165,7 +168,9 @@ class _FusedHead(torch.autograd.Function):
             with torch.enable_grad():
                 z = _upcast(h @ weight.T).detach().requires_grad_()
                 log_q = F.log_softmax(z / temperature, -1)
-                values = distill_weight * rows(log_q, teacher.log_probs(span, vocab, temperature).to(z.dtype))
+                values = torch.zeros(len(z), dtype=z.dtype)
+                if distill_weight:
+                    values = distill_weight * rows(log_q, teacher.log_probs(span, vocab, temperature).to(z.dtype))
                 if ce_weight:
                     ce = F.cross_entropy(z, torch.where(kept, labels[span], 0).long(), reduction="none")
                     values = values + ce_weight * ce
