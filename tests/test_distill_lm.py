@@ -47,9 +47,8 @@ def test_a_run_writes_its_directory_and_resumes_bit_for_bit(setup):
 
 
 @pytest.mark.parametrize("overrides", [["teacher_k=null", "loss.divergence=jsd", "loss.weight=0.5"],
-                                       ["loss.divergence=none", "loss.ce_weight=1.0"],
                                        ["precision=bf16", "loss.divergence=reverse_kl", "accumulate=2"]])
-def test_online_teacher_ce_only_and_bf16_paths_train(setup, overrides):
+def test_online_teacher_and_bf16_paths_train(setup, overrides):  # CE only: the CLI test's --baseline
     root, options = setup
     name = "-".join(o.split("=")[1] for o in overrides[:1])
     cfg = load_lm_config(None, [*options, f"run_dir={root / name}", "steps=2", *overrides])
