@@ -443,3 +443,12 @@ def _coerce(tp, value, key: str):
     if tp in (int, float, str, bool) and (type(value) is tp):
         return value
     raise ConfigError(f"'{key}' must be {getattr(tp, '__name__', tp)}, got {value!r} ({type(value).__name__})")
+
+
+def build_section(cls, data: dict, overrides: list[str] | tuple[str, ...] = ()):
+    """A typed config of dataclass ``cls`` from ``data`` (e.g. :func:`read_yaml`) and ``key=value``
+    overrides, with the same checks as the run config: unknown keys and mistyped values are errors."""
+    data = dict(data)
+    for item in overrides:
+        _apply_override(data, item)
+    return _build(cls, data, "")

@@ -20,6 +20,7 @@ from kdcollapse.errors import KdcollapseError
 _COMMAND_MODULES = [
     "kdcollapse.cli.demo",
     "kdcollapse.cli.train",
+    "kdcollapse.cli.distill_lm",
     "kdcollapse.cli.data",
     "kdcollapse.cli.models",
     "kdcollapse.cli.geometry",

@@ -19,8 +19,10 @@ from kdcollapse.losses.cosine import within_class_cosine_distance
 from kdcollapse.losses.crd import crd_log_scores, crd_loss, crd_memory_update, crd_nce_loss, crd_normalizer
 from kdcollapse.losses.dkd import dkd_loss
 from kdcollapse.losses.dkl import dkl_loss, ikl_loss
+from kdcollapse.losses.fused import TeacherHead, TeacherLogits, TopKTeacher, fused_head_loss
 from kdcollapse.losses.kd import kd_loss
-from kdcollapse.losses.llm import CausalLMBatch, shift_for_causal_lm
+from kdcollapse.losses.llm import (CausalLMBatch, forward_kl_loss, jsd_loss, reverse_kl_loss,
+                                  shift_for_causal_lm, skew_forward_kl_loss, skew_reverse_kl_loss, tvd_loss)
 from kdcollapse.losses.reviewkd import hcl_loss
 from kdcollapse.losses.rkd import rkd_loss
 from kdcollapse.losses.standardize import standardize_logits
@@ -50,6 +52,12 @@ WTTMLoss = loss_module("WTTMLoss", wttm_loss)
 VIDLoss = loss_module("VIDLoss", vid_loss)
 ATLoss = loss_module("ATLoss", at_loss)  # the other feature losses have no hyperparameters to store
 DISTLoss = loss_module("DISTLoss", dist_loss)
+ForwardKLLoss = loss_module("ForwardKLLoss", forward_kl_loss)
+ReverseKLLoss = loss_module("ReverseKLLoss", reverse_kl_loss)
+JSDLoss = loss_module("JSDLoss", jsd_loss)
+SkewForwardKLLoss = loss_module("SkewForwardKLLoss", skew_forward_kl_loss)
+SkewReverseKLLoss = loss_module("SkewReverseKLLoss", skew_reverse_kl_loss)
+TVDLoss = loss_module("TVDLoss", tvd_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -57,6 +65,10 @@ __all__ = [
     "KDLoss", "DKDLoss", "BinaryKLLoss", "BinaryKLNormLoss", "DKLLoss", "IKLLoss",
     "IntraClassContrastiveLoss", "RKDLoss", "TRADESLoss", "IKLATLoss", "LossModule", "loss_module",
     "IGNORE_INDEX", "validation", "slice_vocab", "shift_for_causal_lm", "CausalLMBatch",
+    "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
+    "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
+    "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
+    "TopKTeacher",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
     "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
     "NKDLoss", "WTTMLoss",

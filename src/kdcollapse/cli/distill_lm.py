@@ -1,0 +1,55 @@
+"""``kdcollapse distill-lm``: distil a causal language model into a small student on a text corpus.
+
+A command of its own rather than a section of ``distill``: the image run config (a registered dataset,
+a zoo model, a method, epochs) has nothing to say about tokenizers, token blocks or a transformers
+config, and a language-model section would leave most of it unused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+_EXAMPLES = """examples:
+  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml
+  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml --baseline   # also the CE-only student
+  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml loss.divergence=jsd loss.weight=0.5 seed=1
+  kdcollapse distill-lm --resume runs/lm/smollm2_tiny
+"""
+
+
+def register(subparsers) -> None:
+    from kdcollapse.cli._common import HelpFormatter
+
+    text = "Distil a causal language model (HF directory, GGUF, SmolLM2-135M) into a small student."
+    p = subparsers.add_parser("distill-lm", help=text, description=text, epilog=_EXAMPLES,
+                              formatter_class=HelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="YAML config (keys: kdcollapse.train.LMConfig)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    p.add_argument("--baseline", action="store_true",
+                   help="also train the cross-entropy-only student (RUN_DIR-ce) and print both perplexities")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from kdcollapse.errors import ConfigError
+    from kdcollapse.train import distill_lm, load_lm_config
+
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume takes its config from the run directory; drop --config")
+        cfg = load_lm_config(Path(args.resume) / "config.yaml", args.overrides)
+        cfg.run_dir = args.resume
+    else:
+        cfg = load_lm_config(args.config, args.overrides)
+    results = {"distilled": distill_lm(cfg, resume=bool(args.resume))}
+    if args.baseline:
+        ce = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}-ce", loss=dataclasses.replace(
+            cfg.loss, divergence="none", ce_weight=1.0, distill_weight=0.0))
+        results["ce_only"] = distill_lm(ce, resume=bool(args.resume))
+    for name, record in results.items():
+        print(f"{name}: test perplexity {record['test_perplexity']:.2f}, agreement with the teacher "
+              f"{record['test_agreement']:.3f}, forward KL per token {record['test_forward_kl']:.4f}")
+    print(json.dumps(results))
+    return 0

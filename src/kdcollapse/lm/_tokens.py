@@ -1,0 +1,118 @@
+"""Stored teacher tokens: a teacher's top-k log-probabilities and the log of the rest's mass at every
+position of a set of token blocks, computed once and written in safetensors shards with a SHA-256 per
+shard, so training needs no teacher in memory. Nothing is pickled.
+
+A store is a directory: ``manifest.json`` (format, k, vocabulary, temperature, the blocks' shape, the
+SHA-256 of the blocks and each shard's file name, rows and SHA-256 of its bytes) and
+``shard-NNNNN.safetensors`` files holding ``log_probs`` (n, T, k) float32, ``indices`` (n, T, k) int32 and
+``log_rest`` (n, T) float32 for blocks ``[start, stop)``. The manifest is written last, so a directory
+without one is an unfinished store. Reading checks every shard's checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kdcollapse.errors import DataError, KdcollapseError
+from kdcollapse.losses import TopKTeacher
+
+_FORMAT = "kdcollapse.teacher_tokens"
+MANIFEST = "manifest.json"
+
+
+def blocks_digest(blocks: torch.Tensor) -> str:
+    return hashlib.sha256(blocks.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+@torch.no_grad()
+def store_teacher_tokens(model: Any, blocks: torch.Tensor, directory: str | Path, *, k: int,
+                         temperature: float = 1.0, batch_size: int = 8, shard_blocks: int = 256,
+                         dtype: torch.dtype = torch.float32) -> Path:
+    """Run ``model`` (a ``transformers`` causal LM) on ``blocks`` (n, T) ``batch_size`` blocks at a time
+    and store the top ``k`` log-probabilities of softmax(logits / τ) at every position (module doc).
+    An existing complete store of the same blocks, k and τ is kept as it is."""
+    directory = Path(directory)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    if not (isinstance(k, int) and 1 <= k <= vocab):
+        raise KdcollapseError(f"k must be an int in [1, {vocab}], got {k!r}")
+    digest = blocks_digest(blocks)
+    if (directory / MANIFEST).is_file():
+        manifest = json.loads((directory / MANIFEST).read_text())
+        if (manifest.get("blocks_sha256"), manifest.get("k"), manifest.get("temperature")) == (digest, k, temperature):
+            return directory
+        raise KdcollapseError(f"{directory} holds teacher tokens of other blocks, k or temperature; choose another "
+                              f"directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for start in range(0, len(blocks), shard_blocks):
+        part = blocks[start:start + shard_blocks]
+        rows = [TopKTeacher.from_logits(model(batch).logits.to(dtype), k, temperature)
+                for batch in part.split(batch_size)]
+        tensors = {"log_probs": torch.cat([r.log_probs_topk for r in rows]),
+                   "indices": torch.cat([r.indices for r in rows]),
+                   "log_rest": torch.cat([r.log_rest for r in rows])}
+        name = f"shard-{len(shards):05d}.safetensors"
+        shards.append({"file": name, "start": start, "stop": start + len(part),
+                       "sha256": _write(directory / name, tensors)})
+    manifest = {"format": _FORMAT, "version": 1, "k": k, "vocab": vocab, "temperature": temperature,
+                "blocks": list(blocks.shape), "blocks_sha256": digest, "shards": shards}
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+    return directory
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({name: t.contiguous() for name, t in tensors.items()}, str(tmp))
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, path)
+    return digest
+
+
+@dataclass(frozen=True)
+class TeacherTokens:
+    """A store read back: (n, T, k) ``log_probs`` and ``indices``, (n, T) ``log_rest``, at ``temperature``."""
+
+    log_probs: torch.Tensor
+    indices: torch.Tensor
+    log_rest: torch.Tensor
+    temperature: float
+    vocab: int
+    blocks_sha256: str
+
+    @classmethod
+    def load(cls, directory: str | Path) -> TeacherTokens:
+        """Every shard of the store in ``directory``, each checked against its SHA-256."""
+        directory = Path(directory)
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+        except (OSError, ValueError):
+            raise DataError(f"{directory} holds no complete store of teacher tokens (no readable {MANIFEST})") from None
+        if manifest.get("format") != _FORMAT:
+            raise DataError(f"{directory / MANIFEST} is not a teacher-token manifest")
+        parts = []
+        for shard in manifest["shards"]:
+            path = directory / shard["file"]
+            data = path.read_bytes() if path.is_file() else b""
+            if hashlib.sha256(data).hexdigest() != shard["sha256"]:
+                raise DataError(f"{path} is missing or damaged (its SHA-256 differs from {MANIFEST}'s); store the "
+                                f"teacher tokens again")
+            parts.append(load_file(str(path)))
+        return cls(*(torch.cat([p[name] for p in parts]) for name in ("log_probs", "indices", "log_rest")),
+                   manifest["temperature"], manifest["vocab"], manifest["blocks_sha256"])
+
+    def rows(self, block_index: torch.Tensor, positions: slice = slice(None)) -> TopKTeacher:
+        """The stored tokens of blocks ``block_index`` at ``positions``, flattened to rows (B·T', ...)."""
+        k = self.log_probs.shape[-1]
+        return TopKTeacher(self.log_probs[block_index, positions].reshape(-1, k),
+                           self.indices[block_index, positions].reshape(-1, k),
+                           self.log_rest[block_index, positions].reshape(-1), self.temperature)

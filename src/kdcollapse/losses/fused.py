@@ -1,0 +1,194 @@
+"""Language-model distillation losses fused with the student's output head: no (N, V) tensor.
+
+Given the student's last hidden states h (N, H) and its head weight W (V, H), the logits z = h Wᵀ are
+formed ``chunk_size`` tokens at a time; each chunk's loss and its gradient in z are computed at once
+(inside the forward pass, as Liger-Kernel's fused linear losses do) and turned into the chunk's
+gradients in h and W, so that neither the student's nor the teacher's full logits ever exist. The
+teacher is one of: its logits (N, V) (:class:`TeacherLogits`), its own hidden states and head
+(:class:`TeacherHead`, logits formed per chunk too), or stored top-k log-probabilities with the rest's
+mass (:class:`TopKTeacher`). Values and gradients equal the unfused loss (``tests/test_losses_fused.py``).
+
+The loss is ``ce_weight``·CE(z, labels) + ``distill_weight``·D(p_teacher ‖ q_student), both the mean
+over the kept tokens (``mask`` set and label not ``ignore_index``), D one of
+:data:`kdcollapse.losses.llm.DIVERGENCES` at temperature τ. The teacher receives no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses._reduce import IGNORE_INDEX
+from kdcollapse.losses._shapes import check_positive, check_tensor
+from kdcollapse.losses.llm import divergence_rows
+
+
+@dataclass(frozen=True)
+class TeacherLogits:
+    """The teacher's logits (N, V_t), V_t ≥ V (a padded teacher head is cut to the student's V)."""
+
+    logits: Tensor
+
+    def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
+        return F.log_softmax(_upcast(self.logits[rows, :vocab]) / temperature, -1)
+
+
+@dataclass(frozen=True)
+class TeacherHead:
+    """The teacher's last hidden states (N, H_t) and head weight (V_t, H_t): its logits per chunk."""
+
+    hidden: Tensor
+    weight: Tensor
+
+    def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
+        logits = self.hidden[rows] @ self.weight[:vocab].T
+        return F.log_softmax(_upcast(logits) / temperature, -1)
+
+
+@dataclass(frozen=True)
+class TopKTeacher:
+    """Stored teacher tokens: the top-k log-probabilities (N, k) at ``indices`` (N, k) and the log of
+    the remaining mass (N,), all at ``temperature``. The remaining mass is spread evenly over the other
+    V − k tokens, so every top-k probability and the rest's total are exact; with k = V the distribution
+    is the full one. (The image path's ``teacher.cache_topk`` uses the same rule.)"""
+
+    log_probs_topk: Tensor
+    indices: Tensor
+    log_rest: Tensor
+    temperature: float = 1.0
+
+    @classmethod
+    def from_logits(cls, logits: Tensor, k: int, temperature: float = 1.0) -> TopKTeacher:
+        """The top ``k`` of softmax(``logits`` / τ) per row (N, V), their log-probabilities in float32, and
+        the log of the rest's mass (−inf when k = V), computed from the log-probabilities in float32."""
+        vocab = logits.shape[-1]
+        if not (isinstance(k, int) and 1 <= k <= vocab):
+            raise KdcollapseError(f"k must be an int in [1, {vocab}], got {k!r}")
+        log_p = F.log_softmax(logits.float() / temperature, -1)
+        values, indices = log_p.topk(k, dim=-1)
+        log_rest = log_p.scatter(-1, indices, float("-inf")).logsumexp(-1)
+        return cls(values, indices.to(torch.int32), log_rest, temperature)
+
+    def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
+        if temperature != self.temperature:
+            raise KdcollapseError(f"stored teacher tokens hold probabilities at temperature {self.temperature}; "
+                                  f"the loss asks for {temperature} (store them again at that temperature)")
+        values, indices = self.log_probs_topk[rows].float(), self.indices[rows].long()
+        k = indices.shape[1]
+        if k == vocab:
+            return torch.empty_like(values).scatter_(1, indices, values)
+        fill = self.log_rest[rows].float() - torch.log(torch.tensor(float(vocab - k)))
+        return fill.unsqueeze(1).expand(len(fill), vocab).clone().scatter_(1, indices, values)
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """float32 for half precision, float64 kept."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+Teacher = TeacherLogits | TeacherHead | TopKTeacher
+
+
+@register_loss("fused_head", kind="tokens", paper="Liger-Kernel (Hsu et al. 2024), fused linear losses; "
+               "the divergences of GKD and DistiLLM", equation="ce_weight·CE + distill_weight·D(p_t ‖ q_s), "
+               "z = h Wᵀ chunk by chunk", temperature=True, sequences=True, ignore_index=True, chunked=True, compiles=False,
+               inputs=lambda: (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),
+                               torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
+                               TeacherLogits(torch.randn(6, 5, dtype=torch.float64))))
+def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, divergence: str = "forward_kl",
+                    divergence_weight: float | None = None, temperature: float = 1.0, *,
+                    labels: Tensor | None = None, ce_weight: float = 0.0, distill_weight: float = 1.0,
+                    mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+                    chunk_size: int = 1024) -> Tensor:
+    """``ce_weight``·CE + ``distill_weight``·``divergence`` of the student logits ``hidden @ weight.T``
+    against ``teacher``, computed ``chunk_size`` tokens at a time (module doc).
+
+    ``hidden`` (N, H) and ``weight`` (V, H) of one floating dtype (bf16 logits accumulate in float32);
+    ``labels`` (N,) with ``ignore_index`` (needed when ``ce_weight`` > 0); ``mask`` (N,) bool or 0/1;
+    ``divergence_weight`` is the β of ``jsd`` or the α of the skew KLs; ``teacher`` may be None when
+    ``distill_weight`` is 0 (cross-entropy only). Returns the scalar loss; its
+    gradients in ``hidden`` and ``weight`` are computed in the forward pass.
+    """
+    rows = divergence_rows(divergence, divergence_weight)
+    check_positive("temperature", temperature)
+    check_tensor("hidden", hidden, (2,))
+    check_tensor("weight", weight, (2,))
+    if hidden.shape[1] != weight.shape[1] or hidden.dtype != weight.dtype:
+        raise KdcollapseError(f"hidden (N, H) and weight (V, H) must share H and dtype, got "
+                              f"{tuple(hidden.shape)} {hidden.dtype} and {tuple(weight.shape)} {weight.dtype}")
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise KdcollapseError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if not (torch.isfinite(hidden).all() and torch.isfinite(weight).all()):
+        raise KdcollapseError("hidden or weight contains NaN or inf")
+    if teacher is None and distill_weight:
+        raise KdcollapseError("a teacher is needed unless distill_weight is 0 (cross-entropy only)")
+    if ce_weight and labels is None:
+        raise KdcollapseError("ce_weight > 0 needs labels")
+    keep = _kept(hidden.shape[0], labels, mask, ignore_index, hidden.device)
+    return _FusedHead.apply(hidden, weight, teacher, rows, temperature, labels, keep, float(ce_weight),
+                            float(distill_weight), chunk_size)
+
+
+def _kept(n: int, labels: Tensor | None, mask: Tensor | None, ignore_index: int, device) -> Tensor:
+    keep = torch.ones(n, dtype=torch.bool, device=device)
+    if mask is not None:
+        if tuple(mask.shape) != (n,) or mask.dtype.is_floating_point:
+            raise KdcollapseError(f"mask must be a bool or 0/1 tensor of shape ({n},), got {tuple(mask.shape)} "
+                                  f"{mask.dtype}")
+        keep &= mask.bool()
+    if labels is not None:
+        if tuple(labels.shape) != (n,) or labels.dtype.is_floating_point:
+            raise KdcollapseError(f"labels must be an integer tensor of shape ({n},), got {tuple(labels.shape)}")
+        keep &= labels != ignore_index
+    if not keep.any():
+        raise KdcollapseError("no token is kept (every position masked or labelled ignore_index)")
+    return keep
+
+
+class _FusedHead(torch.autograd.Function):
+    """Forward: loss and gradients chunk by chunk. Backward: the stored gradients times the incoming one."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, teacher, rows, temperature, labels, keep, ce_weight, distill_weight,
+                chunk_size):
+        vocab, count = weight.shape[0], keep.sum()
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32 if weight.dtype != torch.float64
+                                  else weight.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        total = torch.zeros((), dtype=torch.float64, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):
+            span = slice(start, start + chunk_size)
+            kept = keep[span]
+            h = hidden[span]
+            with torch.enable_grad():
+                z = _upcast(h @ weight.T).detach().requires_grad_()
+                log_q = F.log_softmax(z / temperature, -1)
+                values = torch.zeros(len(z), dtype=z.dtype)
+                if distill_weight:
+                    values = distill_weight * rows(log_q, teacher.log_probs(span, vocab, temperature).to(z.dtype))
+                if ce_weight:
+                    ce = F.cross_entropy(z, torch.where(kept, labels[span], 0).long(), reduction="none")
+                    values = values + ce_weight * ce
+                loss = torch.where(kept, values, 0).sum() / count
+                (grad_z,) = torch.autograd.grad(loss, z)
+            total += loss.detach()
+            grad_z = grad_z.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[span] = grad_z @ weight
+            if grad_weight is not None:
+                grad_weight += (grad_z.T @ h).to(grad_weight.dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        return total.to(torch.promote_types(hidden.dtype, torch.float32))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (None if grad_hidden is None else grad_hidden * grad_output.to(grad_hidden.dtype),
+                None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype),
+                *([None] * 8))

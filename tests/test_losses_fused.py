@@ -1,0 +1,127 @@
+"""Losses fused with the output head: equal to the unfused loss (logits = h Wᵀ, then the divergence and
+the cross-entropy) in value and in the gradients of h and W, for every teacher form; stored top-k
+teacher tokens with k = V give the full distribution bit for bit."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kdcollapse.losses as L
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses.llm import token_divergence
+
+N, H, V = 23, 8, 17
+
+
+def inputs(dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, H, generator=g, dtype=dtype).requires_grad_()
+    weight = (torch.randn(V, H, generator=g, dtype=dtype) / 2).requires_grad_()
+    t_hidden = torch.randn(N, 6, generator=g, dtype=dtype)
+    t_weight = torch.randn(V + 3, 6, generator=g, dtype=dtype)  # a padded teacher head
+    labels = torch.randint(0, V, (N,), generator=g)
+    labels[[2, 7]] = -100
+    mask = torch.ones(N, dtype=torch.long)
+    mask[-4:] = 0
+    return hidden, weight, t_hidden, t_weight, labels, mask
+
+
+def unfused(hidden, weight, teacher_logits, divergence, beta, temperature, labels, mask, ce_weight):
+    keep = mask.bool() & (labels != -100)
+    logits = hidden @ weight.T
+    loss = token_divergence(logits, teacher_logits[:, :V], divergence, beta, temperature, mask=keep)
+    if ce_weight:
+        loss = loss + ce_weight * F.cross_entropy(logits[keep], labels[keep])
+    return loss
+
+
+def grads(loss, hidden, weight):
+    return (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
+
+
+CASES = [("forward_kl", None, 1.0, 0.0), ("reverse_kl", None, 2.0, 0.5), ("jsd", 0.5, 1.0, 1.0),
+         ("skew_forward_kl", 0.1, 1.0, 0.0), ("skew_reverse_kl", 0.1, 1.5, 0.0), ("tvd", None, 1.0, 0.3)]
+
+
+@pytest.mark.parametrize("divergence,beta,temperature,ce_weight", CASES)
+@pytest.mark.parametrize("form", ["logits", "head"])
+def test_fused_equals_unfused_in_value_and_gradients(divergence, beta, temperature, ce_weight, form):
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher_logits = t_hidden @ t_weight.T
+    teacher = L.TeacherLogits(teacher_logits) if form == "logits" else L.TeacherHead(t_hidden, t_weight)
+    expected = grads(unfused(hidden, weight, teacher_logits, divergence, beta, temperature, labels, mask,
+                             ce_weight), hidden, weight)
+    for chunk in (5, 64):  # chunks that do not divide N, and one chunk
+        got = grads(L.fused_head_loss(hidden, weight, teacher, divergence, beta, temperature, labels=labels,
+                                      ce_weight=ce_weight, mask=mask, chunk_size=chunk), hidden, weight)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_the_loss_scales_its_gradients_by_the_incoming_one():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher = L.TeacherHead(t_hidden, t_weight)
+    once = grads(L.fused_head_loss(hidden, weight, teacher, mask=mask, chunk_size=4), hidden, weight)
+    thrice = grads(3 * L.fused_head_loss(hidden, weight, teacher, mask=mask, chunk_size=4), hidden, weight)
+    for a, b in zip(once[1:], thrice[1:]):
+        torch.testing.assert_close(3 * a, b)
+
+
+def test_stored_top_k_with_k_equal_to_v_is_the_full_distribution_bit_for_bit():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs(torch.float32)
+    logits = t_hidden @ t_weight[:V].T
+    full = L.TopKTeacher.from_logits(logits, V)
+    dense = full.log_probs(slice(None), V, 1.0)
+    assert torch.equal(dense, F.log_softmax(logits, -1)) and torch.isneginf(full.log_rest).all()
+    a = L.fused_head_loss(hidden, weight, L.TeacherLogits(logits), "jsd", 0.5, mask=mask, chunk_size=7)
+    b = L.fused_head_loss(hidden, weight, full, "jsd", 0.5, mask=mask, chunk_size=7)
+    assert torch.equal(a, b)
+
+
+def test_stored_top_k_spreads_the_rest_evenly_and_keeps_the_top_k_exact():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    logits = (t_hidden @ t_weight[:V].T).double()
+    k = 4
+    stored = L.TopKTeacher.from_logits(logits, k)
+    p = F.softmax(logits, -1)
+    top = p.topk(k, -1)
+    rest = 1 - top.values.sum(-1)
+    torch.testing.assert_close(stored.log_rest.exp().double(), rest, rtol=1e-5, atol=1e-7)
+    expanded = rest.unsqueeze(1).expand(N, V) / (V - k)  # the stated rule, written out
+    expanded = expanded.scatter(1, top.indices, top.values)
+    got = stored.log_probs(slice(None), V, 1.0).double().exp()
+    torch.testing.assert_close(got, expanded, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got.sum(-1), torch.ones(N, dtype=torch.float64))
+    with pytest.raises(KdcollapseError, match="temperature 1.0; the loss asks for 2.0"):
+        L.fused_head_loss(hidden, weight, stored, temperature=2.0)
+    with pytest.raises(KdcollapseError, match=r"k must be an int in \[1, 17\]"):
+        L.TopKTeacher.from_logits(logits, 0)
+
+
+def test_bf16_fused_is_close_to_the_float32_unfused_loss_and_keeps_dtypes():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs(torch.float32)
+    teacher_logits = t_hidden @ t_weight.T
+    expected = grads(unfused(hidden, weight, teacher_logits, "forward_kl", None, 1.0, labels, mask, 1.0),
+                     hidden, weight)
+    h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
+    loss = L.fused_head_loss(h16, w16, L.TeacherLogits(teacher_logits.bfloat16()), labels=labels, ce_weight=1.0,
+                             mask=mask, chunk_size=8)
+    got = grads(loss, h16, w16)
+    assert loss.dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.bfloat16
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.02)
+
+
+def test_bad_inputs_are_one_error_each():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher = L.TeacherHead(t_hidden, t_weight)
+    with pytest.raises(KdcollapseError, match="must share H and dtype"):
+        L.fused_head_loss(hidden, weight[:, :4], teacher)
+    with pytest.raises(KdcollapseError, match="ce_weight > 0 needs labels"):
+        L.fused_head_loss(hidden, weight, teacher, ce_weight=1.0)
+    with pytest.raises(KdcollapseError, match="no token is kept"):
+        L.fused_head_loss(hidden, weight, teacher, mask=torch.zeros(N, dtype=torch.bool))
+    with pytest.raises(KdcollapseError, match="chunk_size must be a positive int"):
+        L.fused_head_loss(hidden, weight, teacher, chunk_size=0)
+    with pytest.raises(KdcollapseError, match="unknown divergence"):
+        L.fused_head_loss(hidden, weight, teacher, "kl")
