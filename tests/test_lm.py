@@ -1,0 +1,140 @@
+"""kdcollapse.lm: loading causal LMs (directory, GGUF, config), vocabulary checks, the corpus, its
+split by document and its token cache. Tiny random models only; the real SmolLM2 test is marked heavy."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from kdcollapse import lm
+from kdcollapse.errors import DataError, KdcollapseError
+
+transformers = pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
+from tiny_lm import TEXT, gpt2_config, llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("config", [llama_config, gpt2_config])
+def test_a_config_builds_a_seeded_random_model_and_a_directory_reloads_it(tmp_path, tokenizer, config):
+    a = lm.load_language_model(config(len(tokenizer)), tokenizer=tokenizer, seed=3)
+    b = lm.load_language_model(config(len(tokenizer)), tokenizer=tokenizer, seed=3)
+    assert a.vocab_size == len(tokenizer) and not a.model.training
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(p, q), name
+    a.model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    c = lm.load_language_model(tmp_path)
+    ids = torch.tensor([tokenizer.encode(TEXT[0])])
+    torch.testing.assert_close(c.model(ids).logits, a.model(ids).logits, rtol=0, atol=0)
+    assert c.tokenizer.get_vocab() == tokenizer.get_vocab()
+
+
+def test_bad_sources_are_one_line_errors(tmp_path, tokenizer):
+    with pytest.raises(KdcollapseError, match="not found"):
+        lm.load_language_model(tmp_path / "missing")
+    with pytest.raises(KdcollapseError, match="no config.json"):
+        lm.load_language_model(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(KdcollapseError, match="directory with config.json or a .gguf file"):
+        lm.load_language_model(tmp_path / "weights.bin")
+    with pytest.raises(KdcollapseError, match="needs model_type"):
+        lm.load_language_model({"hidden_size": 8})
+    with pytest.raises(KdcollapseError, match="unknown keys for a llama config: hiden_size"):
+        lm.load_language_model({"model_type": "llama", "hiden_size": 8})
+    with pytest.raises(KdcollapseError, match="unknown model_type .no-such-architecture."):
+        lm.load_language_model({"model_type": "no-such-architecture"})
+
+
+def test_a_truncated_or_foreign_gguf_is_one_error(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", np.arange(4096, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    lm.check_gguf(path)  # whole: fine
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    with pytest.raises(KdcollapseError, match="truncated|not a readable GGUF"):
+        lm.check_gguf(path)
+    with pytest.raises(KdcollapseError, match="truncated|not a readable GGUF"):
+        lm.load_language_model(path)
+    path.write_bytes(b"not a gguf file at all")
+    with pytest.raises(KdcollapseError, match="not a readable GGUF"):
+        lm.load_language_model(path)
+
+
+def test_different_vocabularies_are_refused_naming_both(tokenizer):
+    other = tiny_tokenizer(vocab_size=280)
+    teacher = lm.load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=0)
+    student = lm.load_language_model(llama_config(len(other)), tokenizer=other, seed=0)
+    with pytest.raises(KdcollapseError, match=rf"teacher .* has {len(tokenizer)} tokens, student .* has "
+                                              rf"{len(other)}"):
+        lm.check_same_vocabulary(teacher, student)
+    padded = lm.load_language_model(llama_config(len(tokenizer) + 12), tokenizer=tokenizer, seed=0)
+    lm.check_same_vocabulary(teacher, padded)  # a padded head is fine (the losses slice it)
+    short = lm.load_language_model(llama_config(len(tokenizer) - 1), tokenizer=tokenizer, seed=0)
+    with pytest.raises(KdcollapseError, match="student's output head has"):
+        lm.check_same_vocabulary(teacher, short)
+
+
+def test_the_split_is_by_document_name_and_follows_the_stated_rule():
+    names = [f"library/mod{i}.rst.txt" for i in range(2000)]
+    for name in names[:50]:
+        bucket = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 20
+        assert lm.split_of(name) == {0: "test", 1: "validation"}.get(bucket, "train")
+    share = {s: sum(lm.split_of(n) == s for n in names) / len(names) for s in lm.SPLITS}
+    assert abs(share["test"] - 0.05) < 0.02 and abs(share["validation"] - 0.05) < 0.02
+
+
+def test_a_corpus_is_tokenized_once_split_by_document_and_cached(tmp_path, tokenizer):
+    root = write_corpus(tmp_path / "text")
+    docs = lm.read_documents(root)
+    assert len(docs) == 5 * len(TEXT) and "empty.txt" not in {d.name for d in docs}
+    corpus = lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path / "cache")
+    eos = tokenizer.eos_token_id
+    by_name = {d.name: d for d in docs}
+    total = 0
+    for split in lm.SPLITS:
+        s = corpus[split]
+        assert all(lm.split_of(n) == split for n in s.names)
+        total += len(s.names)
+        for i, name in enumerate(s.names):  # each document, then one end-of-text token
+            piece = s.tokens[s.offsets[i]:s.offsets[i + 1]].tolist()
+            assert piece == tokenizer.encode(by_name[name].text, add_special_tokens=False) + [eos]
+    assert total == len(docs)
+    cached = list((tmp_path / "cache").iterdir())
+    assert len(cached) == 1
+    again = lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path / "cache")
+    assert again.key == corpus.key and torch.equal(again["train"].tokens, corpus["train"].tokens)
+    (root / "part0" / "doc0.txt").write_text("changed text\n")  # another corpus: another key
+    assert lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path / "cache").key != corpus.key
+    blocks = corpus["train"].blocks(8)
+    assert blocks.shape[1] == 8 and torch.equal(blocks.flatten(), corpus["train"].tokens[: blocks.numel()].long())
+
+
+def test_a_corrupt_cache_is_rebuilt(tmp_path, tokenizer):
+    root = write_corpus(tmp_path / "text", copies=1)
+    corpus = lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("corpus-*.safetensors")
+    path.write_bytes(path.read_bytes()[:50])
+    assert torch.equal(lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path)["train"].tokens,
+                       corpus["train"].tokens)
+
+
+def test_a_corpus_without_text_is_one_error(tmp_path):
+    (tmp_path / "a.txt").write_text("   \n")
+    with pytest.raises(DataError, match="holds no text"):
+        lm.read_documents(tmp_path)
+    with pytest.raises(DataError, match="not a directory"):
+        lm.read_documents(tmp_path / "a.txt")
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(DataError, match="not UTF-8"):
+        lm.read_documents(tmp_path)

@@ -1,0 +1,49 @@
+"""Tiny language models, a tiny tokenizer and a tiny text corpus that tests share (no download, no
+90 MB model): a byte-level BPE trained in milliseconds on a few sentences, random Llama/GPT-2 configs."""
+
+from pathlib import Path
+
+TEXT = [
+    "The cat sat on the mat. The dog sat on the log.",
+    "A language model predicts the next token from the tokens before it.",
+    "Knowledge distillation trains a small student to match a large teacher.",
+    "The teacher assigns probabilities to every token of the vocabulary.",
+    "Collapse of the features: class means form a simplex, variability shrinks.",
+    "Python is a programming language that lets you work quickly.",
+    "Each document is split into train, validation or test by its name.",
+    "Short sentences make a tiny corpus for the tests of a language model.",
+]
+
+
+def tiny_tokenizer(vocab_size: int = 300):
+    """A byte-level BPE (every string encodes) with ``<|endoftext|>`` as end of text and padding."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXT * 4, vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+
+
+def llama_config(vocab_size: int, hidden: int = 32, layers: int = 2, **extra) -> dict:
+    return {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": hidden,
+            "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "max_position_embeddings": 128, "tie_word_embeddings": True, **extra}
+
+
+def gpt2_config(vocab_size: int, hidden: int = 32, layers: int = 1, **extra) -> dict:
+    return {"model_type": "gpt2", "vocab_size": vocab_size, "n_embd": hidden, "n_layer": layers, "n_head": 2,
+            "n_positions": 128, **extra}
+
+
+def write_corpus(root: Path, copies: int = 5) -> Path:
+    """``copies`` × len(TEXT) small documents under ``root`` (nested folders, one empty file)."""
+    for i in range(copies):
+        for j, line in enumerate(TEXT):
+            path = root / f"part{i}" / f"doc{j}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{line} (copy {i})\n{line}\n", encoding="utf-8")
+    (root / "empty.txt").write_text("  \n", encoding="utf-8")
+    return root
