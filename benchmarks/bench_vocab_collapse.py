@@ -15,8 +15,8 @@ rest uniform). Phases, timed separately:
 With ``--rhubarbwu`` (and ``neural_collapse`` importable: ``pip install --no-deps`` of
 rhubarbwu/neural-collapse) the same inputs go through its accumulators (means; covariance and variance
 norms in a second pass) and measures (covariance_ratio, simplex_etf_error, self_duality_error,
-variability_cdnv with tile_size=1024, the DecAccumulator) and the ratio is printed. Its CDNV fills a
-K x K float32 grid, so it runs only where 4 K^2 bytes fit ``--max-gib``.
+variability_cdnv with tile_size=1024, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
+grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 32000x576,49152x576
 """
@@ -115,11 +115,12 @@ def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor
     out["rw_stats_s_per_M"] = elapsed / tokens * 1e6
     var_norms, _ = var_acc.compute()
     covariance = cov_acc.compute()
+    if 3 * 4 * num_classes**2 > args.max_gib * 2**30:  # its ETF errors and CDNV hold ~3 K x K float32 grids
+        return out | {"rhubarbwu_metrics": f"skipped: 3 K x K float32 grids exceed --max-gib {args.max_gib}"}
     start = time.perf_counter()
     values = {"nc1": covariance_ratio(covariance, means, m_g), "nc2_etf_error": simplex_etf_error(means, m_g),
-              "nc3_self_duality": self_duality_error(weight, means, m_g)}
-    if 4 * num_classes**2 <= args.max_gib * 2**30 / 2:
-        values["cdnv"] = variability_cdnv(var_norms, means, tile_size=1024)
+              "nc3_self_duality": self_duality_error(weight, means, m_g),
+              "cdnv": variability_cdnv(var_norms, means, tile_size=1024)}
     out["rw_metrics_s"] = time.perf_counter() - start
     dec = DecAccumulator(num_classes, dim, "cpu", M=means, W=weight)
     elapsed, count = 0.0, 0

@@ -33,7 +33,7 @@ def tiny_gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def corpus(seed: int = 0, batches: int = 4, size: int = 6, length: int = 24) -> list[dict[str, torch.Tensor]]:
+def corpus(seed: int = 0, batches: int = 3, size: int = 6, length: int = 20) -> list[dict[str, torch.Tensor]]:
     """Token batches with right padding (attention_mask 0) and a few ignore_index labels. Token 10 never
     occurs and token 9 is rare, so min_count decides about them."""
     g = torch.Generator().manual_seed(seed)
@@ -129,3 +129,28 @@ def test_layer_choice():
     assert resolve_layers([-1, 0, 5, 5], 31) == [0, 5, 30]
     with pytest.raises(KdcollapseError, match="layer 31 is not a hidden-state index; valid: 0..30"):
         resolve_layers([31], 31)
+
+
+def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkeypatch, capsys):
+    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+
+    from kdcollapse.cli import main
+    from kdcollapse.lm import load_language_model
+
+    monkeypatch.setenv("KDCOLLAPSE_CACHE", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer()
+    model_dir = tmp_path / "model"
+    load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=0).model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    corpus = write_corpus(tmp_path / "text")
+    out = tmp_path / "out"
+    argv = ["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--split", "train", "--layers", "0,-1",
+            "--block-size", "16", "--min-count", "3", "--gnc-convention", "official", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    assert set(result["layers"]) == {"0", "2"} and result["gnc_convention"] == "official"
+    assert result["classes"]["min_count"] == 3 and "gnc2" in result["layers"]["2"]
+    assert "-> " in capsys.readouterr().out
+    assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
+    assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err

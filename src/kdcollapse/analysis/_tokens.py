@@ -182,6 +182,18 @@ def _kept_targets(batch: Batch, classes: TokenClasses, ignore_index: int) -> tup
     return cls[keep], keep
 
 
+def token_batches(rows: Tensor, batch_size: int, max_tokens: int | None = None) -> list[dict[str, Tensor]]:
+    """Batches ``{"input_ids": (B, T)}`` of the first rows of ``rows`` (e.g. ``TokenSplit.blocks(T)``)
+    holding at most ``max_tokens`` tokens in all (None: every row)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise KdcollapseError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if max_tokens is not None:
+        if not isinstance(max_tokens, int) or max_tokens < rows.shape[1]:
+            raise KdcollapseError(f"max_tokens must be at least one row of {rows.shape[1]} tokens, got {max_tokens!r}")
+        rows = rows[: max_tokens // rows.shape[1]]
+    return [{"input_ids": chunk} for chunk in rows.split(batch_size)]
+
+
 def analyze_tokens(
     model: nn.Module,
     batches: Sequence[Batch],
@@ -190,6 +202,7 @@ def analyze_tokens(
     min_count: int = 2,
     ignore_index: int = IGNORE_INDEX,
     ncc: bool = True,
+    gnc_convention: str = "paper",
     out_dir: str | Path | None = None,
     progress: bool = False,
 ) -> dict:
@@ -197,7 +210,8 @@ def analyze_tokens(
 
     ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
     output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
-    classifier). Returns ``{"classes": ..., "layers": {index: metrics}, "seconds": ...}``; with ``out_dir``
+    classifier). ``gnc_convention`` as in ``collapse_metrics``.
+    Returns ``{"classes": ..., "layers": {index: metrics}, "seconds": ...}``; with ``out_dir``
     also writes ``analysis.json``, ``token_counts.json``, ``analysis.md`` and ``layers.png`` (matplotlib).
     """
     start = time.perf_counter()
@@ -219,10 +233,10 @@ def analyze_tokens(
     per_layer = {}
     for layer, s in stats.items():
         w = weight.to(s.moment.device) if layer == num_hidden - 1 else None
-        values = collapse_metrics(s, w) | nearest.get(layer, {})
+        values = collapse_metrics(s, w, gnc_convention=gnc_convention) | nearest.get(layer, {})
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
     result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden,
-              "seconds": time.perf_counter() - start}
+              "gnc_convention": gnc_convention, "ncc": ncc, "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result
