@@ -115,6 +115,10 @@ def reference_metrics(features, labels, num_classes, weight=None, convention="pa
     d_total = np.mean([[cos_distance[np.ix_(y == j, y == k)].mean() for k in k_all] for j in k_all])
     out["cosine_within"], out["class_separation"] = d_within, 1 - d_within / d_total
     out["nc2_equinorm"], out["nc2_equiangle"] = equinorm_equiangle(means - mu_bar)
+    out["nc2_etf_error"] = etf_error(means - mu_bar, means - mu_bar)
+    variances = [np.mean(np.sum((h[y == k] - means[k]) ** 2, axis=1)) for k in k_all]
+    out["cdnv"] = np.mean([(variances[a] + variances[b]) / (2 * np.sum((means[a] - means[b]) ** 2))
+                           for a in k_all for b in k_all if a < b])
     unit_means = np.stack([u[y == k].mean(0) for k in k_all])
     unit_within = sum(np.outer(u[i] - unit_means[y[i]], u[i] - unit_means[y[i]]) for i in range(n)) / n
     unit_between = sum(weights[k] * np.outer(unit_means[k], unit_means[k]) for k in k_all)  # uncentred
@@ -125,6 +129,7 @@ def reference_metrics(features, labels, num_classes, weight=None, convention="pa
         out["nc2_equinorm_w"], out["nc2_equiangle_w"] = equinorm_equiangle(w)
         m = means - mu_bar
         out["nc3"] = np.sum((w / np.linalg.norm(w) - m / np.linalg.norm(m)) ** 2)
+        out["nc3_self_duality"] = etf_error(m, w)
         out["gnc2"] = one_vs_rest(w_unit).min()
         out["gnc3"] = np.mean([1 - w_unit[k] @ unit_means[k] for k in k_all])
     return out
@@ -136,6 +141,14 @@ def equinorm_equiangle(vectors: np.ndarray) -> tuple[float, float]:
     pairs = [(a, b) for a in range(num) for b in range(num) if a != b]
     cosines = [vectors[a] @ vectors[b] / (norms[a] * norms[b]) for a, b in pairs]
     return norms.std(ddof=1) / norms.mean(), np.mean(np.abs(np.array(cosines) + 1 / (num - 1)))
+
+
+def etf_error(a: np.ndarray, b: np.ndarray) -> float:
+    """||S/||S||_F - (I - 11^T/K)/sqrt(K-1)||_F with S = b a^T, the K x K matrix written out."""
+    num = len(a)
+    s = b @ a.T
+    etf = (np.eye(num) - np.ones((num, num)) / num) / np.sqrt(num - 1)
+    return np.linalg.norm(s / np.linalg.norm(s) - etf)
 
 
 def stream(features, labels, num_classes, batch=17, **kwargs) -> FeatureStatistics:
@@ -152,7 +165,7 @@ def assert_same_metrics(ours: dict, expected: dict, rel: float, names=None) -> N
 
 FEATURE_METRICS = (
     "nc1", "fuzziness", "vci", "linear_probe_mse", "squared_distance", "cosine_within", "class_separation",
-    "nc2_equinorm", "nc2_equiangle", "gnc1",
+    "nc2_equinorm", "nc2_equiangle", "gnc1", "nc2_etf_error", "cdnv",
 )
 # (class counts, d): d > K-1 leaves Sigma_B rank-deficient; d < K-1 makes it full rank.
 CASES = {"balanced": ([30] * 5, 8), "imbalanced": ([5, 40, 12, 3, 25, 9], 4)}

@@ -21,6 +21,8 @@ _HOME = {
     "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics", "user_split"),
     "_sample": ("ClassReservoir",),
     "_source": ("Subject", "load_run", "load_weights"),
+    "_tokens": ("TokenClasses", "analyze_tokens", "ncc_pass", "next_token_targets", "resolve_layers",
+                "token_batches", "token_classes", "token_pass"),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 

@@ -16,6 +16,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
+  kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 32768 --out results/lm_collapse/smollm2
 
 output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
   $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
@@ -70,6 +71,16 @@ def register(subparsers) -> None:
     add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lm = _adder(p.add_argument_group("a causal language model: next-token classes (docs/analysis.md)"))
+    lm("--lm", metavar="SOURCE", help="smollm2-135m, a GGUF file or a Hugging Face directory (kdcollapse.lm)")
+    lm("--corpus", metavar="ROOT", help="text corpus folder (default: python-docs); --split picks its split")
+    p.add_argument("--layers", default="last", help="last, all, or comma-separated hidden-state indices (0 = embeddings)")
+    p.add_argument("--block-size", type=int, default=256, help="tokens per row")
+    lm("--max-tokens", type=int, metavar="N", help="analyse the first N tokens of the split (default: all)")
+    p.add_argument("--min-count", type=int, default=2, help="classes (next tokens) seen fewer times are excluded")
+    p.add_argument("--gnc-convention", choices=("paper", "official"), default="paper",
+                   help="GNC1/GNC3 centring: the paper's formulas or the official code's (docs/metrics.md)")
+    p.add_argument("--no-ncc", action="store_true", help="skip NC4's second pass over the tokens")
     p.set_defaults(func=_analyze)
 
     text = "Plot metric and accuracy curves from metrics.jsonl of one or more runs on one figure."
@@ -114,6 +125,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from kdcollapse.config import load_config
 
     device = _device(args.device)
+    if args.lm:
+        return _analyze_lm(args, device)
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
@@ -142,6 +155,28 @@ def _analyze(args: argparse.Namespace) -> int:
     m = report["metrics"]
     print(f"{report.get('run_dir') or report.get('weights')} ({args.split}): accuracy {100 * m['accuracy']:.2f} %, "
           f"nc1 {m['nc1']:.4g}, vci {m['vci']:.4g}, ncc_accuracy {m['ncc_accuracy']:.4g} -> {out / 'analysis.md'}")
+    return 0
+
+
+def _analyze_lm(args: argparse.Namespace, device) -> int:
+    from kdcollapse.analysis import analyze_tokens, token_batches
+    from kdcollapse.lm import load_language_model, tokenize_corpus
+
+    if not args.out:
+        raise ConfigError("--out DIR is required with --lm")
+    if args.run_dir or args.model or args.weights or args.data:
+        raise ConfigError("--lm analyses a language model: give no RUN_DIR, --model, --weights or --data")
+    layers = args.layers if args.layers in ("last", "all") else _int_list(args.layers, "--layers")
+    loaded = load_language_model(args.lm)
+    corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
+    split = "validation" if args.split == "val" else args.split
+    batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
+    result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
+                            ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
+                            progress=not args.no_progress)
+    c, last = result["classes"], result["layers"][max(result["layers"])]
+    print(f"{args.lm} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
+          f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")
     return 0
 
 

@@ -16,7 +16,9 @@ from kdcollapse.geometry._bounds import (
 )
 from kdcollapse.geometry._codes import SphericalCode, closed_form_code, simplex_etf, softmax_code, tammes_code
 from kdcollapse.geometry._distances import (
+    MinimumDistance,
     NearestPoints,
+    min_one_vs_rest_distance,
     nearest_points,
     one_vs_one_distance,
     one_vs_rest_distances,
@@ -26,8 +28,10 @@ from kdcollapse.geometry._distances import (
 from kdcollapse.geometry._io import SUFFIXES, load_matrix, save_code
 
 __all__ = [
+    "MinimumDistance",
     "NearestPoints",
     "SUFFIXES",
+    "min_one_vs_rest_distance",
     "SoftmaxCodeBounds",
     "SphericalCode",
     "TAMMES_OPTIMA",

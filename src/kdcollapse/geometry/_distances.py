@@ -85,10 +85,12 @@ def nearest_points(
     candidates: int = _CANDIDATES,
     block_size: int | None = None,
     progress: bool = False,
+    classes: Tensor | None = None,
 ) -> NearestPoints:
     """Solve the K one-vs-rest QPs of eq. 3 (GNC paper) exactly; see the module docstring.
 
-    Rows of ``W`` (K, d) are normalised first (the paper's classifiers live on the sphere).
+    Rows of ``W`` (K, d) are normalised first (the paper's classifiers live on the sphere). With
+    ``classes`` (indices) only those QPs are solved; the other entries of the result are nan.
     """
     W = unit_rows(W)
     K, d = W.shape
@@ -97,12 +99,11 @@ def nearest_points(
     if candidates < 1:
         raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
     m = min(candidates, K - 1)
-    block = block_size or max(1, min(1024, _BLOCK_BYTES // (m * d * 12 + K * 16 + m * m * 8)))
+    block = block_size or _block(K, d, m)
     W32 = W.float()
-    distances, gaps, offsets = W.new_empty(K), W.new_empty(K), torch.empty_like(W)
-    starts = range(0, K, block)
-    for start in tqdm(starts, desc="one-vs-rest distances", unit="block", disable=not progress):
-        k = torch.arange(start, min(start + block, K), device=W.device)
+    distances, gaps, offsets = (torch.full_like(t, math.nan) for t in (W[:, 0], W[:, 0], W))
+    todo = torch.arange(K, device=W.device) if classes is None else torch.as_tensor(classes, device=W.device)
+    for k in tqdm(todo.split(block), desc="one-vs-rest distances", unit="block", disable=not progress):
         cand, lam = _screen(W32, k, m)
         for _ in range(_MAX_ROUNDS):
             lam, P = _solve(W, k, cand, lam, tol)
@@ -112,7 +113,7 @@ def nearest_points(
             if not bad.any():
                 break
             k, (cand, lam) = k[bad], _price(scores[bad], cand[bad], lam[bad], m)
-    worst = gaps.max().item()
+    worst = gaps.nan_to_num(0.0).max().item()
     if worst > tol:
         warnings.warn(f"one-vs-rest distances certified only to {worst:.3g} (> tol={tol:g})", stacklevel=3)
     return NearestPoints(distances, gaps, offsets)
@@ -163,6 +164,50 @@ def optimal_features(W: Tensor, *, tol: float = 1e-10) -> Tensor:
     """
     sol = nearest_points(W, tol=tol)
     return torch.nn.functional.normalize(-sol.offsets, dim=1)
+
+
+class MinimumDistance(NamedTuple):
+    """GNC2 = min_k dist(w_k, conv{w_j : j != k}) by screening, and how much exact solving it took."""
+
+    value: Tensor  # 0-d float64: the minimum, certified to ``tol`` like ``nearest_points``
+    gap: Tensor  # 0-d: its certificate, the largest gap of the solved classes (minimum in [value - gap, value])
+    upper: Tensor  # (K,) screened upper bounds ||y_k|| (feasible points of each QP)
+    lower: Tensor  # (K,) screened lower bounds (upper minus the certified gap)
+    solved: Tensor  # indices of the classes solved exactly: those whose lower bound is below min(upper)
+
+
+def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int = _CANDIDATES,
+                             block_size: int | None = None) -> MinimumDistance:
+    """GNC2 (the paper's rho_one-vs-rest) exactly, solving only the QPs that can attain the minimum.
+
+    Screening (the first stage of :func:`nearest_points`: float32 Frank-Wolfe on the ``candidates`` most
+    similar classes) gives every class k a feasible point, hence an upper bound u_k >= dist_k, and its
+    certificate against all K - 1 classes a lower bound l_k <= dist_k. A class with l_k >= min_j u_j cannot
+    be below the minimum; the others (usually a few) go to the exact solver. The result is the exact
+    minimum with the exact solver's certificate, at the cost of one screening pass (O(K^2 d) for the
+    similarities, O(K m^2 d) for the candidate Grams) instead of K exact QPs.
+    """
+    W = unit_rows(W)
+    K, d = W.shape
+    m = min(candidates, K - 1)
+    block = block_size or _block(K, d, m)
+    W32 = W.float()
+    upper, lower = W.new_empty(K), W.new_empty(K)
+    for k in torch.arange(K, device=W.device).split(block):
+        cand, lam = _screen(W32, k, m)
+        lam = lam / lam.sum(1, keepdim=True)  # float32 weights back onto the simplex: y is then feasible
+        y, gap, _ = _certify(W, k, lam, W[cand] - W[k][:, None, :])
+        upper[k] = y.norm(dim=1)
+        lower[k] = upper[k] - gap
+    solved = (lower <= upper.min() + tol).nonzero().flatten()
+    exact = nearest_points(W, tol=tol, candidates=candidates, block_size=block_size, classes=solved)
+    best = exact.distances[solved].argmin()
+    return MinimumDistance(exact.distances[solved][best], exact.gaps[solved].max(), upper, lower, solved)
+
+
+def _block(K: int, d: int, m: int) -> int:
+    """Classes per block so that the work arrays stay near ``_BLOCK_BYTES``."""
+    return max(1, min(1024, _BLOCK_BYTES // (m * d * 12 + K * 16 + m * m * 8)))
 
 
 def one_vs_one_distance(W: Tensor) -> float:

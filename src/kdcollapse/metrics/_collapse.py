@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry import one_vs_rest_distances, softmax_code_optimum
+from kdcollapse.geometry import min_one_vs_rest_distance, softmax_code_optimum
 from kdcollapse.metrics._linalg import psd_pinv, symmetric_from_upper
+from kdcollapse.metrics._pairwise import TILE, cdnv, equiangle, etf_error
 
 
 class States(Protocol):
@@ -49,6 +50,7 @@ class States(Protocol):
     class_counts: Tensor
     shift: Tensor
     class_sums: Tensor
+    class_square_sums: Tensor
     moment: Tensor
     unit_shift: Tensor
     unit_class_sums: Tensor
@@ -56,6 +58,10 @@ class States(Protocol):
 
 
 CONVENTIONS = ("papyan", "prior")
+# GNC1 and GNC3: "paper" as the GNC paper writes them (uncentred Sigma_B, uncentred class means of unit
+# features), "official" as the official GNC code computes them (GNC1.py, GNC3.py: centred on the global
+# mean of the unit features). See ``_generalized`` and docs/metrics.md.
+GNC_CONVENTIONS = ("paper", "official")
 # Level of the test that counts GNC1's mean-of-class-means direction (see ``_generalized``): the chance of
 # counting an offset that is pure sampling noise.
 OFFSET_TEST_LEVEL = 1e-6
@@ -72,6 +78,7 @@ class Scatter:
     within: Tensor  # (d, d) Sigma_W
     between: Tensor  # (d, d) Sigma_B^pi
     total: Tensor  # (d, d) Sigma_T
+    variances: Tensor | None  # (K,) (1/n_k) sum_{y_i = k} |h_i - mu_k|^2 (raw features only, for CDNV)
 
 
 def scatter(stats: States, *, unit: bool) -> Scatter:
@@ -86,7 +93,8 @@ def scatter(stats: States, *, unit: bool) -> Scatter:
     centred = means - mean
     total = symmetric_from_upper(getattr(stats, prefix + "moment")) / n.sum() - torch.outer(mean, mean)
     between = (centred * prior[:, None]).mT @ centred
-    return Scatter(n, prior, means + shift, centred, total - between, between, total)
+    variances = None if unit else (stats.class_square_sums / n - means.square().sum(1)).clamp_min(0)
+    return Scatter(n, prior, means + shift, centred, total - between, between, total, variances)
 
 
 def class_weights(sc: Scatter, convention: str) -> Tensor:
@@ -159,18 +167,15 @@ def _cosine(unit_means: Tensor) -> dict[str, Tensor]:
     return {"cosine_within": within, "class_separation": 1 - within / total}
 
 
-def _equinorm_equiangle(vectors: Tensor) -> tuple[Tensor, Tensor]:
+def _equinorm_equiangle(vectors: Tensor, tile: int) -> tuple[Tensor, Tensor]:
     """NC2 (Papyan et al. 2020): coefficient of variation of the norms (std with Bessel's correction, as
-    ``torch.std``) and the mean over k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``; rows of ``vectors`` (K, d)."""
-    num_classes = vectors.shape[0]
+    ``torch.std``) and the mean over k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``; rows of ``vectors`` (K, d),
+    the cosines in tiles (``kdcollapse.metrics._pairwise``)."""
     norms = vectors.norm(dim=1)
-    unit = F.normalize(vectors, dim=1)
-    off_diagonal = ~torch.eye(num_classes, dtype=torch.bool, device=vectors.device)
-    cosines = (unit @ unit.mT)[off_diagonal]
-    return norms.std() / norms.mean(), (cosines + 1 / (num_classes - 1)).abs().mean()
+    return norms.std() / norms.mean(), equiangle(vectors, tile)
 
 
-def _generalized(unit: Scatter, rtol: float | None, convention: str) -> dict[str, Tensor]:
+def _generalized(unit: Scatter, rtol: float | None, convention: str, gnc_convention: str) -> dict[str, Tensor]:
     r"""GNC1 (GNC paper Sec. 2.2) on unit features, with the paper's uncentred Sigma_B, except for the one
     direction it adds that sampling noise explains.
 
@@ -184,6 +189,8 @@ def _generalized(unit: Scatter, rtol: float | None, convention: str) -> dict[str
     :math:`\bar h - r`. Where the class means' offset is real (e.g. non-negative ReLU features) or
     :math:`\Sigma_B^c` has full rank (K > d), this is the paper's matrix exactly.
     """
+    if gnc_convention == "official":
+        return _generalized_official(unit, rtol)
     weights = class_weights(unit, convention)
     offset = weights @ unit.class_means
     centred = unit.class_means - offset
@@ -195,6 +202,16 @@ def _generalized(unit: Scatter, rtol: float | None, convention: str) -> dict[str
         offset = offset - outside
     fuzziness, rank = _fuzziness(unit.within, centred_between + torch.outer(offset, offset), rtol)
     return {"gnc1": fuzziness / unit.prior.numel(), "rank_between_unit": torch.tensor(rank)}
+
+
+def _generalized_official(unit: Scatter, rtol: float | None) -> dict[str, Tensor]:
+    r"""GNC1 as the official GNC code computes it (``GNC1.py``): Sigma_W of the unit features against
+    :math:`\frac1K\sum_k (\bar h_k - \mu_G)(\cdot)^\top`, centred on the global mean :math:`\mu_G` of the
+    unit features (sample-weighted), every class counted once. Centred, its rank is at most K - 1 and no
+    offset direction arises, so it is continuous in the features (docs/metrics.md)."""
+    num_classes = unit.prior.numel()
+    fuzziness, rank = _fuzziness(unit.within, unit.centred.mT @ unit.centred / num_classes, rtol)
+    return {"gnc1": fuzziness / num_classes, "rank_between_unit": torch.tensor(rank)}
 
 
 def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights: Tensor, rtol) -> bool:
@@ -214,21 +231,23 @@ def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights:
     return float(fdtrc(rank, dof - rank + 1, f_statistic)) > OFFSET_TEST_LEVEL
 
 
-def _classifier(raw: Scatter, unit: Scatter, weight: Tensor) -> dict[str, Tensor]:
-    """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020), GNC2 and GNC3 (GNC paper)."""
+def _classifier(raw: Scatter, unit: Scatter, weight: Tensor, gnc_convention: str, tile: int) -> dict[str, Tensor]:
+    """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020; Kothapalli's self-duality
+    error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``)."""
     optimum = softmax_code_optimum(*weight.shape)
 
     centred = class_centred(raw)
     unit_weight = F.normalize(weight, dim=1)
-    equinorm, equiangle = _equinorm_equiangle(weight)
-    distances = one_vs_rest_distances(unit_weight).to(torch.float64)
+    equinorm, equiangle_w = _equinorm_equiangle(weight, tile)
+    unit_means = F.normalize(unit.centred, dim=1) if gnc_convention == "official" else unit.class_means
     return {
         "nc2_equinorm_w": equinorm,
-        "nc2_equiangle_w": equiangle,
+        "nc2_equiangle_w": equiangle_w,
         "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(),
-        "gnc2": distances.min(),
+        "nc3_self_duality": etf_error(centred, weight),
+        "gnc2": min_one_vs_rest_distance(unit_weight).value,
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
-        "gnc3": (1 - (unit_weight * unit.class_means).sum(1)).mean(),
+        "gnc3": (1 - (unit_weight * unit_means).sum(1)).mean(),
     }
 
 
@@ -239,19 +258,36 @@ def check_convention(convention: str) -> str:
     return convention
 
 
+def check_gnc_convention(gnc_convention: str) -> str:
+    """``gnc_convention`` if it is one of ``GNC_CONVENTIONS``, else a ``KdcollapseError`` naming the choices."""
+    if gnc_convention not in GNC_CONVENTIONS:
+        raise KdcollapseError(
+            f"unknown gnc_convention {gnc_convention!r}; choose one of {', '.join(GNC_CONVENTIONS)}"
+        )
+    return gnc_convention
+
+
 def metrics_from_statistics(
     stats: States,
     classifier_weight: Tensor | None = None,
     rtol: float | None = None,
     convention: str | None = None,
+    gnc_convention: str | None = None,
+    tile: int = TILE,
 ) -> dict[str, Tensor]:
     """``collapse_metrics`` on the states as they are (no cross-process sync); ``compute()`` uses it."""
     rtol = rtol if rtol is not None else stats.rtol  # None: d * eps(float64), the states' dtype
     convention = check_convention(convention if convention is not None else stats.convention)
+    gnc_convention = check_gnc_convention(
+        gnc_convention if gnc_convention is not None else getattr(stats, "gnc_convention", "paper")
+    )
     raw, unit = scatter(stats, unit=False), scatter(stats, unit=True)
-    equinorm, equiangle = _equinorm_equiangle(class_centred(raw))
-    out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means), **_generalized(unit, rtol, convention)}
-    out |= {"nc2_equinorm": equinorm, "nc2_equiangle": equiangle}
+    centred = class_centred(raw)
+    equinorm, equiangle_m = _equinorm_equiangle(centred, tile)
+    out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means),
+           **_generalized(unit, rtol, convention, gnc_convention)}
+    out |= {"nc2_equinorm": equinorm, "nc2_equiangle": equiangle_m, "nc2_etf_error": etf_error(centred),
+            "cdnv": cdnv(raw.class_means, raw.variances, tile)}
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
         if not isinstance(classifier_weight, Tensor) or tuple(classifier_weight.shape) != expected:
@@ -261,5 +297,5 @@ def metrics_from_statistics(
         weight = classifier_weight.detach().to(device=raw.total.device, dtype=torch.float64)
         if not bool(torch.isfinite(weight).all()):
             raise KdcollapseError("classifier_weight contains NaN or inf")
-        out |= _classifier(raw, unit, weight)
+        out |= _classifier(raw, unit, weight, gnc_convention, tile)
     return out

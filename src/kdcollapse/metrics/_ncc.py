@@ -12,16 +12,25 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics._statistics import check_batch
 
 
+_SCORES = 2**24  # entries of one (rows, K) block of distances in nearest_class_mean: 128 MiB in float64
+
+
 def nearest_class_mean(features: Tensor, class_means: Tensor) -> Tensor:
     """Index of the nearest class mean (Euclidean) for each row of ``features`` ``(B, d)``.
 
     Computed in float64 about the mean of the class means, so ``|mu_k|^2 - 2 h^T mu_k`` does not cancel
-    for features far from the origin.
+    for features far from the origin; rows go in blocks of at most ``2**24 / K`` (128 MiB of distances
+    whatever K, for vocabulary-sized K).
     """
+    class_means = class_means.to(torch.float64)
     centre = class_means.mean(0)
     means = class_means - centre
-    h = features.to(torch.float64) - centre
-    return (means.square().sum(1) - 2 * h @ means.mT).argmin(dim=1)
+    norms = means.square().sum(1)
+    nearest = torch.empty(features.shape[0], dtype=torch.int64, device=features.device)
+    for block in torch.arange(features.shape[0], device=features.device).split(max(1, _SCORES // len(means))):
+        h = features[block].to(torch.float64) - centre
+        nearest[block] = (norms - 2 * h @ means.mT).argmin(dim=1)
+    return nearest
 
 
 class NearestClassMeanAccuracy(Metric):
@@ -77,8 +86,9 @@ class NearestClassMeanAccuracy(Metric):
     def compute(self) -> dict[str, Tensor]:
         if int(self.total) == 0:
             raise KdcollapseError("NearestClassMeanAccuracy holds no samples: call update first")
-        agreement = self.agree / self.compared if int(self.compared) else torch.tensor(float("nan"))
-        return {"ncc_accuracy": (self.correct / self.total).double(), "ncc_agreement": agreement.double()}
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        agreement = self.agree.double() / self.compared if int(self.compared) else nan
+        return {"ncc_accuracy": self.correct.double() / self.total, "ncc_agreement": agreement}
 
 
 def ncc_accuracy(

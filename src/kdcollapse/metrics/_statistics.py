@@ -12,7 +12,14 @@ from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics._collapse import States, check_convention, metrics_from_statistics, scatter
+from kdcollapse.metrics._collapse import (
+    States,
+    check_convention,
+    check_gnc_convention,
+    metrics_from_statistics,
+    scatter,
+)
+from kdcollapse.metrics._pairwise import TILE
 
 # (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
 _GROUPS = (("shift", "class_sums", "moment"), ("unit_shift", "unit_class_sums", "unit_moment"))
@@ -66,6 +73,12 @@ def _add_gram(moment: Tensor, z: Tensor) -> None:
         moment.addmm_(z.mT, z)
 
 
+def _recentred_squares(counts: Tensor, shift: Tensor, class_sums: Tensor, squares: Tensor, new_shift: Tensor):
+    """Per-class sums of |h - new_shift|^2 from those about ``shift``: squares - 2 S_k.delta + n_k |delta|^2."""
+    delta = (new_shift - shift).to(squares)
+    return squares - 2 * class_sums @ delta + counts.to(squares) * delta.square().sum()
+
+
 def _recentred(counts: Tensor, shift: Tensor, class_sums: Tensor, moment: Tensor, new_shift: Tensor):
     """Class sums and second moment of the same samples about ``new_shift`` instead of ``shift``.
 
@@ -84,7 +97,8 @@ class FeatureStatistics(Metric, States):
     r"""Sufficient statistics of penultimate features for every collapse metric, in one streaming pass.
 
     States (float64; memory ``O(K d + d^2)``, independent of the number of samples N), each summed over
-    batches and processes: per-class counts ``n_k``; per-class sums of ``h - c``; the second moment
+    batches and processes: per-class counts ``n_k``; per-class sums of ``h - c`` and of ``|h - c|^2`` (the
+    latter for CDNV's per-class variances); the second moment
     :math:`\sum_i (h_i - c)(h_i - c)^\top`; and the same sums and moment for the L2-normalised features
     :math:`\hat h_i = h_i/\lVert h_i\rVert` about their own shift (zero vectors stay zero, as in
     ``torch.nn.functional.normalize``). The shift ``c`` is the first batch's mean: moments
@@ -113,6 +127,8 @@ class FeatureStatistics(Metric, States):
             to float64 before any arithmetic, so their metrics are those of the same values in float64.
         convention: ``"papyan"`` (default) or ``"prior"``, the Sigma_B of NC1, fuzziness, squared distance
             and GNC1 (module docstring of ``kdcollapse.metrics._collapse``; docs/metrics.md).
+        gnc_convention: ``"paper"`` (default: GNC1 and GNC3 as the GNC paper writes them) or
+            ``"official"`` (centred on the global mean of the unit features, as the official GNC code).
         kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
 
     >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
@@ -136,6 +152,7 @@ class FeatureStatistics(Metric, States):
         *,
         rtol: float | None = None,
         convention: str = "papyan",
+        gnc_convention: str = "paper",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -147,10 +164,12 @@ class FeatureStatistics(Metric, States):
             raise KdcollapseError(f"rtol must lie in [0, 1), got {rtol}")
         self.num_classes, self.feature_dim, self.rtol = num_classes, feature_dim, rtol
         self.convention = check_convention(convention)
+        self.gnc_convention = check_gnc_convention(gnc_convention)
         k, d, f64 = num_classes, feature_dim, torch.float64
         self.add_state("class_counts", torch.zeros(k, dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
         self.add_state("class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("class_square_sums", torch.zeros(k, dtype=f64), dist_reduce_fx="sum")
         self.add_state("moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
         self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
         self.add_state("unit_class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
@@ -169,6 +188,8 @@ class FeatureStatistics(Metric, States):
         self.class_counts += torch.bincount(labels, minlength=self.num_classes)
         for z, (shift, class_sums, moment) in zip((x, unit), _GROUPS):
             z -= getattr(self, shift)  # in place: both are this call's own copies
+            if shift == "shift":
+                self.class_square_sums.index_add_(0, labels, z.square().sum(1))
             getattr(self, class_sums).index_add_(0, labels, z)
             _add_gram(getattr(self, moment), z)
 
@@ -212,6 +233,9 @@ class FeatureStatistics(Metric, States):
             return
         if int(self.class_counts.sum()) == 0:
             self.shift, self.unit_shift = other["shift"].clone(), other["unit_shift"].clone()
+        self.class_square_sums = self.class_square_sums + _recentred_squares(
+            other["class_counts"], other["shift"], other["class_sums"], other["class_square_sums"], self.shift
+        )
         for shift, class_sums, moment in _GROUPS:
             sums, second = _recentred(
                 other["class_counts"], other[shift], other[class_sums], other[moment], getattr(self, shift)
@@ -236,6 +260,9 @@ class FeatureStatistics(Metric, States):
             shifts = gather(torch.stack([self.shift, self.unit_shift]), group=group)
             totals = gather(self.class_counts.sum(), group=group)
             reference = next((s for s, n in zip(shifts, totals) if int(n) > 0), shifts[0])
+            self.class_square_sums = _recentred_squares(
+                self.class_counts, self.shift, self.class_sums, self.class_square_sums, reference[0]
+            )
             for new_shift, (shift, class_sums, moment) in zip(reference, _GROUPS):
                 old = getattr(self, shift), getattr(self, class_sums), getattr(self, moment)
                 sums, second = _recentred(self.class_counts, *old, new_shift)
@@ -265,6 +292,8 @@ def collapse_metrics(
     *,
     rtol: float | None = None,
     convention: str | None = None,
+    gnc_convention: str | None = None,
+    tile: int = TILE,
 ) -> dict[str, Tensor]:
     r"""Every collapse metric of the features summarised by ``stats`` (0-d float64 tensors; ranks int64).
 
@@ -280,7 +309,9 @@ def collapse_metrics(
     - ``squared_distance`` :math:`= \mathrm{Tr}\,\Sigma_W / \mathrm{Tr}\,\Sigma_B`
       (Hui et al. 2022; VCI eq. 4).
     - ``cosine_within`` and ``class_separation`` (Kornblith et al. 2021).
-    - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_bar (Papyan et al. 2020).
+    - ``nc2_equinorm``, ``nc2_equiangle`` of mu_k - mu_bar (Papyan et al. 2020); ``nc2_etf_error``, the
+      Frobenius distance of their normalised Gram from the simplex ETF's (Kothapalli 2023).
+    - ``cdnv``: mean over class pairs of (var_k + var_k') / (2 |mu_k - mu_k'|^2) (Galanti et al. 2022).
     - ``gnc1`` on L2-normalised features (GNC paper Sec. 2.2; its rank rule: ``_generalized``).
     - ``rank_between``, ``rank_total``, ``rank_between_unit``: ranks kept by the pseudo-inverses of Sigma_B,
       Sigma_T and the GNC Sigma_B; ``vci_rank`` = min(d, K-1).
@@ -289,14 +320,18 @@ def collapse_metrics(
 
     - ``nc2_equinorm_w``, ``nc2_equiangle_w`` of the rows w_k;
       ``nc3`` :math:`= \lVert W/\lVert W\rVert_F - \tilde M/\lVert\tilde M\rVert_F\rVert_F^2`, rows of
-      :math:`\tilde M` the mu_k - mu_bar (Papyan et al. 2020).
+      :math:`\tilde M` the mu_k - mu_bar (Papyan et al. 2020); ``nc3_self_duality``, the ETF error of the
+      normalised cross-Gram W M~^T (Kothapalli 2023).
     - ``gnc2`` :math:`= \min_k \mathrm{dist}(\hat w_k, \mathrm{conv}\{\hat w_j\}_{j\ne k})` of the unit rows
       (GNC Def. 2.1, a distance) and ``gnc2_optimum``, its maximum for (K, d) where known (nan otherwise).
     - ``gnc3`` :math:`= \frac1K\sum_k (1 - \hat w_k^\top \bar h_k)`, h_k the class means of unit features.
 
     ``rtol`` overrides the pseudo-inverse threshold (default ``d * eps`` of float64, the dtype the states
     accumulate in whatever the features' dtype), ``convention`` (``"papyan"`` or ``"prior"``) the Sigma_B
-    of NC1, fuzziness, squared distance and GNC1; both default to the ``stats``' own.
+    of NC1, fuzziness, squared distance and GNC1, ``gnc_convention`` (``"paper"`` or ``"official"``) the
+    centring of GNC1 and GNC3; all three default to the ``stats``' own. The class-pairwise metrics never
+    hold a K x K matrix: NC2's equiangularity and CDNV run in ``tile`` x ``tile`` blocks, the ETF errors
+    through d x d Grams (``kdcollapse.metrics._pairwise``); NC4 is :class:`NearestClassMeanAccuracy`.
     """
     with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
-        return metrics_from_statistics(stats, classifier_weight, rtol, convention)
+        return metrics_from_statistics(stats, classifier_weight, rtol, convention, gnc_convention, tile)

@@ -18,11 +18,12 @@ def collapse_metrics_from_features(
     *,
     rtol: float | None = None,
     convention: str = "papyan",
+    gnc_convention: str = "paper",
 ) -> dict[str, Tensor]:
     """:func:`~kdcollapse.metrics.collapse_metrics` of an ``(N, d)`` feature tensor with ``(N,)`` labels.
 
     One ``FeatureStatistics.update`` on the whole tensor; no cross-process sync. ``rtol`` and
-    ``convention`` as in ``FeatureStatistics``.
+    ``convention`` and ``gnc_convention`` as in ``FeatureStatistics``.
 
     >>> import torch
     >>> h = torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]])
@@ -32,7 +33,8 @@ def collapse_metrics_from_features(
     """
     check_batch(features, labels, num_classes, None)
     stats = FeatureStatistics(
-        num_classes, features.shape[1], rtol=rtol, convention=convention, sync_on_compute=False
+        num_classes, features.shape[1], rtol=rtol, convention=convention, gnc_convention=gnc_convention,
+        sync_on_compute=False,
     )
     stats.to(features.device).update(features, labels)
     return collapse_metrics(stats, classifier_weight)

@@ -1,0 +1,274 @@
+r"""Collapse of a causal language model's next-token classes, layer by layer (Wu & Papyan 2024).
+
+The feature at position t of a layer is that layer's hidden state at t; its class is the token at t + 1.
+Positions are kept exactly as the LLM losses keep them (``kdcollapse.losses.shift_for_causal_lm``): the
+next token must be attended and labelled (not ``ignore_index``); without explicit ``labels`` the padding
+(``attention_mask == 0``) is unlabelled.
+
+**Classes.** A first pass over the token ids alone (no model) counts every vocabulary entry as a next
+token. Entries seen fewer than ``min_count`` times are excluded: their positions are dropped from every
+statistic and the kept entries are renumbered 0..K'-1 in vocabulary order (a class needs one sample for
+its mean and two for a within-class spread, so ``min_count`` >= 1; default 2). The counts of every entry
+and what was excluded are part of the report.
+
+**Passes.** One model pass accumulates a :class:`~kdcollapse.metrics.FeatureStatistics` per chosen layer
+from ``output_hidden_states`` (memory: the K' x d and d x d states per layer, plus one batch of hidden
+states; nothing grows with the number of tokens). NC4 needs the class means before it can classify, so
+a second model pass runs :class:`~kdcollapse.metrics.NearestClassMeanAccuracy` on the same positions
+(``ncc=False`` skips it). The network's prediction is the argmax of its logits over the kept classes.
+The classifier metrics (NC3, GNC2, GNC3, NC2 of W) use the output embedding's kept rows and are computed
+for the last hidden state only, the features that classifier reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import IGNORE_INDEX
+from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
+
+Batch = Mapping[str, Tensor]  # input_ids (B, T), optional attention_mask (B, T) and labels (B, T)
+
+
+@dataclass(frozen=True)
+class TokenClasses:
+    """Next-token counts of a corpus and the classes kept by ``min_count``."""
+
+    counts: Tensor  # (V,) int64: how often each vocabulary entry is a kept next token
+    min_count: int
+    kept: Tensor  # (K',) vocabulary ids of the kept classes, ascending
+    index: Tensor  # (V,) class of each vocabulary id in 0..K'-1, -1 if excluded
+
+    @property
+    def num_classes(self) -> int:
+        return self.kept.numel()
+
+    def summary(self) -> dict[str, int | float]:
+        """What the exclusion rule kept and dropped (classes and tokens)."""
+        counts, kept = self.counts, self.counts >= self.min_count
+        tokens = int(counts.sum())
+        return {
+            "vocab_size": counts.numel(),
+            "tokens": tokens,
+            "min_count": self.min_count,
+            "classes_kept": int(kept.sum()),
+            "classes_never_seen": int((counts == 0).sum()),
+            "classes_below_min_count": int(((counts > 0) & ~kept).sum()),
+            "tokens_excluded": int(counts[~kept].sum()),
+            "fraction_tokens_kept": float(counts[kept].sum()) / max(tokens, 1),
+        }
+
+
+def next_token_targets(batch: Batch, ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
+    """(labels, keep), both (B, T - 1): the next token of each position and whether it counts, as
+    ``shift_for_causal_lm`` decides (labelled and attended)."""
+    input_ids = batch.get("input_ids")
+    if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.shape[1] < 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise KdcollapseError(f"a token batch needs input_ids of shape (B, T) with T >= 2, got {shape}")
+    mask = batch.get("attention_mask")
+    labels = batch.get("labels")
+    if labels is None:
+        labels = input_ids if mask is None else input_ids.masked_fill(mask == 0, ignore_index)
+    keep = labels[:, 1:] != ignore_index
+    if mask is not None:
+        keep &= mask[:, 1:].bool()
+    return labels[:, 1:], keep
+
+
+def token_classes(batches: Iterable[Batch], vocab_size: int, *, min_count: int = 2,
+                  ignore_index: int = IGNORE_INDEX) -> TokenClasses:
+    """Count the next tokens of ``batches`` (no model) and keep the entries seen ``min_count`` times."""
+    if not isinstance(min_count, int) or min_count < 1:
+        raise KdcollapseError(f"min_count must be a positive integer, got {min_count!r}")
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for batch in batches:
+        labels, keep = next_token_targets(batch, ignore_index)
+        labels = labels[keep].cpu()
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= vocab_size):
+            raise KdcollapseError(f"token ids must lie in [0, {vocab_size}), got {int(labels.min())}..{int(labels.max())}")
+        counts += torch.bincount(labels, minlength=vocab_size)
+    kept = (counts >= min_count).nonzero().flatten()
+    if kept.numel() < 2:
+        raise KdcollapseError(
+            f"only {kept.numel()} vocabulary entries occur at least min_count={min_count} times as a next "
+            f"token in {int(counts.sum())} tokens; collapse metrics need 2 classes: use more text or a "
+            "smaller min_count"
+        )
+    index = torch.full((vocab_size,), -1, dtype=torch.int64)
+    index[kept] = torch.arange(kept.numel())
+    return TokenClasses(counts, min_count, kept, index)
+
+
+def resolve_layers(layers: str | Sequence[int] | None, num_hidden: int) -> list[int]:
+    """Hidden-state indices: None / ``"last"`` -> the last one (the classifier's input), ``"all"`` -> 0..L
+    (0 is the embedding output), or explicit indices (negative ones count from the end)."""
+    if layers is None or layers == "last":
+        return [num_hidden - 1]
+    if layers == "all":
+        return list(range(num_hidden))
+    if isinstance(layers, str):
+        raise KdcollapseError(f"layers must be 'last', 'all' or a list of indices, got {layers!r}")
+    out = []
+    for layer in layers:
+        if not isinstance(layer, int) or not -num_hidden <= layer < num_hidden:
+            raise KdcollapseError(f"layer {layer!r} is not a hidden-state index; valid: 0..{num_hidden - 1} "
+                                  f"(0 the embeddings, {num_hidden - 1} the last), or negative from the end")
+        out.append(layer % num_hidden)
+    return sorted(set(out))
+
+
+def _forward(model: nn.Module, batch: Batch) -> tuple[tuple[Tensor, ...], Tensor]:
+    device = next(model.parameters()).device
+    out = model(input_ids=batch["input_ids"].to(device),
+                attention_mask=None if batch.get("attention_mask") is None else batch["attention_mask"].to(device),
+                output_hidden_states=True)
+    return out.hidden_states, out.logits
+
+
+@torch.no_grad()
+def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses, layers: list[int], *,
+               ignore_index: int = IGNORE_INDEX, progress: bool = False) -> dict[int, FeatureStatistics]:
+    """One pass: a ``FeatureStatistics`` of the kept positions for each hidden-state index in ``layers``."""
+    stats: dict[int, FeatureStatistics] = {}
+    for batch in tqdm(batches, desc="token features", disable=not progress, leave=False):
+        hidden, _ = _forward(model, batch)
+        targets, keep = _kept_targets(batch, classes, ignore_index)
+        for layer in layers:
+            features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
+            if layer not in stats:
+                stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1],
+                                                 sync_on_compute=False).to(features.device)
+            stats[layer].update(features, targets.to(features.device))
+    if not stats:
+        raise KdcollapseError("no token batches to analyse")
+    return stats
+
+
+@torch.no_grad()
+def ncc_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses,
+             stats: Mapping[int, FeatureStatistics], *, ignore_index: int = IGNORE_INDEX,
+             progress: bool = False) -> dict[int, dict[str, Tensor]]:
+    """Second pass: NC4 (nearest-class-mean accuracy and agreement with the network) for every layer."""
+    kept = classes.kept
+    metrics = {layer: NearestClassMeanAccuracy(s.class_means(), sync_on_compute=False).to(s.moment.device)
+               for layer, s in stats.items()}
+    for batch in tqdm(batches, desc="nearest class means", disable=not progress, leave=False):
+        hidden, logits = _forward(model, batch)
+        targets, keep = _kept_targets(batch, classes, ignore_index)
+        predicted = logits[:, :-1][keep.to(logits.device)][:, kept.to(logits.device)]
+        for layer, metric in metrics.items():
+            features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
+            metric.update(features, targets.to(features.device), predicted)
+    return {layer: metric.compute() for layer, metric in metrics.items()}
+
+
+def _kept_targets(batch: Batch, classes: TokenClasses, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """Class indices of the kept positions and the (B, T - 1) mask that selects them."""
+    labels, keep = next_token_targets(batch, ignore_index)
+    labels = labels.cpu()
+    keep = keep.cpu()
+    cls = classes.index[labels.clamp(0, classes.index.numel() - 1)]
+    keep &= cls >= 0
+    return cls[keep], keep
+
+
+def token_batches(rows: Tensor, batch_size: int, max_tokens: int | None = None) -> list[dict[str, Tensor]]:
+    """Batches ``{"input_ids": (B, T)}`` of the first rows of ``rows`` (e.g. ``TokenSplit.blocks(T)``)
+    holding at most ``max_tokens`` tokens in all (None: every row)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise KdcollapseError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if max_tokens is not None:
+        if not isinstance(max_tokens, int) or max_tokens < rows.shape[1]:
+            raise KdcollapseError(f"max_tokens must be at least one row of {rows.shape[1]} tokens, got {max_tokens!r}")
+        rows = rows[: max_tokens // rows.shape[1]]
+    return [{"input_ids": chunk} for chunk in rows.split(batch_size)]
+
+
+def analyze_tokens(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    *,
+    layers: str | Sequence[int] | None = None,
+    min_count: int = 2,
+    ignore_index: int = IGNORE_INDEX,
+    ncc: bool = True,
+    gnc_convention: str = "paper",
+    out_dir: str | Path | None = None,
+    progress: bool = False,
+) -> dict:
+    """Per-layer next-token collapse of a causal LM over ``batches`` (re-iterable: two or three passes).
+
+    ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
+    output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
+    classifier). ``gnc_convention`` as in ``collapse_metrics``.
+    Returns ``{"classes": ..., "layers": {index: metrics}, "seconds": ...}``; with ``out_dir``
+    also writes ``analysis.json``, ``token_counts.json``, ``analysis.md`` and ``layers.png`` (matplotlib).
+    """
+    start = time.perf_counter()
+    head = model.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
+        raise KdcollapseError("the model has no output embedding (get_output_embeddings()) to classify tokens")
+    vocab_size = head.weight.shape[0]
+    classes = token_classes(batches, vocab_size, min_count=min_count, ignore_index=ignore_index)
+    num_hidden = model.config.num_hidden_layers + 1
+    chosen = resolve_layers(layers, num_hidden)
+    was_training = model.training
+    model.eval()
+    try:
+        stats = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, progress=progress)
+        nearest = ncc_pass(model, batches, classes, stats, ignore_index=ignore_index, progress=progress) if ncc else {}
+    finally:
+        model.train(was_training)
+    weight = head.weight.detach()[classes.kept.to(head.weight.device)]
+    per_layer = {}
+    for layer, s in stats.items():
+        w = weight.to(s.moment.device) if layer == num_hidden - 1 else None
+        values = collapse_metrics(s, w, gnc_convention=gnc_convention) | nearest.get(layer, {})
+        per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
+    result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden,
+              "gnc_convention": gnc_convention, "ncc": ncc, "seconds": time.perf_counter() - start}
+    if out_dir is not None:
+        write_token_report(result, classes, Path(out_dir))
+    return result
+
+
+def write_token_report(result: dict, classes: TokenClasses, out_dir: Path) -> None:
+    """``analysis.json``, ``token_counts.json`` (every vocabulary id with a non-zero count), ``analysis.md``
+    and, with matplotlib, ``layers.png`` (metrics against depth)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    seen = (classes.counts > 0).nonzero().flatten()
+    order = seen[classes.counts[seen].argsort(descending=True, stable=True)]
+    pairs = [[int(i), int(classes.counts[i])] for i in order]
+    (out_dir / "token_counts.json").write_text(json.dumps({"min_count": classes.min_count, "id_count": pairs}) + "\n")
+    keys = ("nc1", "cdnv", "vci", "gnc1", "nc2_etf_error", "ncc_accuracy", "ncc_agreement")
+    lines = ["# Next-token collapse per layer", "", *(f"- {k}: {v}" for k, v in result["classes"].items()), "",
+             "| layer | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for layer, values in sorted(result["layers"].items()):
+        lines.append(f"| {layer} | " + " | ".join(f"{values.get(k, float('nan')):.4g}" for k in keys) + " |")
+    (out_dir / "analysis.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    depth = sorted(result["layers"])
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
+    for ax, key in zip(axes, ("nc1", "cdnv", "vci", "gnc1")):
+        ax.plot(depth, [result["layers"][i][key] for i in depth], marker="o")
+        ax.set(xlabel="hidden state (0 = embeddings)", title=key, yscale="log" if key != "vci" else "linear")
+    fig.tight_layout()
+    fig.savefig(out_dir / "layers.png", dpi=100)
+    plt.close(fig)

@@ -1,0 +1,111 @@
+r"""Class-pairwise collapse metrics without a K x K matrix in memory (vocabulary-scale K).
+
+Two ways to avoid the K x K matrix, chosen per metric:
+
+- **Gram identities** (O(K d^2) time, O(d^2) memory) where the metric is a Frobenius norm of a K x K matrix
+  built from class vectors: ``||A B^T||_F^2 = <A^T A, B^T B>`` turns it into d x d products. The simplex-ETF
+  errors of NC2 and NC3 (Kothapalli 2023, as rhubarbwu/neural-collapse computes them) are of this kind.
+- **Tiles** (O(K^2 d) time, O(tile^2) memory) where an entry-wise non-linearity (|.|, a quotient) forbids
+  that: NC2's equiangularity (mean |cos + 1/(K-1)|) and CDNV. Only the upper triangle of tiles is visited
+  (both kernels are symmetric), each tile is a ``tile x tile`` block in the dtype of the inputs (float64 in
+  ``collapse_metrics``), and tile sums are accumulated in float64.
+
+With ``tile = TILE`` = 2048 a float64 tile is 32 MiB and the few temporaries of one kernel stay under
+about 150 MiB, whatever K.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kdcollapse.errors import KdcollapseError
+
+TILE = 2048  # rows and columns of one pairwise tile
+
+
+def _check_tile(tile: int) -> int:
+    if not isinstance(tile, int) or tile < 1:
+        raise KdcollapseError(f"tile must be a positive integer, got {tile!r}")
+    return tile
+
+
+def _upper_tiles(num_rows: int, tile: int) -> Iterator[tuple[slice, slice, bool]]:
+    """(rows, columns, on_diagonal) of every tile on or above the block diagonal."""
+    starts = range(0, num_rows, _check_tile(tile))
+    for i in starts:
+        for j in starts:
+            if j >= i:
+                yield slice(i, i + tile), slice(j, j + tile), i == j
+
+
+def pair_mean(rows: Tensor, kernel: Callable[[Tensor, Tensor], Tensor], tile: int = TILE) -> Tensor:
+    """Mean of ``kernel(a, b)`` over all unordered pairs k < k' of ``rows`` (K, ...), in tiles.
+
+    ``kernel(a, b)`` takes two tiles of rows and returns their ``(len(a), len(b))`` block; it must be
+    symmetric (block (a, b) is the transpose of block (b, a)). Float64 sum, no K x K matrix.
+    """
+    num = rows.shape[0]
+    total = torch.zeros((), dtype=torch.float64, device=rows.device)
+    for r, c, diagonal in _upper_tiles(num, tile):
+        block = kernel(rows[r], rows[c])
+        if diagonal:
+            block = block.triu(1)
+        total += block.sum(dtype=torch.float64)
+    return total / (num * (num - 1) / 2)
+
+
+def equiangle(vectors: Tensor, tile: int = TILE) -> Tensor:
+    """NC2 equiangularity (Papyan et al. 2020): mean over k != k' of |cos(v_k, v_k') + 1/(K-1)|."""
+    shift = 1 / (vectors.shape[0] - 1)
+    unit = F.normalize(vectors, dim=1)
+    return pair_mean(unit, lambda a, b: (a @ b.mT + shift).abs(), tile)
+
+
+def cdnv(class_means: Tensor, variances: Tensor, tile: int = TILE) -> Tensor:
+    r"""Class-distance normalised variance (Galanti et al. 2022), the mean over k < k' of
+    :math:`(\sigma_k^2 + \sigma_{k'}^2) / (2\lVert\mu_k - \mu_{k'}\rVert^2)`, with
+    :math:`\sigma_k^2 = \frac1{n_k}\sum_{i: y_i = k}\lVert h_i - \mu_k\rVert^2`.
+
+    Distances come from ``|a|^2 + |b|^2 - 2 a.b`` about the mean of the class means (float64: the relative
+    error is about eps * |mu_k - mu_bar|^2 / |mu_k - mu_k'|^2). Two equal class means give inf.
+    """
+    centred = class_means - class_means.mean(0)
+    bundled = torch.cat([centred, centred.square().sum(1, keepdim=True), variances[:, None]], dim=1)
+
+    def kernel(a: Tensor, b: Tensor) -> Tensor:
+        squared = (a[:, -2, None] + b[None, :, -2] - 2 * a[:, :-2] @ b[:, :-2].mT).clamp_min(0)
+        return (a[:, -1, None] + b[None, :, -1]) / (2 * squared)
+
+    return pair_mean(bundled, kernel, tile)
+
+
+def etf_error(A: Tensor, B: Tensor | None = None) -> Tensor:
+    r"""Distance of the normalised cross-Gram ``B A^T`` (K x K) from the simplex ETF's Gram, in O(K d^2).
+
+    :math:`\lVert S/\lVert S\rVert_F - (I - \mathbf 1\mathbf 1^\top/K)/\sqrt{K-1}\rVert_F` with
+    :math:`S = B A^\top` (Kothapalli 2023, "structure error"; NC2 for B = A = the class means centred on their
+    mean, NC3 "self-duality" for B = W, as rhubarbwu/neural-collapse ``measure.py`` computes them).
+
+    NC2 (``B`` None; rows of ``A`` summing to zero): S = A A^T commutes with P = I - 11^T/K, so the error is
+    the spread of S's eigenvalues on range(P) about ``|S|_F / sqrt(K-1)``, from the eigenvalues of the
+    d x d matrix A^T A; exact to rounding even at an ETF. NC3: both matrices have unit norm, so the square
+    is :math:`2 - 2\langle S, E\rangle/\lVert S\rVert_F` with :math:`\langle S, E\rangle = (\mathrm{tr}\,S -
+    \mathbf 1^\top S\mathbf 1/K)/\sqrt{K-1}` and :math:`\lVert S\rVert_F^2 = \langle A^\top A, B^\top B\rangle`;
+    the subtraction leaves an absolute error of about sqrt(eps) = 1.5e-8 near 0.
+    """
+    num, dim = A.shape
+    if B is None:
+        eigenvalues = torch.linalg.eigvalsh(A.mT @ A).flip(0)[: min(dim, num - 1)].clamp_min(0)
+        level = eigenvalues.square().sum().sqrt() / math.sqrt(num - 1)
+        spread = (eigenvalues - level).square().sum() + (num - 1 - eigenvalues.numel()) * level.square()
+        return spread.sqrt() / (level * math.sqrt(num - 1))
+    norm = (A.mT @ A * (B.mT @ B)).sum().clamp_min(0).sqrt()
+    trace = (A * B).sum()
+    total = A.sum(0) @ B.sum(0)
+    inner = (trace - total / num) / math.sqrt(num - 1)
+    return (2 - 2 * inner / norm).clamp_min(0).sqrt()

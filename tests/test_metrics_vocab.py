@@ -1,0 +1,276 @@
+"""Collapse metrics at vocabulary scale: tiles and Gram identities against the dense K x K definitions,
+against rhubarbwu/neural-collapse (the library of Wu & Papyan's "Linguistic Collapse") and against the
+official GNC code's centring, on identical inputs.
+
+The two reference implementations below are literal transcriptions, in float64 numpy, of the official
+computations (cited by repository, path and commit); their code is not vendored or imported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics, nearest_class_mean
+from kdcollapse.metrics._pairwise import cdnv, equiangle, etf_error, pair_mean
+from kdcollapse.metrics.functional import collapse_metrics_from_features
+
+RHUBARBWU = "rhubarbwu/neural-collapse@c05a0b80d6bc6e8e2e102f2180f1f33b2c9605fd"
+GNC_OFFICIAL = "kongwanbianjinyu/Neural-Collapse-For-Large-Number-of-Classes@037dc062a1432a11db0a56839e0b84327e27637d"
+
+
+def gaussian_classes(counts, dim, *, seed, spread=2.0, offset=0.0):
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(len(counts), dim, generator=g, dtype=torch.float64) * spread
+    labels = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    labels = labels[torch.randperm(len(labels), generator=g)]
+    features = means[labels] + torch.randn(len(labels), dim, generator=g, dtype=torch.float64) + offset
+    return features, labels
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiles and Gram identities against the K x K matrices written out
+# ---------------------------------------------------------------------------------------------------
+
+
+def dense_equiangle(v: np.ndarray) -> float:
+    u = v / np.linalg.norm(v, axis=1, keepdims=True)
+    cos = u @ u.T
+    off = ~np.eye(len(v), dtype=bool)
+    return float(np.abs(cos[off] + 1 / (len(v) - 1)).mean())
+
+
+def dense_cdnv(means: np.ndarray, variances: np.ndarray) -> float:
+    num = len(means)
+    values = [(variances[a] + variances[b]) / (2 * np.sum((means[a] - means[b]) ** 2))
+              for a in range(num) for b in range(a + 1, num)]
+    return float(np.mean(values))
+
+
+def dense_etf_error(a: np.ndarray, b: np.ndarray) -> float:
+    num = len(a)
+    s = b @ a.T
+    target = (np.eye(num) - 1 / num) / math.sqrt(num - 1)
+    return float(np.linalg.norm(s / np.linalg.norm(s) - target))
+
+
+@pytest.mark.parametrize("tile", [1, 3, 7, 16, 4096])
+@pytest.mark.parametrize("num_classes, dim", [(2, 3), (13, 5), (40, 64)])
+def test_tiled_metrics_equal_the_dense_definitions(num_classes, dim, tile):
+    g = torch.Generator().manual_seed(num_classes * 100 + tile)
+    means = torch.randn(num_classes, dim, generator=g, dtype=torch.float64) + 3
+    variances = torch.rand(num_classes, generator=g, dtype=torch.float64)
+    weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64)
+    m, v, w = means.numpy(), variances.numpy(), weight.numpy()
+    centred = m - m.mean(0)
+    assert float(equiangle(means, tile)) == pytest.approx(dense_equiangle(m), rel=1e-12)
+    assert float(cdnv(means, variances, tile)) == pytest.approx(dense_cdnv(m, v), rel=1e-10)
+    assert float(etf_error(torch.from_numpy(centred))) == pytest.approx(
+        dense_etf_error(centred, centred), rel=1e-9, abs=1e-12)
+    assert float(etf_error(torch.from_numpy(centred), weight)) == pytest.approx(dense_etf_error(centred, w), rel=1e-9)
+    # pair_mean visits each unordered pair once: the mean of i + j over i < j.
+    rows = torch.arange(num_classes, dtype=torch.float64)[:, None]
+    expected = np.mean([a + b for a in range(num_classes) for b in range(a + 1, num_classes)])
+    assert float(pair_mean(rows, lambda a, b: a + b.mT, tile)) == pytest.approx(expected, rel=1e-14)
+
+
+def test_etf_error_is_zero_on_a_simplex_etf_and_self_dual_classifier():
+    num = 7
+    etf = torch.eye(num, dtype=torch.float64) - 1 / num
+    assert float(etf_error(etf)) < 1e-14  # NC2 from eigenvalues: no cancellation at the optimum
+    assert float(etf_error(etf @ torch.randn(num, 3 * num, dtype=torch.float64))) > 0.1
+    assert float(etf_error(etf, etf)) < 3e-8  # NC3: 2 - 2 cos leaves sqrt(eps)
+    assert float(etf_error(etf, 3 * etf)) < 3e-8  # any scale of the classifier
+    assert float(etf_error(etf, -etf)) == pytest.approx(2.0)  # the opposite frame
+
+
+@pytest.mark.parametrize("tile", [1, 5, 2048])
+def test_collapse_metrics_do_not_depend_on_the_tile(tile):
+    h, y = gaussian_classes([9, 14, 3, 7, 11, 5, 8], 6, seed=3)
+    w = torch.randn(7, 6, dtype=torch.float64)
+    stats = FeatureStatistics(7, 6)
+    stats.update(h, y)
+    reference = collapse_metrics(stats, w, tile=2048)
+    tiled = collapse_metrics(stats, w, tile=tile)
+    for key, value in reference.items():
+        assert float(tiled[key]) == pytest.approx(float(value), rel=1e-12, abs=1e-15), key
+
+
+def test_class_square_sums_merge_exactly_across_shifts():
+    h, y = gaussian_classes([20, 30, 25], 4, seed=5, offset=1e3)
+    whole = FeatureStatistics(3, 4)
+    whole.update(h, y)
+    first, second = FeatureStatistics(3, 4), FeatureStatistics(3, 4)
+    first.update(h[:40], y[:40])
+    second.update(h[40:] + 0, y[40:])
+    first.merge_state(second)
+    assert float(collapse_metrics(first)["cdnv"]) == pytest.approx(float(collapse_metrics(whole)["cdnv"]), rel=1e-9)
+
+
+def test_nearest_class_mean_in_blocks_equals_one_block(monkeypatch):
+    import kdcollapse.metrics._ncc as ncc
+
+    g = torch.Generator().manual_seed(0)
+    means, features = torch.randn(50, 4, generator=g), torch.randn(333, 4, generator=g)
+    whole = nearest_class_mean(features, means)
+    monkeypatch.setattr(ncc, "_SCORES", 50 * 7)  # blocks of 7 rows
+    assert torch.equal(nearest_class_mean(features, means), whole)
+    brute = torch.cdist(features.double(), means.double()).argmin(1)
+    assert torch.equal(whole, brute)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rhubarbwu/neural-collapse, transcribed literally (neural_collapse/measure.py, kernels.py, util.py,
+# accumulate.py at RHUBARBWU): their accumulators (class means, the within-class covariance and
+# per-class variance norms from a second pass against those means), covariance_ratio(metric="pinv"),
+# simplex_etf_error, self_duality_error, variability_cdnv and the DecAccumulator's manual NCC path.
+# ---------------------------------------------------------------------------------------------------
+
+
+def rhubarbwu_measures(x: np.ndarray, y: np.ndarray, num: int, w: np.ndarray) -> dict[str, float]:
+    # MeanAccumulator.accumulate / compute(weighted=False): class means, m_G the mean of the class means
+    eps = np.finfo(np.float64).eps
+    ns = np.bincount(y, minlength=num).astype(np.float64)
+    totals = np.eye(num)[y].T @ x
+    means = totals / (ns + eps)[:, None]
+    m_g = means.mean(axis=0)
+    # CovarAccumulator: sum (X - M[Y])^T (X - M[Y]) / (sum ns + eps)
+    diff = x - means[y]
+    v_intra = diff.T @ diff / (ns.sum() + eps)
+    # VarNormAccumulator: per-class sum of squared deviations; compute() divides by ns + eps
+    v_norms = (np.eye(num)[y].T @ diff**2).sum(-1) / (ns + eps)
+    # covariance_ratio(metric="pinv"): trace(pinv(V_inter) @ V_intra) / K
+    m_c = means - m_g
+    v_inter = m_c.T @ m_c / num
+    nc1 = np.trace(np.linalg.pinv(v_inter) @ v_intra) / num
+
+    # structure_error(A, B): struct = B @ A^T / ||.||_F; += 1/K/sqrt(K-1); diag -= 1/sqrt(K-1)
+    def structure_error(a, b):
+        struct = b @ a.T
+        struct = struct / np.linalg.norm(struct)
+        struct = struct + 1 / num / math.sqrt(num - 1)
+        struct[np.diag_indices(num)] -= 1 / math.sqrt(num - 1)
+        return np.linalg.norm(struct)
+
+    # class_dist_norm_vars (dist_exp = 1) on the full grid, then symm_reduce(grid, sum)
+    with np.errstate(divide="ignore"):  # the diagonal, which symm_reduce skips
+        grid = ((v_norms[:, None] + v_norms[None, :]) / 2) / np.sum((means[:, None] - means[None]) ** 2, axis=-1)
+    total = 0.0
+    for i in range((num - 1) // 2):
+        total += np.sum(np.concatenate([grid[i][i + 1:], grid[num - i - 2][num - i - 1:]]))
+    if num % 2 == 0:
+        total += np.sum(grid[num // 2 - 1][num // 2:])
+    cdnv_value = total / (num * (num - 1) / 2)
+    # DecAccumulator.accumulate without FAISS: NCC from |x|^2 + |m|^2 - 2 x.m, linear from argmax X W^T
+    dists = np.sum(x**2, 1)[:, None] + np.sum(means**2, 1)[None] - 2 * x @ means.T
+    agreement = np.mean((x @ w.T).argmax(-1) == dists.argmin(-1))
+    return {"nc1": nc1, "nc2_etf_error": structure_error(m_c, m_c), "nc3_self_duality": structure_error(m_c, w),
+            "cdnv": cdnv_value, "ncc_agreement": agreement}
+
+
+@pytest.mark.parametrize("counts, dim", [([40] * 12, 8), ([5, 60, 17, 33, 8, 21, 12, 9], 16)])
+def test_equal_to_rhubarbwu_neural_collapse_on_identical_inputs(counts, dim):
+    num = len(counts)
+    h, y = gaussian_classes(counts, dim, seed=11)
+    w = torch.randn(num, dim, dtype=torch.float64)
+    stats = FeatureStatistics(num, dim)
+    stats.update(h, y)
+    ours = collapse_metrics(stats, w)
+    nearest = NearestClassMeanAccuracy(stats.class_means())
+    nearest.update(h, y, logits=h @ w.T)  # LM heads have no bias, as their argmax X W^T
+    ours |= nearest.compute()
+    theirs = rhubarbwu_measures(h.numpy(), y.numpy(), num, w.numpy())
+    for key, value in theirs.items():
+        assert float(ours[key]) == pytest.approx(value, rel=1e-9), (RHUBARBWU, key)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The official GNC code's centring (GNC1.py, GNC3.py at GNC_OFFICIAL), transcribed literally:
+# unit features; mu_G = sum of unit features / N; mu_c = class sums / n_c; Sigma_W = sum (h - mu_y)(.)^T / N;
+# Sigma_B = sum_c (mu_c - mu_G)(.)^T / K; GNC1 = trace(Sigma_W @ scipy.linalg.pinv(Sigma_B)) / K;
+# GNC3 = mean_k (1 - <normalize(mu_k - mu_G), normalize(w_k)>).
+# ---------------------------------------------------------------------------------------------------
+
+
+def official_gnc(x: np.ndarray, y: np.ndarray, num: int, w: np.ndarray) -> dict[str, float]:
+    from scipy import linalg as scilin
+
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    mu_g = u.sum(0) / len(u)
+    mu_c = np.stack([u[y == c].sum(0) / np.sum(y == c) for c in range(num)])
+    sigma_w = sum(np.outer(u[i] - mu_c[y[i]], u[i] - mu_c[y[i]]) for i in range(len(u))) / len(u)
+    sigma_b = sum(np.outer(mu_c[c] - mu_g, mu_c[c] - mu_g) for c in range(num)) / num
+    gnc1 = np.trace(sigma_w @ scilin.pinv(sigma_b)) / num
+    h_mean = mu_c - mu_g
+    h_mean /= np.linalg.norm(h_mean, axis=1, keepdims=True)
+    w_unit = w / np.linalg.norm(w, axis=1, keepdims=True)
+    gnc3 = np.mean([1 - h_mean[k] @ w_unit[k] for k in range(num)])
+    return {"gnc1": gnc1, "gnc3": gnc3}
+
+
+@pytest.mark.parametrize("counts, dim", [([30] * 6, 10), ([30] * 12, 5), ([8, 50, 19, 27, 11], 7)])
+def test_official_gnc_convention_equals_the_official_code(counts, dim):
+    num = len(counts)
+    h, y = gaussian_classes(counts, dim, seed=2, offset=0.7)
+    w = torch.randn(num, dim, dtype=torch.float64)
+    ours = collapse_metrics_from_features(h, y, num, w, gnc_convention="official")
+    official = official_gnc(h.numpy(), y.numpy(), num, w.numpy())
+    for key, value in official.items():
+        assert float(ours[key]) == pytest.approx(value, rel=1e-9), (GNC_OFFICIAL, key)
+    paper = collapse_metrics_from_features(h, y, num, w)
+    assert float(paper["gnc3"]) != pytest.approx(official["gnc3"], rel=1e-3)  # the conventions do differ here
+
+
+def test_official_gnc1_is_continuous_under_a_growing_common_offset_and_the_paper_one_jumps():
+    """The issue's probe: collapsed ETF features (d > K) plus small noise, shifted by a growing common
+    offset. The paper's uncentred Sigma_B gains the offset's direction once the Hotelling test counts it
+    (docs/metrics.md): GNC1 jumps there. The official centred Sigma_B never has that direction."""
+    num, dim, per = 6, 10, 40
+    etf = torch.zeros(num, dim, dtype=torch.float64)
+    etf[:, :num] = torch.eye(num, dtype=torch.float64) - 1 / num
+    g = torch.Generator().manual_seed(4)
+    y = torch.arange(num).repeat_interleave(per)
+    noise = 1e-3 * torch.randn(len(y), dim, generator=g, dtype=torch.float64)
+    direction = torch.zeros(dim, dtype=torch.float64)
+    direction[-1] = 1.0
+    scales = [0.0] + [1e-5 * 1.33**i for i in range(50)]
+    paper, official = [], []
+    for scale in scales:
+        h = etf[y] + noise + scale * direction
+        paper.append(float(collapse_metrics_from_features(h, y, num)["gnc1"]))
+        official.append(float(collapse_metrics_from_features(h, y, num, gnc_convention="official")["gnc1"]))
+    steps = lambda values: max(abs(b - a) / max(abs(a), 1e-12) for a, b in zip(values, values[1:]))
+    assert steps(official) < 0.5  # no jump: each 1.33x step changes it by less than half
+    assert steps(paper) > 10  # the documented jump where the offset becomes significant
+
+
+def test_bad_gnc_convention_and_tile_are_rejected():
+    with pytest.raises(KdcollapseError, match="unknown gnc_convention 'offical'; choose one of paper, official"):
+        FeatureStatistics(3, 2, gnc_convention="offical")
+    stats = FeatureStatistics(3, 2)
+    stats.update(torch.randn(6, 2), torch.tensor([0, 1, 2, 0, 1, 2]))
+    with pytest.raises(KdcollapseError, match="tile must be a positive integer, got 0"):
+        collapse_metrics(stats, tile=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GNC2 at scale: screening, then the exact solver only where the minimum can be
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_classes, dim, offset", [(300, 8, 0.0), (200, 16, 0.5), (40, 3, 0.0), (6, 10, 0.0)])
+def test_screened_gnc2_equals_the_exact_solver_on_every_class(num_classes, dim, offset):
+    from kdcollapse.geometry import min_one_vs_rest_distance, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(num_classes)
+    weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64) + offset
+    every = one_vs_rest_distances(weight)
+    screened = min_one_vs_rest_distance(weight, candidates=16)
+    assert float(screened.value) == pytest.approx(float(every.min()), abs=1e-9)
+    assert bool((screened.upper >= every - 1e-9).all()) and bool((screened.lower <= every + 1e-9).all())
+    assert int(every.argmin()) in screened.solved.tolist()
+    assert float(screened.gap) <= 1e-10

@@ -1,0 +1,156 @@
+"""Next-token classes of causal language models (kdcollapse.analysis analyze_tokens) on tiny random
+Llama and GPT-2 configurations: positions and labels as the LLM losses take them, the exclusion rule, and
+per-layer statistics equal to the metrics of the hidden states gathered by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kdcollapse.analysis import analyze_tokens, next_token_targets, resolve_layers, token_classes
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import IGNORE_INDEX, shift_for_causal_lm
+from kdcollapse.metrics import ncc_accuracy
+from kdcollapse.metrics.functional import collapse_metrics_from_features
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 11
+
+
+def tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=64)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def corpus(seed: int = 0, batches: int = 3, size: int = 6, length: int = 20) -> list[dict[str, torch.Tensor]]:
+    """Token batches with right padding (attention_mask 0) and a few ignore_index labels. Token 10 never
+    occurs and token 9 is rare, so min_count decides about them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for b in range(batches):
+        ids = torch.randint(0, 9, (size, length), generator=g)
+        if b == 0:
+            ids[0, 5] = 9
+        mask = torch.ones(size, length, dtype=torch.int64)
+        mask[1, length - 5:] = 0
+        labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+        labels[2, 3] = IGNORE_INDEX
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return out
+
+
+def test_positions_and_labels_are_those_of_the_llm_losses():
+    batch = corpus()[0]
+    labels, keep = next_token_targets(batch)
+    shifted = shift_for_causal_lm(torch.zeros(*batch["input_ids"].shape, VOCAB), None, batch["labels"],
+                                  batch["attention_mask"])
+    assert torch.equal(keep, shifted.mask) and torch.equal(labels, shifted.labels)
+    # Without explicit labels the padding is unlabelled.
+    unlabelled = {k: v for k, v in batch.items() if k != "labels"}
+    _, keep_mask_only = next_token_targets(unlabelled)
+    assert torch.equal(keep_mask_only, batch["attention_mask"][:, 1:].bool())
+
+
+def test_exclusion_rule_counts_and_renumbers():
+    batches = corpus()
+    classes = token_classes(batches, VOCAB, min_count=2)
+    counted = torch.zeros(VOCAB, dtype=torch.int64)
+    for batch in batches:
+        labels, keep = next_token_targets(batch)
+        counted += torch.bincount(labels[keep], minlength=VOCAB)
+    assert torch.equal(classes.counts, counted)
+    assert classes.kept.tolist() == [t for t in range(VOCAB) if counted[t] >= 2]
+    summary = classes.summary()
+    assert summary["classes_never_seen"] == 1 and summary["classes_below_min_count"] == 1  # tokens 10 and 9
+    assert summary["tokens_excluded"] == 1 and summary["tokens"] == int(counted.sum())
+    assert classes.index[classes.kept].tolist() == list(range(classes.num_classes))
+    with pytest.raises(KdcollapseError, match="min_count must be a positive integer, got 0"):
+        token_classes(batches, VOCAB, min_count=0)
+    with pytest.raises(KdcollapseError, match="collapse metrics need 2 classes"):
+        token_classes(batches, VOCAB, min_count=10**6)
+
+
+def gathered(model, batches, classes, layer):
+    """Hidden states of the kept positions at ``layer`` and their class indices, collected by hand."""
+    features, targets, logits = [], [], []
+    with torch.no_grad():
+        for batch in batches:
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+            for i in range(batch["input_ids"].shape[0]):
+                for t in range(batch["input_ids"].shape[1] - 1):
+                    token = int(batch["labels"][i, t + 1])
+                    if token == IGNORE_INDEX or not batch["attention_mask"][i, t + 1] or classes.index[token] < 0:
+                        continue
+                    features.append(out.hidden_states[layer][i, t])
+                    targets.append(int(classes.index[token]))
+                    logits.append(out.logits[i, t, classes.kept])
+    return torch.stack(features).double(), torch.tensor(targets), torch.stack(logits)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+def test_every_layer_in_one_pass_equals_the_metrics_of_gathered_features(build, tmp_path):
+    model, batches = build(), corpus()
+    result = analyze_tokens(model, batches, layers="all", min_count=2, out_dir=tmp_path)
+    classes = token_classes(batches, VOCAB, min_count=2)
+    assert sorted(result["layers"]) == [0, 1, 2]
+    weight = model.get_output_embeddings().weight.detach()[classes.kept].double()
+    for layer in (0, 1, 2):
+        h, y, logits = gathered(model, batches, classes, layer)
+        expected = collapse_metrics_from_features(h, y, classes.num_classes, weight if layer == 2 else None)
+        ours = result["layers"][layer]
+        assert ("gnc2" in ours) == (layer == 2)  # the classifier reads the last hidden state only
+        for key, value in expected.items():
+            assert ours[key] == pytest.approx(float(value), rel=1e-6, abs=1e-9), (layer, key)
+        means = torch.stack([h[y == k].mean(0) for k in range(classes.num_classes)])
+        nc4 = ncc_accuracy(h, y, means, logits)
+        assert ours["ncc_accuracy"] == pytest.approx(float(nc4["ncc_accuracy"]))
+        assert ours["ncc_agreement"] == pytest.approx(float(nc4["ncc_agreement"]))
+    written = json.loads((tmp_path / "analysis.json").read_text())
+    assert written["classes"] == result["classes"] and set(written["layers"]) == {"0", "1", "2"}
+    counts = json.loads((tmp_path / "token_counts.json").read_text())
+    assert sum(c for _, c in counts["id_count"]) == result["classes"]["tokens"]
+    assert (tmp_path / "analysis.md").exists()
+
+
+def test_layer_choice():
+    assert resolve_layers(None, 31) == [30] == resolve_layers("last", 31)
+    assert resolve_layers("all", 3) == [0, 1, 2]
+    assert resolve_layers([-1, 0, 5, 5], 31) == [0, 5, 30]
+    with pytest.raises(KdcollapseError, match="layer 31 is not a hidden-state index; valid: 0..30"):
+        resolve_layers([31], 31)
+
+
+def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkeypatch, capsys):
+    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+
+    from kdcollapse.cli import main
+    from kdcollapse.lm import load_language_model
+
+    monkeypatch.setenv("KDCOLLAPSE_CACHE", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer()
+    model_dir = tmp_path / "model"
+    load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=0).model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    corpus = write_corpus(tmp_path / "text")
+    out = tmp_path / "out"
+    argv = ["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--split", "train", "--layers", "0,-1",
+            "--block-size", "16", "--min-count", "3", "--gnc-convention", "official", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    assert set(result["layers"]) == {"0", "2"} and result["gnc_convention"] == "official"
+    assert result["classes"]["min_count"] == 3 and "gnc2" in result["layers"]["2"]
+    assert "-> " in capsys.readouterr().out
+    assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
+    assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err
