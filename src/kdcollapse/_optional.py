@@ -14,7 +14,7 @@ from types import ModuleType
 
 from kdcollapse.errors import KdcollapseError
 
-EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard"}
+EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard", "submitit": "slurm"}
 _PIP_NAMES = {"sklearn": "scikit-learn"}
 
 

@@ -7,13 +7,13 @@ from kdcollapse.runs._checkpoint import load_tensors, save_model, save_tensors
 from kdcollapse.runs._commit import load_model
 from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
-from kdcollapse.runs._run import Run, check_inputs, load_model_file
+from kdcollapse.runs._run import RUN_STATES, Run, check_inputs, load_model_file, run_state
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
                                      claim_run_dir, metrics_csv, read_metrics, start_run_dir, update_run_record)
 from kdcollapse.runs._teacher import TeacherLogitCache, check_teacher_cache, expand_logits, load_teacher, top_logits
 
-__all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "TeacherLogitCache", "UserData", "check_inputs",
+__all__ = ["RESUMABLE_KEYS", "RUN_STATES", "MetricsLog", "Run", "RunDir", "TeacherLogitCache", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "check_teacher_cache", "claim_run_dir",
            "convert_weights", "expand_logits", "load_model", "load_model_file", "load_teacher", "load_tensors",
-           "metrics_csv", "read_metrics", "run_dataset", "run_splits", "save_model", "save_tensors", "start_run_dir",
+           "metrics_csv", "read_metrics", "run_dataset", "run_state", "run_splits", "save_model", "save_tensors", "start_run_dir",
            "top_logits", "update_run_record"]

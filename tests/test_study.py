@@ -1,0 +1,170 @@
+"""Study files: expansion into runs (grid × seeds, teachers), the one done-rule, the local executor, the
+lock between launches, the summary's statistics and verdicts, validation-only selection, and the ported
+results pages (their generated tables are up to date and their tests match scipy)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from conftest import TINY_RUN
+from kdcollapse.errors import ConfigError
+from kdcollapse.report import holm, mean_difference_ci, verdict
+from kdcollapse.runs import run_state
+from kdcollapse.runs._lock import RunLock
+from kdcollapse.study import collect, execute, load_study, pending, run_local, summarise, write_page
+
+ROOT = Path(__file__).resolve().parents[1]
+PORTED = sorted(ROOT.glob("results/**/study.yaml"))
+
+TINY = "[" + ", ".join(json.dumps(o) for o in TINY_RUN) + "]"
+STUDY = """
+name: tiny
+seeds: [0, 1]
+define:
+  common: &common TINY
+groups:
+  - group: teacher
+    run: teacher
+    config: CONFIGS/teacher.yaml
+    seeds: [0]
+    overrides: [*common, train.epochs=2]
+  - group: kd
+    run: kd/t{temperature}/seed{seed}
+    config: CONFIGS/kd.yaml
+    grid: {temperature: [2, 4]}
+    teacher: teacher
+    overrides: [*common, data.val_per_class=5, train.epochs=2, "method.temperature={temperature}"]
+summary:
+  metric: {metric: test_acc, at: best}
+  noise_floor: 0.5
+  sections:
+    - title: tiny
+      cells: [{label: "T = {temperature}", group: kd}]
+      choose: {among: "T = *", by: val_acc}
+      compare: [["T = 2", "T = 4"]]
+"""
+
+
+def tiny_study(tmp_path: Path, text: str = STUDY) -> Path:
+    path = tmp_path / "study" / "study.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "teacher.yaml").write_text("method: {name: vanilla}\n")
+    (tmp_path / "kd.yaml").write_text("method: {name: kd, temperature: 4.0}\n")
+    path.write_text(text.replace("TINY", TINY).replace("CONFIGS", str(tmp_path)))
+    return path
+
+
+def test_a_study_expands_to_its_grid_times_seeds_with_the_teacher_first(tmp_path):
+    study = load_study(tiny_study(tmp_path), runs_dir=tmp_path / "runs")
+    assert list(study.runs) == ["teacher", "kd/t2/seed0", "kd/t4/seed0", "kd/t2/seed1", "kd/t4/seed1"]
+    kd = study.runs["kd/t4/seed1"]
+    assert kd.values == {"seed": 1, "temperature": 4} and kd.teacher == "teacher"
+    assert kd.overrides[-3:] == ("seed=1", f"run_dir={tmp_path / 'runs/kd/t4/seed1'}",
+                                 f"teacher.checkpoint={tmp_path / 'runs/teacher'}")
+    assert "method.temperature=4" in kd.overrides
+
+
+@pytest.mark.parametrize("change, message", [
+    (("teacher: teacher", "teacher: nobody"), "names teacher 'nobody'"),
+    (("run: kd/t{temperature}/seed{seed}", "run: kd/seed{seed}"), "named twice"),
+    (("run: kd/t{temperature}/seed{seed}", "run: kd/{tau}/seed{seed}"), "uses tau"),
+    (("grid: {", "grids: {"), "grids"),
+    (("by: val_acc", "by: test_acc"), "validation metrics only"),
+    (("metric: {metric: test_acc, at: best}", "select: test_acc\n  metric: {metric: test_acc, at: best}"),
+     "validation metrics only"),
+])
+def test_bad_study_files_are_refused_with_the_key_named(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        summarise(load_study(tiny_study(tmp_path, STUDY.replace(*change)), runs_dir=tmp_path / "runs"), {})
+
+
+def test_holm_ci_and_verdict_follow_their_definitions():
+    ps = [0.01, 0.04, 0.03, 0.2]
+    # sorted 0.01, 0.03, 0.04, 0.2 times 4, 3, 2, 1, then running maxima
+    assert holm(ps) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    a, b = [80.0, 82.0, 79.0, 81.5], [78.0, 81.0, 76.0, 81.0]
+    d = [x - y for x, y in zip(a, b)]
+    expected = stats.t.interval(0.95, len(d) - 1, loc=statistics.mean(d), scale=stats.sem(d))
+    assert mean_difference_ci(a, b) == pytest.approx(expected)
+    assert verdict(1.0, 0.049, noise_floor=0.5) == "better" and verdict(-1.0, 0.01) == "worse"
+    assert verdict(1.0, 0.051) == "no difference shown" and verdict(0.4, 0.001, noise_floor=0.5) == "no difference shown"
+    assert verdict(1.0, math.nan) == "not tested"
+
+
+def record(val, test):
+    return {"best": {"val_acc": val, "test_acc": test}, "last": {"test_acc": test}}
+
+
+def test_the_choice_reads_validation_and_the_verdicts_are_holm_corrected(tmp_path):
+    study = load_study(tiny_study(tmp_path), runs_dir=tmp_path / "runs")
+    # T = 4 is better on validation, T = 2 on test: the choice must be T = 4
+    records = {"kd/t2/seed0": record(50, 90), "kd/t2/seed1": record(51, 91),
+               "kd/t4/seed0": record(60, 80), "kd/t4/seed1": record(61, 82)}
+    text, summary = summarise(study, records)
+    assert "): T = 4" in text and "| T = 4 (chosen on val) | 0,1 |" in text
+    (c,) = summary["comparisons"]
+    assert c["per_seed"] == [10, 9] and c["p"] == pytest.approx(stats.ttest_rel([90, 91], [80, 82]).pvalue)
+    assert c["holm_p"] == c["p"] and c["verdict"] == verdict(9.5, c["p"], noise_floor=0.5)
+
+
+def test_local_executor_trains_teacher_then_students_and_a_rerun_skips_them(tmp_path):
+    study = load_study(tiny_study(tmp_path), runs_dir=tmp_path / "runs")
+    outcomes = run_local(study, pending(study), workers=2)
+    assert {o.status for o in outcomes} == {"finished"} and len(outcomes) == 5
+    assert all(run_state(r.run_dir) == "finished" for r in study.runs.values())
+    assert pending(study) == []
+    assert set(collect(study)) == set(study.runs) - {"teacher"}  # the summary's groups only
+    # the same run trained again in this process is bit for bit the executor's
+    again = tmp_path / "again"
+    spec = study.runs["kd/t2/seed1"]
+    from dataclasses import replace
+    execute(replace(spec, run_dir=again, overrides=(*spec.overrides, f"run_dir={again}")))
+    assert (again / "metrics.jsonl").read_text().count("test_acc") == 2
+    first = [{k: r[k] for k in ("train_loss", "test_acc", "val_acc")} for r in map(json.loads, (
+        spec.run_dir / "metrics.jsonl").read_text().splitlines())]
+    second = [{k: r[k] for k in ("train_loss", "test_acc", "val_acc")} for r in map(json.loads, (
+        again / "metrics.jsonl").read_text().splitlines())]
+    assert first == second
+
+
+def test_a_run_held_by_another_launch_is_left_to_it(tmp_path):
+    study = load_study(tiny_study(tmp_path), runs_dir=tmp_path / "runs")
+    teacher = study.runs["teacher"]
+    teacher.run_dir.mkdir(parents=True)
+    lock = RunLock(teacher.run_dir)
+    try:
+        assert run_state(teacher.run_dir) == "running"
+        assert execute(teacher).status == "running elsewhere"
+        assert execute(study.runs["kd/t2/seed0"]).status == "blocked"  # its teacher is not finished
+    finally:
+        lock.release()
+    assert run_state(teacher.run_dir) == "new"
+
+
+@pytest.mark.parametrize("path", PORTED, ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_ported_pages_are_what_study_report_writes(path):
+    study = load_study(path, runs_dir=path.parent / "no-runs-here")  # the committed records only
+    assert write_page(study, check=True) == [], f"run `kdcollapse study report {path.relative_to(ROOT)}`"
+
+
+@pytest.mark.parametrize("path", PORTED, ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_ported_pages_tests_match_scipy_on_their_records(path):
+    study = load_study(path, runs_dir=path.parent / "no-runs-here")
+    _, summary = summarise(study, collect(study))
+    assert summary["comparisons"]
+    tested = [c for c in summary["comparisons"] if len(c["seeds"]) > 1]
+    for c in tested:
+        assert c["mean"] == pytest.approx(statistics.mean(c["per_seed"]))
+        sd = statistics.stdev(c["per_seed"])
+        if sd > 0:
+            t = c["mean"] / (sd / math.sqrt(len(c["seeds"])))
+            assert c["p"] == pytest.approx(2 * stats.t.sf(abs(t), len(c["seeds"]) - 1))
+    smallest = min(tested, key=lambda c: c["p"])
+    assert smallest["holm_p"] == pytest.approx(min(1.0, len(tested) * smallest["p"]))
+    assert all(c["holm_p"] >= c["p"] for c in tested)
