@@ -1,23 +1,28 @@
 """Study files: expansion into runs (grid × seeds, teachers), the one done-rule, the local executor, the
-lock between launches, the summary's statistics and verdicts, validation-only selection, and the ported
-results pages (their generated tables are up to date and their tests match scipy)."""
+lock between launches, the SLURM executor against a real cluster (bit for bit the local one), the summary's
+statistics and verdicts, validation-only selection, and the ported results pages (their generated tables are
+up to date and their tests match scipy)."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from scipy import stats
 
 from conftest import TINY_RUN
 from kdcollapse.errors import ConfigError
 from kdcollapse.report import holm, mean_difference_ci, verdict
-from kdcollapse.runs import run_state
+from kdcollapse.runs import load_tensors, run_state
 from kdcollapse.runs._lock import RunLock
-from kdcollapse.study import collect, execute, load_study, pending, run_local, summarise, write_page
+from kdcollapse.study import collect, execute, load_study, pending, run_local, submit_slurm, summarise, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
 PORTED = sorted(ROOT.glob("results/**/study.yaml"))
@@ -113,24 +118,33 @@ def test_the_choice_reads_validation_and_the_verdicts_are_holm_corrected(tmp_pat
     assert c["holm_p"] == c["p"] and c["verdict"] == verdict(9.5, c["p"], noise_floor=0.5)
 
 
-def test_local_executor_trains_teacher_then_students_and_a_rerun_skips_them(tmp_path):
-    study = load_study(tiny_study(tmp_path), runs_dir=tmp_path / "runs")
+ONE_SEED = STUDY.replace("seeds: [0, 1]", "seeds: [0]")
+
+
+@pytest.fixture(scope="module")
+def local_study(tmp_path_factory):
+    """The one-seed tiny study (a teacher, two students) run by the local executor."""
+    tmp = tmp_path_factory.mktemp("study")
+    study = load_study(tiny_study(tmp, ONE_SEED), runs_dir=tmp / "local")
     outcomes = run_local(study, pending(study), workers=2)
-    assert {o.status for o in outcomes} == {"finished"} and len(outcomes) == 5
+    return study, outcomes
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in ("images_per_s", "epoch_time_s")}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_local_executor_trains_teacher_then_students_and_a_rerun_skips_them(local_study, tmp_path):
+    study, outcomes = local_study
+    assert [o.status for o in outcomes] == ["finished"] * 3 and outcomes[0].name == "teacher"
     assert all(run_state(r.run_dir) == "finished" for r in study.runs.values())
-    assert pending(study) == []
+    assert pending(study) == [] and run_local(study, pending(study)) == []
     assert set(collect(study)) == set(study.runs) - {"teacher"}  # the summary's groups only
     # the same run trained again in this process is bit for bit the executor's
-    again = tmp_path / "again"
-    spec = study.runs["kd/t2/seed1"]
-    from dataclasses import replace
-    execute(replace(spec, run_dir=again, overrides=(*spec.overrides, f"run_dir={again}")))
-    assert (again / "metrics.jsonl").read_text().count("test_acc") == 2
-    first = [{k: r[k] for k in ("train_loss", "test_acc", "val_acc")} for r in map(json.loads, (
-        spec.run_dir / "metrics.jsonl").read_text().splitlines())]
-    second = [{k: r[k] for k in ("train_loss", "test_acc", "val_acc")} for r in map(json.loads, (
-        again / "metrics.jsonl").read_text().splitlines())]
-    assert first == second
+    spec, again = study.runs["kd/t2/seed0"], tmp_path / "again"
+    assert execute(replace(spec, run_dir=again, overrides=(*spec.overrides, f"run_dir={again}"))).status == "finished"
+    assert metrics(again) == metrics(spec.run_dir) and len(metrics(again)) == 2
 
 
 def test_a_run_held_by_another_launch_is_left_to_it(tmp_path):
@@ -168,3 +182,37 @@ def test_ported_pages_tests_match_scipy_on_their_records(path):
     smallest = min(tested, key=lambda c: c["p"])
     assert smallest["holm_p"] == pytest.approx(min(1.0, len(tested) * smallest["p"]))
     assert all(c["holm_p"] >= c["p"] for c in tested)
+
+
+def slurm_unreachable() -> str | None:
+    if shutil.which("sbatch") is None:
+        return "no SLURM: sbatch not on PATH (bash .ci/slurm.sh starts a one-node cluster as root)"
+    try:
+        nodes = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"no SLURM: sinfo failed ({err})"
+    if not any(state.strip().rstrip("*") in ("idle", "mixed", "allocated") for state in nodes.split()):
+        return f"no SLURM: no node is up (sinfo: {nodes.strip() or 'nothing'}); bash .ci/slurm.sh starts one"
+    return None
+
+
+@pytest.mark.slow
+def test_a_study_through_slurm_equals_the_local_executor_bit_for_bit(local_study, tmp_path):
+    """`.ci/run` starts a one-node cluster (`.ci/slurm.sh`); without one reachable this skips and says why."""
+    why = slurm_unreachable()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("submitit", reason="the SLURM executor needs submitit (pip install 'kdcollapse[slurm]')")
+    local = local_study[0]
+    slurm = load_study(local.path, runs_dir=tmp_path / "slurm")
+    jobs = submit_slurm(slurm, pending(slurm), tmp_path / "submitit", threads=1)
+    assert len({j.job_id.split("_")[0] for j in jobs}) == 2  # the teacher's array, then the students' array
+    outcomes = [job.result() for job in jobs]
+    assert {o.status for o in outcomes} == {"finished"}, [o.message for o in outcomes]
+    assert pending(slurm) == []
+    for name, run in local.runs.items():
+        other = slurm.runs[name].run_dir
+        assert metrics(run.run_dir) == metrics(other), name
+        a, _ = load_tensors(run.run_dir / "model.safetensors")
+        b, _ = load_tensors(other / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

@@ -83,7 +83,9 @@ def run_local(study: Study, runs: list[RunSpec], workers: int = 1, threads: int 
     teacher finished in this launch (or before it). Returns the outcomes in completion order."""
     todo, outcomes, futures = list(runs), {}, {}
     names = {r.name for r in runs}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("forkserver")  # fresh processes, torch imported once (in the server)
+    context.set_forkserver_preload(["kdcollapse.study._execute"])
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         while todo or futures:
             for run in list(todo):
                 if run.teacher in names and run.teacher not in outcomes:
