@@ -122,13 +122,19 @@ def _expand(group: dict, index: int, seeds, root: Path) -> list[RunSpec]:
         for key, value in zip(grid, combination):
             values.update(value if isinstance(value, dict) else {key: value})  # a mapping sets several fields
         name = _fill(group["run"], values, label)
-        overrides = tuple(_fill(str(o), values, label) for o in _flat(group.get("overrides") or []))
+        overrides = tuple(_fill(str(o), values, label) for o in _flat(_splice(group.get("overrides") or [], values)))
         runs.append(RunSpec(
             name=name, group=label, config=_fill(group["config"], values, label),
             overrides=(*overrides, f"seed={seed}", f"run_dir={root / name}"), values=values,
             run_dir=root / name, teacher=_fill(group["teacher"], values, label) if group.get("teacher") else None,
             post=post, resources=resources))
     return runs
+
+
+def _splice(items: list, values: dict) -> list:
+    """An override that is exactly ``{field}`` where the field's value is a list stands for that list."""
+    return [values[m.group(1)] if isinstance(item, str) and (m := _FIELD.fullmatch(item))
+            and isinstance(values.get(m.group(1)), list) else item for item in items]
 
 
 def _flat(items: list) -> list:

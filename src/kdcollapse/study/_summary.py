@@ -102,10 +102,12 @@ def collect(study: Study) -> dict[str, dict]:
     return {name: records[name] for name in study.runs if name in records}
 
 
-def _cells(study: Study, records: dict, section: dict) -> dict[str, dict[int, dict]]:
-    """Cell label → seed → record, for each cell spec ``{label, group, where}`` (a label with grid fields
-    makes one cell per value)."""
+def _cells(study: Study, records: dict, section: dict) -> tuple[dict[str, dict[int, dict]], dict[str, str]]:
+    """Cell label → seed → record, for each cell spec ``{label, group, where, short}`` (a label with grid
+    fields makes one cell per value), and short name → label for the cells that have one (comparisons may
+    name a cell by either and show the short one)."""
     cells: dict[str, dict[int, dict]] = {}
+    shorts = {c["short"]: c["label"] for c in section.get("cells") or [] if "short" in c}
     for cell in section.get("cells") or []:
         where = cell.get("where") or {}
         for name, run in study.runs.items():
@@ -115,17 +117,16 @@ def _cells(study: Study, records: dict, section: dict) -> dict[str, dict[int, di
             cells.setdefault(label, {})
             if name in records:
                 cells[label][run.values["seed"]] = records[name]
-    return cells
+    return cells, shorts
 
 
-def _choose(cells: dict, choose: dict) -> tuple[str, list[int]]:
-    """The candidate cell with the highest mean of validation metric ``by`` over the seeds every candidate has."""
+def _choose(cells: dict, choose: dict) -> tuple[str | None, list[int]]:
+    """The candidate cell with the highest mean of validation metric ``by`` over the seeds every candidate has
+    (the first on a tie); ``(None, [])`` while no seed is shared by every candidate that has finished runs."""
     candidates = [c for c in cells if fnmatch.fnmatchcase(c, choose["among"]) and cells[c]]
-    if not candidates:
-        raise ConfigError(f"summary choice: no finished cell matches {choose['among']!r}")
-    shared = sorted(set.intersection(*(set(cells[c]) for c in candidates)))
+    shared = sorted(set.intersection(*(set(cells[c]) for c in candidates))) if candidates else []
     if not shared:
-        raise ConfigError(f"summary choice among {choose['among']!r}: no seed that every candidate finished")
+        return None, []
     by = Measure(choose["by"], "best", choose["by"])
     return max(candidates, key=lambda c: statistics.mean(by.of(cells[c][s]) for s in shared)), shared
 
@@ -136,7 +137,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
     columns, metric = measures(spec), Measure.parse(spec["metric"], spec["select"])
     sections, comparisons = [], []
     for section in spec.get("sections") or []:
-        cells = _cells(study, records, section)
+        cells, shorts = _cells(study, records, section)
+        short = {label: name for name, label in shorts.items()}
         chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
         title = section.get("title", "")
         if chosen is not None:
@@ -146,11 +148,11 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                 for label, runs in cells.items() if runs]
         pairs = []
         for a, b in section.get("compare") or []:
-            a, b = (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b))
+            a, b = (shorts.get(x, x) for x in (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b)))
             if a != b and (a, b) not in pairs and a in cells and b in cells:
                 pairs.append((a, b))
         first = len(comparisons)
-        comparisons += [_compare(a, b, cells[a], cells[b], metric) for a, b in pairs]
+        comparisons += [_compare(short.get(a, a), short.get(b, b), cells[a], cells[b], metric) for a, b in pairs]
         sections.append((title, rows, first, len(comparisons)))
     for c, p in zip(comparisons, holm([c["p"] for c in comparisons])):
         c["holm_p"] = p
