@@ -216,3 +216,14 @@ def test_a_study_through_slurm_equals_the_local_executor_bit_for_bit(local_study
         a, _ = load_tensors(run.run_dir / "model.safetensors")
         b, _ = load_tensors(other / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_the_cli_reports_status_and_checks_pages(tmp_path, capsys):
+    from kdcollapse.cli import main
+
+    path = tiny_study(tmp_path)
+    assert main(["study", "status", str(path), "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "new          kd/t4/seed1" in capsys.readouterr().out
+    assert main(["study", "report", "--check", *map(str, PORTED)]) == 0
+    assert main(["study", "status", str(tmp_path / "missing.yaml")]) == 2
+    assert "error: no study file" in capsys.readouterr().err
