@@ -227,3 +227,29 @@ def test_the_cli_reports_status_and_checks_pages(tmp_path, capsys):
     assert main(["study", "report", "--check", *map(str, PORTED)]) == 0
     assert main(["study", "status", str(tmp_path / "missing.yaml")]) == 2
     assert "error: no study file" in capsys.readouterr().err
+
+
+def test_dkd_beta_runs_have_the_configs_of_the_committed_protocol(tmp_path):
+    """The runs of results/distillation/dkd_beta were trained by the job lists this study file replaced
+    (protocol.sh, teachers.sh, dkd_beta/jobs.sh at 181eb2f, whose channels_last default was false); the
+    study's configs must be those, key for key (with that code they reproduce the runs bit for bit)."""
+    from kdcollapse.config import config_to_dict, load_config
+    from kdcollapse.recipes import config_file
+
+    study = load_study(ROOT / "results/distillation/dkd_beta/study.yaml", runs_dir=tmp_path)
+    old = {  # the old command lines, transcribed
+        "teacher_k100": ("configs/fashion_mnist_pairs/teacher.yaml", "model.name=convnet_small seed=0 "
+                         "data.train_per_class=50 data.val_per_class=5 data.test_per_class=10 data.batch_size=64 "
+                         "train.epochs=5 train.progress=false"),
+        "dkd_beta/k10/beta4/seed2": ("configs/fashion_mnist/dkd.yaml", f"teacher.checkpoint={tmp_path}/teacher_k10 "
+                                     "seed=2 data.train_per_class=200 data.val_per_class=30 data.test_per_class=100 "
+                                     "data.batch_size=64 train.epochs=6 method.beta=4"),
+        "dkd_beta/k100/student/seed1": ("configs/fashion_mnist_pairs/student.yaml", "seed=1 data.train_per_class=20 "
+                                        "data.val_per_class=5 data.test_per_class=10 data.batch_size=64 train.epochs=6"),
+    }
+    for name, (config, overrides) in old.items():
+        run = study.runs[name]
+        expected = load_config(ROOT / config, [*overrides.split(), f"run_dir={tmp_path / name}",
+                                               "train.channels_last=false", "train.progress=false"])
+        got = load_config(config_file(run.config), list(run.overrides))
+        assert config_to_dict(got) == config_to_dict(expected), name

@@ -12,7 +12,7 @@ import yaml
 
 from kdcollapse.errors import ConfigError, unknown_choice
 
-STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary")
+STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary", "tracking")
 GROUP_KEYS = ("group", "run", "config", "grid", "seeds", "teacher", "overrides", "post", "resources")
 RESOURCE_KEYS = ("cpus", "gpus", "tasks", "mem_gb", "minutes", "partition", "threads")
 _FIELD = re.compile(r"\{(\w+)\}")
@@ -78,9 +78,13 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
     groups = data.get("groups")
     if not isinstance(groups, list) or not groups:
         raise ConfigError(f"{path}: 'groups' must be a non-empty list of run groups")
+    tracking = data.get("tracking") or []
+    if not isinstance(tracking, list) or set(tracking) - {"wandb", "mlflow"}:
+        raise ConfigError(f"{path}: 'tracking' is a list of wandb, mlflow; got {tracking!r}")
+    extra = (f"train.trackers=[{', '.join(tracking)}]", f"train.group={name}") if tracking else ()
     runs: dict[str, RunSpec] = {}
     for index, group in enumerate(groups):
-        for run in _expand(group, index, data.get("seeds", [0]), root):
+        for run in _expand(group, index, data.get("seeds", [0]), root, extra):
             if run.name in runs:
                 raise ConfigError(f"{path}: run {run.name!r} is named twice (group {run.group!r}); give each run "
                                   "its own name with the grid's fields, e.g. run: beta{beta}/seed{seed}")
@@ -99,7 +103,7 @@ def _known(data: dict, keys: tuple[str, ...], where: str) -> None:
             raise ConfigError(unknown_choice(f"key of {where}", key, keys))
 
 
-def _expand(group: dict, index: int, seeds, root: Path) -> list[RunSpec]:
+def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] = ()) -> list[RunSpec]:
     if not isinstance(group, dict):
         raise ConfigError(f"groups[{index}] must be a mapping with keys {', '.join(GROUP_KEYS)}")
     label = str(group.get("group", f"groups[{index}]"))
@@ -125,7 +129,7 @@ def _expand(group: dict, index: int, seeds, root: Path) -> list[RunSpec]:
         overrides = tuple(_fill(str(o), values, label) for o in _flat(_splice(group.get("overrides") or [], values)))
         runs.append(RunSpec(
             name=name, group=label, config=_fill(group["config"], values, label),
-            overrides=(*overrides, f"seed={seed}", f"run_dir={root / name}"), values=values,
+            overrides=(*overrides, *extra, f"seed={seed}", f"run_dir={root / name}"), values=values,
             run_dir=root / name, teacher=_fill(group["teacher"], values, label) if group.get("teacher") else None,
             post=post, resources=resources))
     return runs
