@@ -22,7 +22,8 @@ from kdcollapse.errors import ConfigError
 from kdcollapse.report import holm, mean_difference_ci, verdict
 from kdcollapse.runs import load_tensors, run_state
 from kdcollapse.runs._lock import RunLock
-from kdcollapse.study import collect, execute, load_study, pending, run_local, submit_slurm, summarise, write_page
+from kdcollapse.study import (collect, execute, load_study, pending, run_local, state_of, submit_slurm, summarise,
+                              write_page)
 
 ROOT = Path(__file__).resolve().parents[1]
 PORTED = sorted(ROOT.glob("results/**/study.yaml"))
@@ -145,6 +146,18 @@ def test_local_executor_trains_teacher_then_students_and_a_rerun_skips_them(loca
     spec, again = study.runs["kd/t2/seed0"], tmp_path / "again"
     assert execute(replace(spec, run_dir=again, overrides=(*spec.overrides, f"run_dir={again}"))).status == "finished"
     assert metrics(again) == metrics(spec.run_dir) and len(metrics(again)) == 2
+
+
+def test_an_interrupted_run_is_resumed_to_the_run_that_never_stopped(local_study, tmp_path):
+    """A run stopped after its first epoch (here: trained with train.epochs=1) is "interrupted" for the
+    study, which asks for 2, and resuming it gives the uninterrupted run's records exactly."""
+    study, _ = local_study
+    spec, again = study.runs["kd/t4/seed0"], tmp_path / "again"
+    spec = replace(spec, run_dir=again, overrides=(*spec.overrides, f"run_dir={again}"))
+    execute(replace(spec, overrides=(*spec.overrides, "train.epochs=1")))
+    assert run_state(again) == "finished" and state_of(spec) == "interrupted"
+    assert execute(spec).status == "finished" and state_of(spec) == "finished"
+    assert metrics(again) == metrics(study.runs["kd/t4/seed0"].run_dir)
 
 
 def test_a_run_held_by_another_launch_is_left_to_it(tmp_path):

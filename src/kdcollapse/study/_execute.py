@@ -20,7 +20,7 @@ import torch
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.recipes import config_file
-from kdcollapse.runs import run_state
+from kdcollapse.runs import Run, run_state
 from kdcollapse.study._spec import RunSpec, Study
 from kdcollapse.train import TrainingDiverged, fit
 
@@ -41,13 +41,13 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     is an outcome, not an error; a teacher that is not finished blocks its students."""
     if threads:
         torch.set_num_threads(threads)
-    state = run_state(run.run_dir)
+    state = state_of(run)
     if state == "running":
         return Outcome(run.name, "running elsewhere", "another process holds its run directory")
     if state != "finished":
         if run.teacher_dir is not None and run_state(run.teacher_dir) != "finished":
             return Outcome(run.name, "blocked", f"its teacher {run.teacher_dir} is not finished")
-        cfg = load_config(config_file(run.config), list(run.overrides))
+        cfg = run_config(run)
         try:
             fit(cfg, resume=state == "interrupted", overwrite=state == "new" and (run.run_dir / "config.yaml").exists())
         except TrainingDiverged as err:
@@ -65,16 +65,30 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     return Outcome(run.name, "finished")
 
 
+def run_config(run: RunSpec):
+    """The ``RunConfig`` the study asks ``run`` to train with."""
+    return load_config(config_file(run.config), list(run.overrides))
+
+
+def state_of(run: RunSpec) -> str:
+    """:func:`kdcollapse.runs.run_state`, except that a run finished at fewer epochs than the study now asks
+    for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume)."""
+    state = run_state(run.run_dir)
+    if state == "finished" and Run(run.run_dir).config.train.epochs < run_config(run).train.epochs:
+        return "interrupted"
+    return state
+
+
 def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
     """The runs (of ``names``, else all) that still have something to do: training or a post step."""
     runs = [study.runs[n] for n in names] if names else list(study.runs.values())
-    return [r for r in runs if run_state(r.run_dir) != "finished" or any(
+    return [r for r in runs if state_of(r) != "finished" or any(
         not (r.run_dir / s.creates).exists() for s in r.post)]
 
 
 def status(study: Study) -> dict[str, str]:
     """Run name → its state (``kdcollapse.runs.RUN_STATES``)."""
-    return {name: run_state(run.run_dir) for name, run in study.runs.items()}
+    return {name: state_of(run) for name, run in study.runs.items()}
 
 
 def run_local(study: Study, runs: list[RunSpec], workers: int = 1, threads: int = 1,
