@@ -58,7 +58,7 @@ def _study_run(args) -> int:
     if args.executor == "slurm":
         jobs = submit_slurm(study, todo, Path(study.runs_dir) / "_submitit", partition=args.partition,
                             threads=args.threads)
-        print(f"submitted {len(jobs)} jobs: {', '.join(sorted({j.job_id.split('_')[0] for j in jobs}))}")
+        print(f"submitted {len(jobs)} jobs: arrays {', '.join(sorted({j.job_id.split('_')[0] for j in jobs}, key=int))}")
         if args.no_wait:
             return 0
         outcomes = [job.result() for job in jobs]
