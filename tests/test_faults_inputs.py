@@ -78,6 +78,8 @@ INVALID = {
     "train.device": "tpu9",
     "train.progress": "maybe",
     "train.tensorboard": "maybe",
+    "train.trackers": "neptune",
+    "train.group": "[1, 2]",
     "train.ema": "1",
     "analysis.every": "-1",
     "analysis.train_per_class": "0",

@@ -1,6 +1,7 @@
-"""The decisions inside the results pages' summary scripts, on run directories written here: where a front is
-interpolated (and where it refuses to extrapolate), which seeds a matched comparison pairs, which τ the DHKD
-Tables 8–9 summary chooses (on validation, never on test), and the paired differences of the collapse pages."""
+"""The decisions inside the results pages' summaries, on records or run directories written here: where a front
+is interpolated (and where it refuses to extrapolate), which seeds a matched comparison pairs, which τ the DHKD
+Tables 8–9 study file chooses (on validation, never on test, over the seeds every τ has), and the paired
+differences of the collapse pages."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from kdcollapse.study import load_study, summarise
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+DHKD = load_study(RESULTS / "distillation/dhkd_ablation/study.yaml", runs_dir="no-runs-here")
 
 
 def script(path: str, name: str):
@@ -35,11 +39,6 @@ def script(path: str, name: str):
 def fronts():
     pytest.importorskip("matplotlib")
     return script("adversarial/fronts/summarise.py", "fronts_summarise")
-
-
-@pytest.fixture(scope="module")
-def dhkd():
-    return script("distillation/dhkd_ablation/summarise.py", "dhkd_summarise")
 
 
 @pytest.fixture(scope="module")
@@ -94,37 +93,43 @@ def test_load_reads_robust_eval_and_the_stages_autoattack_broke(fronts, tmp_path
     assert fronts.load(tmp_path / "missing") is None
 
 
-def write_run(run: Path, val: float, test: float) -> None:
-    """A finished run of the distillation studies: two epochs, the best validation epoch last."""
-    run.mkdir(parents=True)
-    (run / "outcome.json").write_text(json.dumps({"status": "finished"}))
-    records = [{"epoch": 1, "val_acc": val - 5, "test_acc": test + 10}, {"epoch": 2, "val_acc": val, "test_acc": test}]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+def dhkd_records(val: dict, test: dict, seeds: dict | None = None) -> dict:
+    """``runs.json`` records of the DHKD ablation's Tables 8–9 rows at K = 100: plain BinaryKL at each τ
+    (validation ``val[τ] + seed``, test ``test[τ] + seed``) and BinaryKL-Norm τ = 2 (``dual_align``)."""
+    rows = {t: f"dual_align_bkl_t{t}" for t in (0.25, 0.5, 1, 4, 8)} | {2: "dual_align_bkl"}
+    records = {}
+    for tau, row in rows.items():
+        for seed in (seeds or {}).get(tau, (0, 1, 2)):
+            records[f"dhkd_ablation/k100/{row}/seed{seed}"] = {
+                "best": {"val_acc": val[tau] + seed, "test_acc": test[tau] + seed}, "last": {"test_acc": 0.0}}
+    for seed, norm in enumerate((50.0, 52.0, 51.0)):
+        records[f"dhkd_ablation/k100/dual_align/seed{seed}"] = {"best": {"val_acc": 58.0, "test_acc": norm},
+                                                               "last": {"test_acc": norm}}
+    return records
 
 
-def test_best_tau_is_chosen_on_validation_and_compared_paired_by_seed(dhkd, tmp_path):
+def test_best_tau_is_chosen_on_validation_and_compared_paired_by_seed():
     # τ = 4 has the best validation accuracy, τ = 1 the best test accuracy: the choice must be τ = 4
     val = {0.25: 50, 0.5: 51, 1: 52, 2: 53, 4: 60, 8: 54}
     test = {0.25: 50, 0.5: 51, 1: 70, 2: 53, 4: 55, 8: 54}
-    for tau, row in dhkd.TAUS.items():
-        for seed in range(3):
-            write_run(tmp_path / "k100" / row / f"seed{seed}", val[tau] + seed, test[tau] + seed)
-    for seed, norm in enumerate((50.0, 52.0, 51.0)):
-        write_run(tmp_path / "k100" / "dual_align" / f"seed{seed}", 58.0, norm)
-    text, summary = dhkd.best_tau(tmp_path)
-    assert summary == {"k100": {"chosen_tau": 4, "mean_val": {t: v + 1 for t, v in val.items()}}}
-    assert "| 4 (chosen) |" in text[0]
-    # τ = 4 test accuracies 55, 56, 57 against BinaryKL-Norm 50, 52, 51
-    assert "| BinaryKL τ = 4 − BinaryKL-Norm τ = 2 | 0,1,2 | +5.00, +4.00, +6.00 | +5.00 |" in text[0]
-    assert "| BinaryKL τ = 4 − BinaryKL τ = 2 | 0,1,2 | +2.00, +2.00, +2.00 | +2.00 |" in text[0]
+    text, summary = summarise(DHKD, dhkd_records(val, test))
+    assert "Tables 8–9 at K = 100, plain BinaryKL on g′ over τ — chosen on validation (val_acc, seeds 0,1,2): " \
+           "BinaryKL τ = 4" in text
+    assert "| BinaryKL τ = 4 (chosen on val) | 0,1,2 |" in text
+    rows = {(c["a"], c["b"]): c for c in summary["comparisons"] if c["seeds"]}
+    # τ = 4 test accuracies 55, 56, 57 against BinaryKL-Norm 50, 52, 51, and against τ = 2's 53, 54, 55
+    assert rows["BinaryKL τ = 4", "BinaryKL-Norm τ = 2"]["per_seed"] == [5.0, 4.0, 6.0]
+    assert rows["BinaryKL τ = 4", "BinaryKL τ = 2"]["per_seed"] == [2.0, 2.0, 2.0]
+    assert rows["BinaryKL τ = 4", "BinaryKL τ = 2"]["p"] == 0.0  # equal non-zero differences: t is infinite
 
 
-def test_best_tau_compares_only_seeds_every_tau_has(dhkd, tmp_path):
-    for tau, row in dhkd.TAUS.items():
-        for seed in (0, 1) if tau == 8 else (0, 1, 2):
-            write_run(tmp_path / "k10" / row / f"seed{seed}", 70 + (seed == 2) * 100 * (tau == 1), 70)
-    _, summary = dhkd.best_tau(tmp_path)
-    assert summary["k10"]["mean_val"][1] == 70  # seed 2's 170 of τ = 1 is not counted: τ = 8 lacks seed 2
+def test_best_tau_compares_only_seeds_every_tau_has():
+    val = dict.fromkeys((0.25, 0.5, 2, 4, 8), 70) | {1: 69.5}
+    test = dict.fromkeys((0.25, 0.5, 1, 2, 4, 8), 70)
+    records = dhkd_records(val, test, seeds={8: (0, 1)})
+    records["dhkd_ablation/k100/dual_align_bkl_t1/seed2"]["best"]["val_acc"] = 170  # τ = 8 lacks seed 2
+    text, _ = summarise(DHKD, records)
+    assert "(val_acc, seeds 0,1): BinaryKL τ = 0.25" in text  # seed 2's 170 of τ = 1 is not counted
 
 
 def test_paired_tests_skip_unfinished_seeds_and_match_scipy(collapse_k):

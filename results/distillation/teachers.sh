@@ -1,5 +1,5 @@
 #!/bin/bash
-# The two teachers of the short distillation studies (collapse_k, dkd_beta, dkl_ablation), trained into RUNS
+# The two teachers of the short distillation studies not yet ported to study files (collapse_*), trained into RUNS
 # when missing: convnet_small, seed 0, cosine lr 0.1, batch 64, 5 epochs, on subsets (see collapse_k/README.md).
 # Usage (repository root): RUNS=/path/to/runs [PY=python] bash results/distillation/teachers.sh
 set -euo pipefail

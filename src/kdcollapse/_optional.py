@@ -15,7 +15,8 @@ from types import ModuleType
 
 from kdcollapse.errors import KdcollapseError
 
-EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard"}
+EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard", "submitit": "slurm", "wandb": "tracking",
+          "mlflow": "tracking"}
 _PIP_NAMES = {"sklearn": "scikit-learn"}
 
 

@@ -201,6 +201,9 @@ class TrainConfig:
     device: str = valid("auto", Rule("auto, cpu, cuda, cuda:N or mps", lambda v: bool(_DEVICE.fullmatch(v))))
     progress: bool = True  # progress bar on the console
     tensorboard: bool = False  # also log to run_dir/tensorboard (needs the tensorboard package)
+    trackers: list[str] = valid(rule=Rule("a list of wandb, mlflow", lambda v: all(t in ("wandb", "mlflow") for t in v)),
+                                factory=list)  # also log to W&B / MLflow (when installed); see runs/_tracking.py
+    group: str = ""  # the trackers' group of this run (a study's name, set by `kdcollapse study`)
     ema: float = valid(0.0, interval(0, 1, open_high=True))  # weight-average decay per optimizer step; 0: off
 
 

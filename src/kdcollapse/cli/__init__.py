@@ -27,6 +27,7 @@ _COMMAND_MODULES = [
     "kdcollapse.cli.analyze",
     "kdcollapse.cli.robust_eval",
     "kdcollapse.cli.recipes",
+    "kdcollapse.cli.study",
 ]
 
 

@@ -2,6 +2,7 @@
 
 from kdcollapse.report._curves import plot_curves
 from kdcollapse.report._markdown import markdown_table
-from kdcollapse.report._stats import mean_std, paired_t_test
+from kdcollapse.report._stats import VERDICTS, holm, mean_difference_ci, mean_std, paired_t_test, verdict
 
-__all__ = ["markdown_table", "mean_std", "paired_t_test", "plot_curves"]
+__all__ = ["VERDICTS", "holm", "markdown_table", "mean_difference_ci", "mean_std", "paired_t_test", "plot_curves",
+           "verdict"]

@@ -1,4 +1,5 @@
-"""Mean ± std over seeds and the paired t-test across seeds, for the results pages."""
+"""Mean ± std over seeds, the paired t-test across seeds, Holm's correction across a page's comparisons, the
+confidence interval of a paired difference, and the verdict word chosen by rule from them, for the results pages."""
 
 from __future__ import annotations
 
@@ -35,3 +36,50 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]
 
     t = mean / (sd / math.sqrt(len(d)))
     return mean, float(2.0 * student_t.sf(abs(t), df=len(d) - 1))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given; ``nan`` entries (no test) are left out of the
+    family and stay ``nan``.
+
+    >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, math.nan])]
+    [0.03, 0.06, 0.06, nan]
+    """
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def mean_difference_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The two-sided ``level`` confidence interval of the mean paired difference ``a − b`` (Student's t, n − 1
+    degrees of freedom); ``(nan, nan)`` with fewer than two pairs."""
+    if len(a) != len(b):
+        raise KdcollapseError(f"mean_difference_ci needs pairs: got {len(a)} and {len(b)} values")
+    d = [x - y for x, y in zip(a, b)]
+    if len(d) < 2:
+        return math.nan, math.nan
+    from scipy.stats import t as student_t
+
+    half = float(student_t.ppf(0.5 + level / 2, df=len(d) - 1)) * statistics.stdev(d) / math.sqrt(len(d))
+    return statistics.mean(d) - half, statistics.mean(d) + half
+
+
+VERDICTS = ("better", "worse", "no difference shown", "not tested")
+
+
+def verdict(difference: float, corrected_p: float, *, alpha: float = 0.05, noise_floor: float = 0.0) -> str:
+    """The word for ``a − b`` (higher is better): "better" or "worse" only when the corrected p-value is below
+    ``alpha`` *and* the mean difference is at least ``noise_floor`` in size; "not tested" without a p-value
+    (fewer than two pairs); otherwise "no difference shown" — which is not a claim of equality.
+
+    >>> verdict(2.0, 0.01, noise_floor=0.5), verdict(-2.0, 0.01), verdict(0.2, 0.01, noise_floor=0.5)
+    ('better', 'worse', 'no difference shown')
+    """
+    if math.isnan(corrected_p):
+        return "not tested"
+    if corrected_p < alpha and abs(difference) >= noise_floor:
+        return "better" if difference > 0 else "worse"
+    return "no difference shown"

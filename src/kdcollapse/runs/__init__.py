@@ -9,13 +9,13 @@ from kdcollapse.runs._checkpoint import (check_checkpoint_meta, flatten_optimize
 from kdcollapse.runs._commit import load_model
 from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
-from kdcollapse.runs._run import Run, check_inputs, load_model_file
+from kdcollapse.runs._run import RUN_STATES, Run, check_inputs, load_model_file, run_state
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
                                      claim_run_dir, metrics_csv, provenance, read_metrics, start_run_dir, update_run_record)
 from kdcollapse.runs._teacher import load_teacher
 from kdcollapse.runs._run_dir import on_main_process
 
-__all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "UserData", "check_inputs",
+__all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_state", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
            "convert_weights", "load_model", "load_model_file", "load_teacher", "load_tensors",
            "metrics_csv", "read_metrics", "run_dataset", "run_splits", "save_model", "save_tensors", "start_run_dir",

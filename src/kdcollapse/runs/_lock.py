@@ -78,3 +78,17 @@ def _describe(holder: str) -> str:
         return f"pid {info['pid']} on host {info['host']}, since {info['since']}: {info['command']}"
     except (ValueError, KeyError, TypeError):
         return "holder unknown"
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a live process holds the lock of ``run_dir`` (nothing is written)."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return False
+    with open(path) as file:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    return False

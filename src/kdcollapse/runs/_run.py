@@ -15,7 +15,8 @@ from kdcollapse.methods import get_method
 from kdcollapse.models import evaluating
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._commit import committed_file, committed_path, load_model
+from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path, load_model
+from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
 from kdcollapse.runs._teacher import load_teacher
@@ -144,3 +145,20 @@ def check_inputs(model: nn.Module, dataset, name: str) -> None:
 
 
 __all__ = ["Run", "check_inputs", "check_split", "load_model_file", "run_dataset"]
+
+
+RUN_STATES = ("new", "interrupted", "running", "finished")
+
+
+def run_state(run_dir: str | Path) -> str:
+    """Where the run in ``run_dir`` stands, by one rule: "running" while a process holds its lock, "finished"
+    when :meth:`Run.finished` says so, "interrupted" when an epoch was committed (``state.json``) but not the
+    last, "new" otherwise (nothing committed: a start that crashed before its first epoch included)."""
+    run_dir = Path(run_dir)
+    if is_locked(run_dir):
+        return "running"
+    if not (run_dir / "config.yaml").is_file():
+        return "new"
+    if Run(run_dir).finished():
+        return "finished"
+    return "interrupted" if (run_dir / STATE_FILE).is_file() else "new"

@@ -34,6 +34,7 @@ from kdcollapse.runs._checkpoint import read_header, save_tensors
 from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
 from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._lock import RunLock
+from kdcollapse.runs._tracking import open_trackers
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpoint.safetensors",
@@ -42,7 +43,8 @@ RUN_DIRS = ("tensorboard",)
 
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
 # to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
-RESUMABLE_KEYS = ("run_dir", "train.epochs", "train.eval_every", "train.progress", "train.tensorboard",
+RESUMABLE_KEYS = ("run_dir", "train.epochs", "train.eval_every", "train.progress", "train.tensorboard", "train.trackers",
+                  "train.group",
                   "train.device", "train.compile", "data.num_workers", "data.eval_batch_size", "analysis.every",
                   "analysis.train_per_class")
 
@@ -394,11 +396,13 @@ class MetricsLog:
 
     FILES = {"metrics.jsonl": metrics_jsonl, "metrics.csv": metrics_csv}
 
-    def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False):
+    def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False,
+                 trackers: tuple[str, ...] = (), config: dict | None = None, group: str = ""):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.writer = None
         self.records: list[dict] = []
+        self.trackers: list = []
         if not enabled:
             return
         if start_epoch > 0:
@@ -413,6 +417,7 @@ class MetricsLog:
                 raise ConfigError("train.tensorboard=true needs the tensorboard package: "
                                   "pip install 'kdcollapse[tensorboard]'") from None
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        self.trackers = open_trackers(trackers, run_dir, config or {}, group)
 
     def write(self, record: dict) -> None:
         """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit."""
@@ -423,6 +428,8 @@ class MetricsLog:
             for key, value in record.items():
                 if key != "epoch" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["epoch"])
+        for tracker in self.trackers:
+            tracker.log(record)
 
     def files(self) -> dict[str, str]:
         """The text of each metrics file, by name."""
@@ -431,3 +438,6 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

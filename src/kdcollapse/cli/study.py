@@ -1,0 +1,98 @@
+"""``kdcollapse study run | status | report FILE``: a study file's runs, where they stand, and its page."""
+
+from __future__ import annotations
+
+_EXAMPLES = """examples:
+  kdcollapse study run results/distillation/dkd_beta/study.yaml --workers 2        # here, 2 runs at a time
+  kdcollapse study run study.yaml --executor slurm --partition gpu                 # job arrays on SLURM
+  kdcollapse study status results/distillation/dkd_beta/study.yaml
+  kdcollapse study report results/distillation/dkd_beta/study.yaml                 # tables and verdicts
+  kdcollapse study report --check results/*/*/study.yaml                           # pages up to date?
+
+A finished run (its last epoch committed) is skipped, an interrupted one resumed; a run that another
+launch is training (its run directory's lock) is left to it. See docs/studies.md for the file format.
+"""
+
+
+def register(subparsers) -> None:
+    from kdcollapse.cli._common import HelpFormatter
+
+    text = "Run a study file's grid of runs (here or on SLURM), show where it stands, write its page."
+    p = subparsers.add_parser("study", help=text, description=text, epilog=_EXAMPLES, formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="study_command", metavar="ACTION", required=True)
+    run = sub.add_parser("run", help="train every run not finished, then the post steps and the report",
+                         formatter_class=HelpFormatter)
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--executor", choices=("local", "slurm"), default="local")
+    run.add_argument("--workers", type=int, default=1, metavar="N", help="local: runs at a time")
+    run.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per run")
+    run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
+    run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
+    run.add_argument("--only", nargs="+", metavar="GLOB", help="only the runs whose name matches one of these")
+    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished",
+                        formatter_class=HelpFormatter)
+    st.add_argument("file", metavar="FILE")
+    rep = sub.add_parser("report", help="collect the finished runs' records and write the page's tables",
+                         formatter_class=HelpFormatter)
+    rep.add_argument("files", metavar="FILE", nargs="+")
+    rep.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is not up to date")
+    for q in (run, st, rep):
+        q.add_argument("--runs-dir", metavar="DIR", help="where the runs live (default: the file's runs_dir)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    return {"run": _study_run, "status": _status, "report": _report}[args.study_command](args)
+
+
+def _study_run(args) -> int:
+    import fnmatch
+    from pathlib import Path
+
+    from kdcollapse.study import load_study, pending, run_local, submit_slurm, write_page
+
+    study = load_study(args.file, args.runs_dir)
+    names = [n for n in study.runs if not args.only or any(fnmatch.fnmatchcase(n, g) for g in args.only)]
+    todo = pending(study, names)
+    print(f"{study.name}: {len(names)} runs, {len(names) - len(todo)} finished, {len(todo)} to do")
+    if args.executor == "slurm":
+        jobs = submit_slurm(study, todo, Path(study.runs_dir) / "_submitit", partition=args.partition,
+                            threads=args.threads)
+        print(f"submitted {len(jobs)} jobs: arrays {', '.join(sorted({j.job_id.split('_')[0] for j in jobs}, key=int))}")
+        if args.no_wait:
+            return 0
+        outcomes = [job.result() for job in jobs]
+        for o in outcomes:
+            print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}")
+    else:
+        outcomes = run_local(study, todo, workers=args.workers, threads=args.threads,
+                             report=lambda o: print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}",
+                                                    flush=True))
+    if study.summary and not args.only:
+        for path in write_page(study):
+            print(f"wrote {path}")
+    return 0 if all(o.status == "finished" for o in outcomes) else 1
+
+
+def _status(args) -> int:
+    from collections import Counter
+
+    from kdcollapse.study import load_study, status
+
+    states = status(load_study(args.file, args.runs_dir))
+    for name, state in states.items():
+        print(f"{state:12s} {name}")
+    print(", ".join(f"{n} {s}" for s, n in Counter(states.values()).items()))
+    return 0
+
+
+def _report(args) -> int:
+    from kdcollapse.study import load_study, write_page
+
+    stale = []
+    for file in args.files:
+        changed = write_page(load_study(file, args.runs_dir), check=args.check)
+        stale += changed
+        for path in changed:
+            print(f"{'out of date' if args.check else 'wrote'}: {path}")
+    return 1 if args.check and stale else 0

@@ -1,0 +1,123 @@
+"""Running a study's runs: one run in this process (:func:`execute`, what every executor calls), the local
+executor (a process pool, N at a time, teachers before their students) and the status of every run.
+
+"Done" has one rule, :func:`kdcollapse.runs.run_state` (the committed last epoch); a finished run is skipped,
+an interrupted one resumed from its committed epoch, and a run whose directory another process holds (its
+lock) is left to that process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+
+import torch
+
+from kdcollapse.config import load_config
+from kdcollapse.errors import CheckpointError
+from kdcollapse.recipes import config_file
+from kdcollapse.runs import Run, run_state
+from kdcollapse.study._spec import RunSpec, Study
+from kdcollapse.train import TrainingDiverged, fit
+
+OUTCOMES = ("finished", "diverged", "failed", "running elsewhere", "blocked")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one run in this launch: one of ``OUTCOMES`` and a message."""
+
+    name: str
+    status: str
+    message: str = ""
+
+
+def execute(run: RunSpec, threads: int | None = None) -> Outcome:
+    """Train ``run`` unless it is finished (resuming an interrupted one), then its post steps. A diverged run
+    is an outcome, not an error; a teacher that is not finished blocks its students."""
+    if threads:
+        torch.set_num_threads(threads)
+    state = state_of(run)
+    if state == "running":
+        return Outcome(run.name, "running elsewhere", "another process holds its run directory")
+    if state != "finished":
+        if run.teacher_dir is not None and run_state(run.teacher_dir) != "finished":
+            return Outcome(run.name, "blocked", f"its teacher {run.teacher_dir} is not finished")
+        cfg = run_config(run)
+        try:
+            fit(cfg, resume=state == "interrupted", overwrite=state == "new" and (run.run_dir / "config.yaml").exists())
+        except TrainingDiverged as err:
+            return Outcome(run.name, "diverged", str(err))
+        except CheckpointError as err:
+            if "in use by another process" in str(err):
+                return Outcome(run.name, "running elsewhere", str(err))
+            raise
+    for step in run.post:
+        if not (run.run_dir / step.creates).exists():
+            done = subprocess.run([sys.executable, "-m", "kdcollapse", step.command, str(run.run_dir), *step.args],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                return Outcome(run.name, "failed", f"{step.command}: {done.stderr.strip()[-500:]}")
+    return Outcome(run.name, "finished")
+
+
+def run_config(run: RunSpec):
+    """The ``RunConfig`` the study asks ``run`` to train with."""
+    return load_config(config_file(run.config), list(run.overrides))
+
+
+def state_of(run: RunSpec) -> str:
+    """:func:`kdcollapse.runs.run_state`, except that a run finished at fewer epochs than the study now asks
+    for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume)."""
+    state = run_state(run.run_dir)
+    if state == "finished" and Run(run.run_dir).config.train.epochs < run_config(run).train.epochs:
+        return "interrupted"
+    return state
+
+
+def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
+    """The runs (of ``names``, else all) that still have something to do: training or a post step."""
+    runs = [study.runs[n] for n in names] if names else list(study.runs.values())
+    return [r for r in runs if state_of(r) != "finished" or any(
+        not (r.run_dir / s.creates).exists() for s in r.post)]
+
+
+def status(study: Study) -> dict[str, str]:
+    """Run name → its state (``kdcollapse.runs.RUN_STATES``)."""
+    return {name: state_of(run) for name, run in study.runs.items()}
+
+
+def run_local(study: Study, runs: list[RunSpec], workers: int = 1, threads: int = 1,
+              report: Callable[[Outcome], None] = lambda o: None) -> list[Outcome]:
+    """Run ``runs`` in ``workers`` fresh processes of ``threads`` threads each; a student starts once its
+    teacher finished in this launch (or before it). Returns the outcomes in completion order."""
+    todo, outcomes, futures = list(runs), {}, {}
+    names = {r.name for r in runs}
+    context = multiprocessing.get_context("forkserver")  # fresh processes, torch imported once (in the server)
+    context.set_forkserver_preload(["kdcollapse.study._execute"])
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        while todo or futures:
+            for run in list(todo):
+                if run.teacher in names and run.teacher not in outcomes:
+                    continue  # its teacher is still to run in this launch
+                todo.remove(run)
+                if run.teacher in outcomes and outcomes[run.teacher].status != "finished":
+                    outcomes[run.name] = Outcome(run.name, "blocked", f"its teacher {run.teacher} did not finish")
+                    report(outcomes[run.name])
+                    continue
+                futures[pool.submit(execute, run, threads)] = run
+            if not futures:
+                continue
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in done:
+                run = futures.pop(future)
+                try:
+                    outcomes[run.name] = future.result()
+                except Exception as err:  # noqa: BLE001 - one failed run must not stop the others
+                    outcomes[run.name] = Outcome(run.name, "failed", f"{type(err).__name__}: {err}")
+                report(outcomes[run.name])
+    return list(outcomes.values())

@@ -1,0 +1,41 @@
+"""W&B and MLflow trackers in their offline / local modes: a tiny run logs every epoch record under its group
+(a study's name), and the numbers are those of metrics.jsonl. Skipped when the package is not installed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kdcollapse.train import fit
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_mlflow_tracker_logs_each_epoch_under_the_group(tmp_path, tiny_config, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # a local store, no server
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run_dir = fit(tiny_config(tmp_path / "run", "train.epochs=2", "train.trackers=[mlflow]",
+                              "train.group=my_study")).run_dir
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("my_study").experiment_id])
+    assert run.data.tags["kdcollapse.group"] == "my_study" and run.data.params["train.group"] == "my_study"
+    history = client.get_metric_history(run.info.run_id, "test_acc")
+    assert [(m.step, m.value) for m in history] == [(r["epoch"], r["test_acc"]) for r in records(run_dir)]
+
+
+@pytest.mark.slow
+def test_wandb_tracker_writes_an_offline_run_in_the_group(tmp_path, tiny_config, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = fit(tiny_config(tmp_path / "run", "train.epochs=2", "train.trackers=[wandb]",
+                              "train.group=my_study")).run_dir
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    (data,) = offline.glob("run-*.wandb")  # the records W&B would sync: config, group, each epoch's metrics
+    content = data.read_bytes()
+    assert b"my_study" in content and b"test_acc" in content and b"train_loss" in content
