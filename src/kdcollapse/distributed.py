@@ -57,6 +57,17 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
+    """Every process's ``tensor`` concatenated along dim 0 in rank order (equal shapes on every rank; a
+    collective), without gradient; the tensor itself for one process. For state that must stay global under
+    DDP, e.g. a memory bank updated with every process's samples and their indices."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.detach().contiguous())
+    return torch.cat(parts)
+
+
 def all_ranks_ok(ok: bool) -> bool:
     """Whether ``ok`` holds on every process (a collective: every rank must call it; True alone)."""
     if not (dist.is_available() and dist.is_initialized()):
