@@ -395,8 +395,8 @@ LOGIT_NOTES = {
             "over 10 epochs, batch 64, lr 0.05.",
     "wttm": "gamma 0.2 and weight 4 are the official README's WTTM example; the paper tunes both per pair "
             "(its appendix table is not in the repository): expect to tune them.",
-    "mlkd": "Official configs/cifar100/ours: T 4 (and 3, 5, 2, 6), CE 0.1, KD 0.9, batch 64, lr 0.025; "
-            "weak + strong (RandAugment(2) + Cutout) views.",
+    "mlkd": "Official CIFAR-100 configs (Multi-Level-Logit-Distillation, ours): T 4 (and 3, 5, 2, 6), CE 0.1, "
+            "KD 0.9, batch 64, lr 0.025; weak + strong (RandAugment(2) + Cutout) views.",
     "kd_ls": "--logit-stand --base-temp 2 --kd-weight 9 on mdistiller's KD config.",
     "dkd_ls": "--logit-stand --base-temp 2 --kd-weight 9: DKD alpha and beta (1, 8) times 9.",
     "mlkd_ls": "--logit-stand --base-temp 2 --kd-weight 9 on MLKD's config.",
@@ -412,7 +412,7 @@ LOGIT_IMAGENET = {
     "wttm": (WTTM_SOURCE, {"name": "wttm", "gamma": 0.2, "ce_weight": 1.0, "wttm_weight": 4.0},
              {("resnet34", "resnet18"): 72.19, ("resnet50", "mobilenetv1"): 73.09},
              "The authors ran ImageNet with torchdistill; gamma and weight here are the README's CIFAR example."),
-    "mlkd": ("MLKD official configs/imagenet/r34_r18/kd_ours.yaml", {"name": "mlkd", "temperature": 1.0,
+    "mlkd": ("MLKD official ImageNet config (r34_r18, kd_ours)", {"name": "mlkd", "temperature": 1.0,
                                                                     "ce_weight": 0.5, "kd_weight": 0.5},
              {("resnet34", "resnet18"): None},
              "Official config: T 1, CE 0.5, KD 0.5, batch 512, lr 0.1, 100 epochs; the paper's number is not in "

@@ -1,18 +1,13 @@
 """The logit methods of issue 24 (NKD, WTTM, CTKD; logit standardization on KD, DKD, CTKD): their losses
-inside the methods equal the official code, CTKD's learned temperature, its curriculum, checkpoint and DDP."""
+inside the methods equal the official code; CTKD's learned temperature and its curriculum. (CTKD under DDP:
+tests/test_methods.py, in the shared two-process run; MLKD: tests/test_mlkd.py.)"""
 
 import math
-import os
-import socket
-from pathlib import Path
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from kdcollapse.config import method_config
-from kdcollapse.distributed import distributed_teardown
 from kdcollapse.errors import ConfigError
 from kdcollapse.methods import FrozenTeacher, build_method, get_method
 from kdcollapse.methods.ctkd import curriculum
@@ -150,40 +145,3 @@ def test_ctkd_temperature_is_trained_state():
     out["loss"].backward()
     opt.step()
     assert not torch.equal(m.theta.detach(), before)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank, port, out_dir):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    with distributed_teardown():
-        m = make("ctkd")
-        m.on_epoch_start(3)
-        x, y = batch()
-        model = DistributedDataParallel(m)  # held: a collected wrapper takes its gradient hooks with it
-        model(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])["loss"].backward()
-        torch.save({n: p.grad for n, p in m.named_parameters()}, Path(out_dir) / f"rank{rank}.pt")
-
-
-@pytest.mark.slow
-def test_ctkd_under_ddp_gives_the_one_process_gradients(tmp_path):
-    """Two gloo ranks with 8 samples each: DDP averages θ's reversed gradient like the student's, so
-    both ranks hold the one-process 16-sample gradients."""
-    mp.spawn(_ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    m = make("ctkd")
-    m.on_epoch_start(3)
-    x, y = batch()
-    m(x, y)["loss"].backward()
-    for rank in range(2):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
-        for n, p in m.named_parameters():
-            torch.testing.assert_close(got[n], p.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{n}: {m}")
