@@ -89,3 +89,17 @@ def test_robust_eval_records_provenance_and_overwrite_removes_derived_outputs(on
     assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={run_dir}", "seed=5", "--overwrite",
                  "--quiet"]) == 0
     assert not (run_dir / "robust_eval.json").exists() and not (run_dir / "analysis_test").exists()
+
+
+def test_a_tampered_metrics_file_is_refused_by_run_and_plot(one_epoch, tmp_path, capsys):
+    from kdcollapse.runs import Run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    assert Run(run_dir).metrics()[0]["epoch"] == 1
+    path = run_dir / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"epoch": 1', '"epoch": 1, "test_acc_edited": 99.9'))
+    with pytest.raises(CheckpointError, match="metrics.jsonl is not the file of epoch 1 that state.json records"):
+        Run(run_dir).metrics()
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "c.png")]) == 2
+    assert "metrics.jsonl is not the file" in capsys.readouterr().err and not (tmp_path / "c.png").exists()
