@@ -154,7 +154,14 @@ def resolve_device(name: str | torch.device = "auto", local_rank: int = 0, *, op
     """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{option} must be auto, cpu, cuda, cuda:N or mps, got {name!r}")
+    if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ConfigError(f"{option}={name}: no Apple GPU (MPS) is available; use {option}=cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{option} asks for CUDA but no GPU is available; use {option}=cpu")

@@ -46,6 +46,12 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
     options = options or AnalyzeOptions()
     dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
+    for key in ("batch_size", "sample_size"):
+        value = getattr(options, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise KdcollapseError(f"{key} must be a positive int, got {value!r}")
+    device = next(model.parameters()).device
+    precision = resolve_precision(options.precision, device, option="--precision")
     if tsne_classes:  # before the pass: a missing extra costs nothing
         require("sklearn.manifold", "t-SNE (tsne_per_class=0 skips it)")
     figures_on = available("matplotlib")
@@ -54,8 +60,6 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
                        "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = next(model.parameters()).device
-    precision = resolve_precision(options.precision, device, option="--precision")
     channels_last = options.channels_last and len(dataset.input_shape) == 3
     if channels_last:
         for module in (model, *subject.heads.values(), subject.teacher):

@@ -40,6 +40,10 @@ class Subject:
     def __post_init__(self) -> None:
         trained = getattr(self.model, "input_normalization", None)  # set by kdcollapse.runs.load_model
         self.dataset = user_split(self.dataset, trained)
+        classes = getattr(self.model, "num_classes", None)
+        if isinstance(classes, int) and classes != self.dataset.num_classes:
+            raise KdcollapseError(f"the model has {classes} classes, dataset '{self.dataset.name}' has "
+                                  f"{self.dataset.num_classes} (labels 0..{self.dataset.num_classes - 1})")
         if trained is not None and not _same_normalization(trained, (self.dataset.mean, self.dataset.std)):
             raise KdcollapseError(
                 f"the model was trained on inputs standardised with mean {list(trained[0])}, std {list(trained[1])}, "

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_int,
+                                   positive_int)
 from kdcollapse.errors import ConfigError, KdcollapseError
 
 _ANALYZE_EXAMPLES = """examples:
@@ -38,16 +40,15 @@ _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci",
 
 def register(subparsers) -> None:
     from kdcollapse.analysis import AnalyzeOptions  # loads analysis/_options.py alone (a lazy face)
-    from kdcollapse.cli._common import HelpFormatter
-
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
     p = subparsers.add_parser("analyze", help=text, description=text + " One streaming pass over the data.",
                               epilog=_ANALYZE_EXAMPLES, formatter_class=HelpFormatter)
     add = _adder(p)
     add("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory")
-    p.add_argument("--split", default="test", help="train, val (a run's validation split) or test")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"),
+                   help="train, val (a run's validation split) or test")
     add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
-    add("--per-class", type=int, metavar="N",
+    add("--per-class", type=positive_int, metavar="N",
         help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
         help="teacher for the logit matrices (default: the run's own teacher, if any)")
@@ -58,17 +59,17 @@ def register(subparsers) -> None:
     group("--data", metavar="NAME", help="dataset name (`kdcollapse data list`)")
     group("--root", metavar="DIR", help="dataset folder (default: search the standard places)")
     defaults = AnalyzeOptions()
-    add("--batch-size", type=int, metavar="B", help="batch size (default: the run's data.eval_batch_size, else 512)")
-    p.add_argument("--sample-size", type=int, default=defaults.sample_size,
+    add("--batch-size", type=positive_int, metavar="B", help="batch size (default: the run's data.eval_batch_size, else 512)")
+    p.add_argument("--sample-size", type=positive_int, default=defaults.sample_size,
                    help="feature rows kept for t-SNE and nearest-class-mean, about evenly per class")
     add("--tsne-classes", metavar="LIST", help="comma-separated class indices (default: the first 10)")
-    p.add_argument("--tsne-per-class", type=int, default=defaults.tsne_per_class,
+    p.add_argument("--tsne-per-class", type=non_negative_int, default=defaults.tsne_per_class,
                    help="t-SNE points per class (200 is a good figure); 0: no t-SNE, which costs more than the pass")
     p.add_argument("--precision", choices=("off", "auto", "bf16", "fp16"), default=defaults.precision,
                    help="autocast of the forward pass (bf16 on CPU or GPU, fp16 on GPU; auto: bf16 where the device "
                         "computes it natively, else off); metrics stay float64")
     p.add_argument("--channels-last", action="store_true", help="channels-last layout for image models")
-    add("--seed", type=int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
+    add("--seed", type=non_negative_int, help="seed of the feature sample and t-SNE (default: the run's seed, else 0)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     lm = _adder(p.add_argument_group("a causal language model: next-token classes (docs/analysis.md)"))
@@ -125,6 +126,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from kdcollapse.config import load_config
 
     device = _device(args.device)
+    if args.out:
+        check_output(args.out, "--out", folder=True)
     if args.lm:
         return _analyze_lm(args, device)
     file_mode = [args.model, args.weights, args.data]
@@ -134,7 +137,8 @@ def _analyze(args: argparse.Namespace) -> int:
         subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
         cfg = load_config(Path(args.run_dir) / "config.yaml")
         batch_size, seed = cfg.data.eval_batch_size, cfg.seed
-        out = Path(args.out) if args.out else Path(args.run_dir) / f"analysis_{args.split}"
+        out = Path(args.out) if args.out else check_output(Path(args.run_dir) / f"analysis_{args.split}", "the output",
+                                                           folder=True)
     elif all(file_mode):
         if not args.out:
             raise ConfigError("--out DIR is required when analysing a weights file")
@@ -186,7 +190,8 @@ def _yaml_mapping(text: str | None) -> dict:
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"--model-kwargs is not valid YAML: {err}") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"--model-kwargs {text!r} is not valid YAML ({first})") from None
     if not isinstance(value, dict):
         raise ConfigError(f"--model-kwargs must be a mapping such as '{{input_size: 8}}', got {text!r}")
     return value
@@ -198,6 +203,7 @@ def _plot(args: argparse.Namespace) -> int:
     from kdcollapse.runs import Run
 
     require("matplotlib", "kdcollapse plot")  # before reading any run
+    check_output(args.out, "--out", suffixes=FIGURE_SUFFIXES)
 
     runs = {}
     labels = args.labels.split(",") if args.labels else _labels([Path(d) for d in args.run_dirs])

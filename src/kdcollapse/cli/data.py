@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from kdcollapse.cli._common import check_output
 from kdcollapse.data import (NOT_DOWNLOADABLE, SOURCES, SPLITS, dataset_entry, download_dataset, find_root,
                              list_datasets, load_dataset)
 from kdcollapse.errors import DataError
@@ -104,6 +105,8 @@ def _download(args: argparse.Namespace) -> int:
     if args.name in NOT_DOWNLOADABLE:
         print(NOT_DOWNLOADABLE[args.name])
         return 0 if args.name != "imagenet" else 1
+    if args.root:
+        check_output(args.root, "--root", folder=True)
     root = download_dataset(args.name, args.root, progress=not args.no_progress)
     print(f"{args.name}: verified files in {root}")
     return 0

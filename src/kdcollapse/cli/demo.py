@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdcollapse.cli._common import HelpFormatter, add_quiet
+from kdcollapse.cli._common import HelpFormatter, add_quiet, check_output
 
 EXAMPLES = """examples:
   kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
@@ -36,5 +36,5 @@ def register(subparsers) -> None:
 def _main(args) -> int:
     from kdcollapse.experiments import demo  # the library: imported when the command runs, not for --help
 
-    demo.run_demo(Path(args.out), args.data, quick=args.quick)
+    demo.run_demo(check_output(args.out, "--out", folder=True), args.data, quick=args.quick)
     return 0

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kdcollapse.cli._common import HelpFormatter
+from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_int, positive_float,
+                                   positive_int)
 from kdcollapse.geometry import (SphericalCode, load_matrix, nearest_points, save_code, softmax_code,
                                  softmax_code_bounds, softmax_code_optimum, tammes_code, tammes_optimum)
 
@@ -28,11 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub = _add(commands, kind, f"find {what}", f"""examples:
   kdcollapse geometry {kind} {example}
   kdcollapse geometry {kind} --classes 8 --dim 3 --restarts 16 --out code.npy --plot code.png""")
-        sub.add_argument("--classes", "-K", type=int, required=True, help="number of classes K")
-        sub.add_argument("--dim", "-d", type=int, required=True, help="dimension d")
-        sub.add_argument("--restarts", type=int, default=8, help="random starting points")
-        sub.add_argument("--steps", type=int, default=300, help="L-BFGS iterations per temperature stage")
-        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--classes", "-K", type=positive_int, required=True, help="number of classes K")
+        sub.add_argument("--dim", "-d", type=positive_int, required=True, help="dimension d")
+        sub.add_argument("--restarts", type=positive_int, default=8, help="random starting points")
+        sub.add_argument("--steps", type=positive_int, default=300, help="L-BFGS iterations per temperature stage")
+        sub.add_argument("--seed", type=non_negative_int, default=0)
         sub.add_argument("--out", type=Path, help="save W to .safetensors or .npy; if omitted, <kind>_K<K>_d<d>.safetensors")
         sub.add_argument("--plot", type=Path, help="figure for d = 2 or 3; if omitted, --out with suffix .png")
         sub.add_argument("--no-save", action="store_true", help="only print the table")
@@ -41,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = _add(commands, "bounds", "GNC Thm 3.9 bounds on the softmax-code distance (and Thm 3.3 closed forms)", """examples:
   kdcollapse geometry bounds --classes 100 --dim 10
   kdcollapse geometry bounds --classes 10000 --dim 16 64 256 512""")
-    sub.add_argument("--classes", "-K", type=int, nargs="+", required=True, help="number(s) of classes K")
-    sub.add_argument("--dim", "-d", type=int, nargs="+", required=True, help="dimension(s) d")
+    sub.add_argument("--classes", "-K", type=positive_int, nargs="+", required=True, help="number(s) of classes K")
+    sub.add_argument("--dim", "-d", type=positive_int, nargs="+", required=True, help="dimension(s) d")
     sub.set_defaults(func=_run_bounds)
 
     sub = _add(commands, "distance", "exact one-vs-rest distances of a classifier matrix, with certificate", """examples:
@@ -51,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
   kdcollapse geometry distance checkpoint.pt --key model.fc.weight --csv distances.csv""")
     sub.add_argument("file", type=Path, help="(K, d) matrix: .npy, .safetensors or .pt/.pth (weights-only)")
     sub.add_argument("--key", help="tensor name inside a .safetensors / .pt file holding several tensors")
-    sub.add_argument("--tol", type=float, default=1e-10, help="target certified accuracy")
-    sub.add_argument("--show", type=int, default=10, help="list the classes with the smallest distances")
+    sub.add_argument("--tol", type=positive_float, default=1e-10, help="target certified accuracy")
+    sub.add_argument("--show", type=non_negative_int, default=10, help="list the classes with the smallest distances")
     sub.add_argument("--csv", type=Path, help="write class,distance,gap rows")
     sub.set_defaults(func=_run_distance)
 
@@ -61,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
   kdcollapse geometry ufm --quick --out /tmp/ufm""")
     sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")
     sub.add_argument("--quick", action="store_true", help="small sizes and few iterations (a smoke run)")
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--seed", type=non_negative_int, default=0)
     sub.set_defaults(func=_run_ufm)
 
     sub = _add(commands, "heads-report", "report of the GNC heads trained on Fashion-MNIST (Fig. 5, Section 4)", """examples:
@@ -77,6 +78,15 @@ def _add(commands, name: str, description: str, epilog: str) -> argparse.Argumen
 
 
 def _run_code(args: argparse.Namespace) -> int:
+    from kdcollapse.geometry import check_sizes
+
+    check_sizes(args.classes, args.dim)  # everything checked before the search (which can take minutes)
+    kind = "softmax_code" if args.solver is softmax_code else "tammes"
+    if not args.no_save:
+        out = check_output(args.out or Path(f"{kind}_K{args.classes}_d{args.dim}.safetensors"), "--out",
+                           suffixes=(".safetensors", ".npy"))
+        if args.dim in (2, 3):
+            check_output(args.plot or out.with_suffix(".png"), "--plot", suffixes=FIGURE_SUFFIXES)
     code: SphericalCode = args.solver(
         args.classes, args.dim, restarts=args.restarts, steps=args.steps, seed=args.seed, progress=True
     )
@@ -122,6 +132,8 @@ def _run_bounds(args: argparse.Namespace) -> int:
 
 
 def _run_distance(args: argparse.Namespace) -> int:
+    if args.csv:
+        check_output(args.csv, "--csv", suffixes=(".csv",))
     W = load_matrix(args.file, args.key)
     sol = nearest_points(W, tol=args.tol, progress=True)
     K, d = W.shape
@@ -155,6 +167,7 @@ def _run_distance(args: argparse.Namespace) -> int:
 def _run_ufm(args: argparse.Namespace) -> int:
     from kdcollapse.experiments.ufm_report import write_ufm_report
 
+    check_output(args.out, "--out", folder=True)
     path = write_ufm_report(args.out, quick=args.quick, seed=args.seed)
     print(f"wrote {path}")
     return 0
@@ -163,6 +176,7 @@ def _run_ufm(args: argparse.Namespace) -> int:
 def _run_heads_report(args: argparse.Namespace) -> int:
     from kdcollapse.experiments.heads_report import write_heads_report
 
+    check_output(args.out, "--out", folder=True)
     for path in write_heads_report(args.runs, args.out):
         print(f"wrote {path}")
     return 0

@@ -11,7 +11,7 @@ _EXAMPLES = """examples:
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli._common import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter, positive_int
 
     p = subparsers.add_parser("models", help="List the registered models; convert community weights.",
                               description="List the registered models with their parameter counts and "
@@ -21,8 +21,8 @@ def register(subparsers) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     q = actions.add_parser("list", help="registered models (shell-style PATTERN)", formatter_class=HelpFormatter)
     q.add_argument("pattern", nargs="?", default="*", help="shell-style name pattern")
-    q.add_argument("--classes", type=int, default=100, help="number of classes of the head")
-    q.add_argument("--in-channels", type=int, default=3, help="input channels (1 for grey images)")
+    q.add_argument("--classes", type=positive_int, default=100, help="number of classes of the head")
+    q.add_argument("--in-channels", type=positive_int, default=3, help="input channels (1 for grey images)")
     q.set_defaults(func=_run)
     c = actions.add_parser("convert", help="community weights (mdistiller/CRD, timm) into a zoo model file",
                            description="Convert a .pth/.pt state dict (read with weights_only=True) of the "
@@ -52,8 +52,15 @@ def _run(args) -> int:
 
 
 def _convert(args) -> int:
+    from kdcollapse.cli._common import check_output
     from kdcollapse.runs import convert_weights
 
+    from kdcollapse.errors import KdcollapseError, unknown_choice
+    from kdcollapse.models import list_models
+
+    if args.model not in list_models():
+        raise KdcollapseError(unknown_choice("--model", args.model, list_models()))
+    check_output(args.output, "OUTPUT", suffixes=(".safetensors",))
     meta = convert_weights(args.input, args.output, source=args.source, model_name=args.model)
     print(f"{args.output}: {meta['model']}, {meta['num_classes']} classes, {meta['in_channels']} input channels "
           f"(from {args.source} weights {args.input}); use teacher.checkpoint={args.output}")

@@ -25,7 +25,7 @@ STANDARD_BUDGET = {"n_iter": 100, "n_targets": 9, "n_queries": 5000}
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli._common import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter, non_negative_int, positive_int
 
     text = "Clean and robust accuracy of a trained run under AutoAttack (standard) and PGD-k."
     p = subparsers.add_parser("robust-eval", help=text, description=text, epilog=_EXAMPLES,
@@ -33,22 +33,22 @@ def register(subparsers) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory of `kdcollapse train`")
     p.add_argument("--norm", choices=NORMS, default="Linf", help="threat model")
     p.add_argument("--eps", default="8/255", help="radius in [0, 1] pixel units: a number or a fraction")
-    p.add_argument("--n-examples", type=int, metavar="N", help="evaluate the first N test images; all of them without it")
-    p.add_argument("--batch-size", type=int, default=500, metavar="B")
+    p.add_argument("--n-examples", type=positive_int, metavar="N", help="evaluate the first N test images; all of them without it")
+    p.add_argument("--batch-size", type=positive_int, default=500, metavar="B")
     p.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS), metavar="LIST",
                    help=f"comma-separated, from: {', '.join(ATTACKS)} (standard = AutoAttack)")
-    p.add_argument("--pgd-steps", type=int, default=20, metavar="K", help="steps of PGD-k (step 2.5·eps/K)")
+    p.add_argument("--pgd-steps", type=positive_int, default=20, metavar="K", help="steps of PGD-k (step 2.5·eps/K)")
     p.add_argument("--weights", choices=WEIGHTS, default="last",
                    help="model.safetensors (last epoch) or best.safetensors")
-    p.add_argument("--seed", type=int, default=0, help="seeds the attacks' random starts and searches")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seeds the attacks' random starts and searches")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--data-root", metavar="DIR", help="dataset folder; without it the run's data.root, then "
                    "the default search paths")
-    p.add_argument("--aa-iterations", type=int, default=STANDARD_BUDGET["n_iter"], metavar="N",
+    p.add_argument("--aa-iterations", type=positive_int, default=STANDARD_BUDGET["n_iter"], metavar="N",
                    help="APGD/FAB iterations")
-    p.add_argument("--aa-targets", type=int, default=STANDARD_BUDGET["n_targets"], metavar="N",
+    p.add_argument("--aa-targets", type=positive_int, default=STANDARD_BUDGET["n_targets"], metavar="N",
                    help="target classes of APGD-T/FAB-T")
-    p.add_argument("--aa-queries", type=int, default=STANDARD_BUDGET["n_queries"], metavar="N",
+    p.add_argument("--aa-queries", type=positive_int, default=STANDARD_BUDGET["n_queries"], metavar="N",
                    help="Square queries")
     p.add_argument("--precision", choices=("off", "auto", "bf16", "fp16"), default="off",
                    help="autocast precision of the attacks' search (bf16 on CPU or CUDA, fp16 on CUDA; auto: bf16 where native); "

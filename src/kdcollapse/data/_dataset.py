@@ -348,9 +348,9 @@ def find_root(name: str, root: str | os.PathLike | None = None) -> Path | None:
     for candidate in candidates:
         if has_files(entry, candidate):
             return candidate
-    looked = "\n".join(f"  {p}" for p in candidates)
+    looked = ", ".join(str(p) for p in candidates)
     expected = " or ".join(entry.markers)
-    raise DataError(f"dataset {name!r} not found (expected {expected}). Looked in:\n{looked}\n{entry.get}")
+    raise DataError(f"dataset {name!r} not found (expected {expected}); looked in {looked}. {entry.get}")
 
 
 def load_dataset(

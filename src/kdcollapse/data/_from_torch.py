@@ -125,6 +125,10 @@ def _stack(data: Any, name: str, max_bytes: int) -> tuple[torch.Tensor, torch.Te
         bad = (~torch.isfinite(inputs.flatten(1))).any(1).nonzero().flatten()
         if len(bad):
             raise DataError(f"{name}: sample {int(bad[0])} (and {len(bad) - 1} more) has NaN or infinite inputs")
+        if inputs.dim() >= 3 and (inputs.min() < 0 or inputs.max() > 1):  # images; vectors may take any value
+            raise DataError(f"{name}: floating-point images must lie in [0, 1], got values in "
+                            f"[{inputs.min().item():.4g}, {inputs.max().item():.4g}]; give uint8 images (0..255) "
+                            "or divide by 255")
     return inputs, torch.cat(ys)
 
 

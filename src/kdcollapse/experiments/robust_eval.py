@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, 
                                     get_attack, list_attacks, parse_eps)
 from kdcollapse.data import TensorDataset, load_dataset
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
-from kdcollapse.runs import Run
+from kdcollapse.runs import Run, RunLock, committed_path, file_digest, write_text
 
 DEFAULT_ATTACKS = ("standard", "pgd")
 WEIGHTS = {"last": "model", "best": "best"}
@@ -87,7 +88,13 @@ def evaluate_run(
     model_file = run.dir / f"{WEIGHTS[weights]}.safetensors"
     if not model_file.is_file():
         raise CheckpointError(f"{run.dir} holds no {model_file.name} (has the run finished an epoch?)")
+    _read_results(run.dir)  # a damaged results file, or a run directory that takes no file: before the attacks
+    _check_writable(run.dir)
     net, meta = run.model(WEIGHTS[weights], device)
+    digest = file_digest(committed_path(run.dir, model_file.name))
+    if aa_budget and "n_targets" in aa_budget and aa_budget["n_targets"] > int(meta["num_classes"]) - 1:
+        raise KdcollapseError(f"aa_targets={aa_budget['n_targets']}: a {meta['num_classes']}-class model has at "
+                              f"most {int(meta['num_classes']) - 1} target classes")
     if "dataset" not in meta or "mean" not in meta:
         raise CheckpointError(f"{model_file} carries no dataset metadata (dataset, mean, std); it was not "
                               "written by `kdcollapse train`")
@@ -106,7 +113,8 @@ def evaluate_run(
         entries[f"{label} {norm} eps={eps} {weights}"] = _entry(
             result, label=label, eps=eps, meta=meta, model_file=model_file.name, seed=seed,
             seconds=time.perf_counter() - start, budget=used) | {"search_precision": precision,
-                                                                 "search_channels_last": channels_last}
+                                                                 "search_channels_last": channels_last,
+                                                                 "epoch": meta.get("epoch"), "weights_sha256": digest}
     _write(run.dir, entries)
     return entries
 
@@ -122,25 +130,61 @@ def _entry(result: RobustEvaluation, *, label: str, eps: float | str, meta: dict
     }
 
 
-def _write(run_dir: Path, entries: dict[str, dict]) -> None:
+def _read_results(run_dir: Path) -> dict:
+    """The entries of ``robust_eval.json`` (none if absent); a damaged file is an error, never silently replaced
+    (its earlier entries would be lost)."""
     path = run_dir / RESULT_JSON
-    merged = {}
-    if path.is_file():
-        try:
-            merged = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            merged = {}  # a damaged file is replaced, not merged
-    merged = {**merged, **entries}
-    path.write_text(json.dumps(merged, indent=2) + "\n")
-    (run_dir / RESULT_MD).write_text(markdown_report(str(run_dir), merged))
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is damaged ({err}); move it away (its entries cannot be read) and run again")
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{path} is not a JSON object; move it away and run again")
+    return entries
 
 
-def markdown_report(title: str, entries: dict[str, dict]) -> str:
-    """Summary table of every evaluation, then each one's per-attack breakdown."""
+def _check_writable(run_dir: Path) -> None:
+    probe = run_dir / f".robust-eval-probe-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"cannot write the results into {run_dir} ({err.strerror or err}); "
+                              "robust-eval writes robust_eval.json there") from None
+
+
+def stale(entry: dict, run_dir: Path) -> bool:
+    """Whether ``entry`` measured other weights than the run's committed model file it names (an entry
+    from before ``--overwrite`` or a resume, or one written before entries recorded the checksum)."""
+    try:
+        path = committed_path(run_dir, entry["model_file"])
+    except (KdcollapseError, KeyError):
+        return True
+    return entry.get("weights_sha256") != file_digest(path)
+
+
+def _write(run_dir: Path, entries: dict[str, dict]) -> None:
+    """Merge ``entries`` into ``robust_eval.json`` and rewrite ``robust_eval.md``: atomically, under the run's
+    lock (so never beside a trainer writing the same run)."""
+    lock = RunLock(run_dir, owner=False)
+    try:
+        merged = {**_read_results(run_dir), **entries}
+        write_text(run_dir / RESULT_JSON, json.dumps(merged, indent=2) + "\n")
+        write_text(run_dir / RESULT_MD, markdown_report(str(run_dir), merged, run_dir))
+    finally:
+        lock.release(undo=True)
+
+
+def markdown_report(title: str, entries: dict[str, dict], run_dir: Path | None = None) -> str:
+    """Summary table of every evaluation, then each one's per-attack breakdown; with ``run_dir``, an entry
+    that measured other weights than the run's committed ones is marked stale."""
     lines = [f"# Robustness of {title}", "",
              "| evaluation | model file | examples | clean | robust | time (s) |", "|---|---|---:|---:|---:|---:|"]
     for key, e in entries.items():
-        lines.append(f"| {e['attack']} {e['norm']} ε={e['eps_text']} | {e['model_file']} | {e['n']} | "
+        mark = " (stale: other weights)" if run_dir is not None and stale(e, run_dir) else ""
+        lines.append(f"| {e['attack']} {e['norm']} ε={e['eps_text']}{mark} | {e['model_file']} | {e['n']} | "
                      f"{e['clean_accuracy']:.2%} | {e['robust_accuracy']:.2%} | {e['total_seconds']:.0f} |")
     for key, e in entries.items():
         lines += ["", f"## {key}", "", f"{e['examples']}, seed {e['seed']}, budget {e['budget']}.", "", e["table"]]

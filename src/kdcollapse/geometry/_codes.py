@@ -153,10 +153,16 @@ def tammes_code(
     return _best_of(num_classes, dim, restarts, seed, progress, "tammes", lambda V, U: _tammes(V, steps))
 
 
+MAX_CODE_CLASSES = 20_000  # K^2 pair terms in float64: 3.2 GB at this bound
+
+
 def _best_of(K: int, d: int, restarts: int, seed: int, progress: bool, kind: str, solve: Callable) -> SphericalCode:
     check_sizes(K, d)
     if restarts < 1:
         raise KdcollapseError(f"restarts must be at least 1, got {restarts}")
+    if K > MAX_CODE_CLASSES:
+        raise KdcollapseError(f"K={K}: a {kind} code search holds K x K pair terms; at most K={MAX_CODE_CLASSES:,} "
+                              "(exact distances of a given code: `kdcollapse geometry distance`)")
     generator = torch.Generator().manual_seed(seed)
     best, values = None, []
     for _ in tqdm(range(restarts), desc=f"{kind} code K={K} d={d}", unit="restart", disable=not progress):

@@ -30,6 +30,8 @@ def psd_pinv(matrix: Tensor, *, rtol: float | None = None, rank: int | None = No
     if not 0.0 <= rtol < 1.0:
         raise KdcollapseError(f"rtol must lie in [0, 1), got {rtol}")
     a = matrix.to(torch.float64)
+    if not torch.isfinite(a).all():
+        raise KdcollapseError(f"psd_pinv: the {n}x{n} matrix holds NaN or inf (features with NaN or inf?)")
     eigenvalues, eigenvectors = torch.linalg.eigh((a + a.mT) / 2)  # ascending order
     if rank is None:
         largest = eigenvalues[-1].clamp(min=0.0)

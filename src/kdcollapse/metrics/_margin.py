@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from kdcollapse.errors import KdcollapseError
+
 
 def margin(scores: Tensor, target: Tensor) -> Tensor:
     r"""Margin of each row of ``scores`` (B, K) for its ``target`` class (B,): shape (B,).
@@ -19,6 +21,13 @@ def margin(scores: Tensor, target: Tensor) -> Tensor:
     >>> margin(torch.tensor([[3.0, 1.0, 2.0], [0.0, 4.0, 1.0]]), torch.tensor([0, 2]))
     tensor([ 1., -3.])
     """
+    if scores.ndim != 2 or target.shape != scores.shape[:1]:
+        raise KdcollapseError(f"margin needs scores (B, K) and target (B,), got {tuple(scores.shape)} and "
+                              f"{tuple(target.shape)}")
+    if target.numel() and not ((target >= 0) & (target < scores.shape[1])).all():
+        bad = target[(target < 0) | (target >= scores.shape[1])][0].item()
+        raise KdcollapseError(f"margin: target class {bad} is outside 0..{scores.shape[1] - 1} "
+                              f"(K = {scores.shape[1]} columns)")
     z_y = scores.gather(1, target[:, None]).squeeze(1)
     others = scores.scatter(1, target[:, None], float("-inf"))
     return z_y - others.amax(dim=1)

@@ -81,6 +81,11 @@ def mlp(
     e.g. ``(28, 56)`` for ``fashion_mnist_pairs``), 784-512-256 for 28×28 grey images;
     ``bottleneck=d`` appends a linear d-dimensional feature layer (no activation)."""
     height, width = (input_size, input_size) if isinstance(input_size, int) else input_size
+    given = {"input_size": input_size, "hidden": hidden, "bottleneck": bottleneck}
+    sizes = {"input_size": (height, width), "hidden": tuple(hidden), "bottleneck": (bottleneck or 1,)}
+    for key, values in sizes.items():
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+            raise KdcollapseError(f"mlp: {key} must hold positive integers, got {given[key]!r}")
     return MLP(num_classes, in_channels * height * width, tuple(hidden), bottleneck)
 
 

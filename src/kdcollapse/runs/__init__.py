@@ -14,6 +14,9 @@ from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_
                                      claim_run_dir, metrics_csv, provenance, read_metrics, start_run_dir, update_run_record)
 from kdcollapse.runs._teacher import load_teacher
 from kdcollapse.runs._run_dir import on_main_process
+from kdcollapse.runs._atomic import write_text
+from kdcollapse.runs._commit import committed_path, file_digest
+from kdcollapse.runs._lock import RunLock
 
 __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_state", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
@@ -22,3 +25,4 @@ __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_s
            "update_run_record", "provenance"]
 __all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
             "read_extra_heads", "split_prefix", "unflatten_optimizer"]  # the checkpoint format, for the trainer's checkpointer
+__all__ += ["RunLock", "committed_path", "file_digest", "write_text"]  # derived outputs: atomic, locked, with provenance

@@ -39,7 +39,10 @@ from kdcollapse.runs._tracking import open_trackers
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpoint.safetensors",
              "model.safetensors", "best.safetensors", STATE_FILE)
-RUN_DIRS = ("tensorboard",)
+# Derived outputs (analyze, robust-eval) describe the weights of the run they were computed from: --overwrite
+# removes them with the run, so no old number sits beside a new model.
+RUN_FILES += ("robust_eval.json", "robust_eval.md")
+RUN_DIRS = ("tensorboard", "analysis_train", "analysis_val", "analysis_test")
 
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
 # to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
@@ -168,12 +171,19 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
             for name in RUN_DIRS:
                 shutil.rmtree(claim.path / name, ignore_errors=True)
         remove_temporaries(claim.path)
+        # run.json records the SHA-256 of config.yaml, which a resume compares (a hand edit is refused). On a
+        # resume it is written before the new config replaces the old, keeping the old digest too, so a crash
+        # between the two renames leaves a pair that still matches.
+        facts = _read_run_json(claim.path) if claim.resume else None
         with replacing(claim.path / "config.yaml") as tmp:
             save_config(cfg, tmp)
-        digest = hashlib.sha256((claim.path / "config.yaml").read_bytes()).hexdigest()
-        facts = _read_run_json(claim.path) if claim.resume else provenance()
-        if facts is not None:  # the checksum a resume compares config.yaml with (hand edits are refused)
-            write_text(claim.path / "run.json", json.dumps({**facts, "config_sha256": digest}, indent=2) + "\n")
+            digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+            if facts is not None and facts.get("config_sha256") != digest:
+                previous = facts.get("config_sha256")
+                write_text(claim.path / "run.json", json.dumps(
+                    {**facts, "config_sha256": digest, "config_sha256_previous": previous}, indent=2) + "\n")
+        if not claim.resume:
+            write_text(claim.path / "run.json", json.dumps({**provenance(), "config_sha256": digest}, indent=2) + "\n")
 
     on_main_process(claim.is_main, write, f"the main process could not write the run directory {claim.path}")
 
@@ -205,9 +215,10 @@ def _read_run_json(run_dir: Path) -> dict | None:
 def check_config_unedited(run_dir: Path) -> None:
     """Refuse a ``config.yaml`` whose bytes differ from the SHA-256 that ``run.json`` recorded when the run
     wrote it: a hand edit would say one thing while the checkpoint continues another."""
-    recorded = (_read_run_json(run_dir) or {}).get("config_sha256")
+    facts = _read_run_json(run_dir) or {}
+    recorded = {facts.get("config_sha256"), facts.get("config_sha256_previous")} - {None}
     path = run_dir / "config.yaml"
-    if recorded and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+    if recorded and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() not in recorded:
         raise CheckpointError(f"{path} was edited after the run wrote it (its SHA-256 differs from run.json's "
                               "config_sha256); restore it, and change resumable keys with overrides: --resume "
                               f"{run_dir} train.epochs=N")

@@ -1,0 +1,353 @@
+"""Bad input, all of it (issue 28, item 3): one table of bad inputs across every command and the public Python
+API. Each must give exit status 2 (CLI) or a ``KdcollapseError`` (API) with a one-line message that names the bad
+value (and, where there are any, the valid choices), and leave the disk exactly as it was: run directories,
+the teacher's directory and its lock included. CLI cases run in-process through ``kdcollapse.cli.main`` on one
+shared workspace (a config, a trained one-epoch teacher run, a code file)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_faults_inputs import FURTHER, INVALID
+
+from kdcollapse.cli import main
+from kdcollapse.errors import KdcollapseError
+
+CONFIG = """data: {name: digits, batch_size: 64}
+model: {name: mlp, kwargs: {input_size: 8, hidden: [16]}}
+optim: {lr: 0.05}
+schedule: {name: constant}
+train: {epochs: 1, progress: false, device: cpu}
+"""
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file and folder under ``folder``: bytes and modification time (folders: None)."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else None
+            for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    ws = tmp_path_factory.mktemp("bad_inputs")
+    old = Path.cwd()
+    os.chdir(ws)
+    try:
+        Path("c.yaml").write_text(CONFIG)
+        Path("exists.txt").write_text("a file of yours\n")
+        Path("good.yaml").write_text("a: 1\n")
+        Path("garbage.safetensors").write_bytes(b"not a safetensors file")
+        assert main(["train", "--config", "c.yaml", "run_dir=runs/t", "--quiet"]) == 0
+        assert main(["geometry", "softmax-code", "-K", "3", "-d", "2", "--restarts", "1", "--steps", "5",
+                     "--out", "code.safetensors"]) == 0
+        Path("runs/bad_json").mkdir()
+        Path("runs/bad_json/config.yaml").write_text(Path("runs/t/config.yaml").read_text())
+        Path("runs/bad_json/run.json").write_text("{not json")
+    finally:
+        os.chdir(old)
+    shutil.copytree(ws, ws.parent / "pristine", symlinks=True)
+    return ws
+
+
+TRAIN = ["--config", "c.yaml", "run_dir=runs/new"]
+DISTILL = ["--config", "c.yaml", "run_dir=runs/new", "method.name=kd", "teacher.checkpoint=runs/t"]
+
+# (argv, what the message must name): every config field of test_faults_inputs.INVALID for train, distill and a
+# resume; the relations across fields; then each command's own options.
+CLI: list[tuple[list[str], list[str]]] = [
+    *[(["train", *TRAIN, f"{k}={v}"], [k, v.strip('"')]) for k, v in INVALID.items()],
+    *[(["distill", *DISTILL, f"{k}={v}"], [k, v.strip('"')]) for k, v in INVALID.items()
+      if not k.startswith("teacher.")],
+    *[(["train", "--resume", "runs/t", f"{k}={v}"], [k]) for k, v in INVALID.items()],
+    *[(["train", *TRAIN, *overrides], [message]) for overrides, message in FURTHER],
+    # config values only the data, the model, the method or the teacher can check
+    (["train", *TRAIN, "data.classes=[0, 99]"], ["[0, 99]", "[0, 10)"]),
+    (["train", *TRAIN, "data.val_per_class=1000"], ["1000"]),
+    (["train", *TRAIN, "data.train_per_class=100000", "data.val_per_class=5"], ["100000"]),
+    (["train", *TRAIN, "optim.kwargs={foo: 1}"], ["foo"]),
+    (["train", *TRAIN, "optim.name=adam", "optim.kwargs={betas: 3}"], ["betas"]),
+    (["train", *TRAIN, "model.num_classes=3"], ["model.num_classes=3", "10 classes"]),
+    (["train", *TRAIN, "model.kwargs={input_size: 9}"], ["input_size"]),
+    (["train", *TRAIN, "model.kwargs={hidden: [-4]}"], ["-4"]),
+    (["train", *TRAIN, "model.kwargs={hidden: [0]}"], ["0"]),
+    (["train", *TRAIN, "model.kwargs={nope: 1}"], ["nope", "Valid options"]),
+    (["train", *TRAIN, "method.name=nope"], ["nope"]),
+    (["train", *TRAIN, "method.name=kd"], ["teacher"]),
+    (["train", *TRAIN, "method.nope=1"], ["nope"]),
+    (["train", *TRAIN, "teacher.checkpoint=runs/t"], ["teacher"]),
+    (["distill", *DISTILL, "method.ce_weight=.inf"], ["inf"]),
+    (["distill", *DISTILL, "method.temperature=0"], ["temperature", "0"]),
+    (["distill", *DISTILL, "method.temperature=-1"], ["temperature", "-1"]),
+    (["distill", *DISTILL, "method.kd_weight=-1"], ["-1"]),
+    (["distill", *DISTILL, "method.name=dkd", "method.beta=-1"], ["beta", "-1"]),
+    (["distill", *DISTILL, "teacher.checkpoint=runs/missing"], ["runs/missing"]),
+    (["distill", *DISTILL, "teacher.checkpoint=exists.txt"], ["exists.txt"]),
+    (["distill", *DISTILL, "teacher.checkpoint=runs/bad_json"], ["runs/bad_json"]),
+    (["distill", *DISTILL, "teacher.checkpoint=null", "teacher.weights=garbage.safetensors"], ["teacher.model"]),
+    (["distill", *DISTILL, "teacher.checkpoint=null", "teacher.weights=garbage.safetensors", "teacher.model=mlp"],
+     ["garbage.safetensors"]),
+    (["distill", *DISTILL, "teacher.checkpoint=null", "teacher.weights=code.safetensors", "teacher.model=mlp"],
+     ["code.safetensors"]),
+    (["distill", *DISTILL, "data.classes=[0, 1, 2]"], ["3", "10"]),
+    (["distill", *DISTILL, "teacher.cache=logits", "data.crop_padding=1"], ["teacher.cache"]),
+    # the train command's own options
+    (["train", "--config", "missing.yaml"], ["missing.yaml"]),
+    (["train", "--config", "exists.txt"], ["exists.txt"]),
+    (["train", "--config", "fashion_mnist/nope"], ["fashion_mnist/nope"]),
+    (["train", *TRAIN, "--seeds", "a,b"], ["a,b"]),
+    (["train", *TRAIN, "--seeds", ""], ["--seeds"]),
+    (["train", *TRAIN, "--seeds", "0,0"], ["0"]),
+    (["train", *TRAIN, "--seeds", "-1"], ["-1"]),
+    (["train", "--resume", "runs/t", "--overwrite"], ["--overwrite"]),
+    (["train", "--resume", "runs/missing"], ["runs/missing"]),
+    (["train", "--resume", "runs/bad_json"], ["runs/bad_json"]),
+    (["train", "--resume", "runs/t", "--seeds", "0,1"], ["--resume", "seed"]),
+    (["train", *TRAIN, "notakey"], ["notakey"]),
+    (["train", *TRAIN, "nope.key=1"], ["nope"]),
+    (["train", *TRAIN, "--nope"], ["--nope"]),
+    (["train", "--config", "c.yaml", "run_dir=exists.txt"], ["exists.txt"]),
+    (["train", "--config", "c.yaml", "run_dir=/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["train", *TRAIN, "data.root=/proc/kdcollapse", "data.name=fashion_mnist"], ["/proc/kdcollapse"]),
+    (["train", *TRAIN, "imports=[../evil]"], ["../evil"]),
+    (["--import", "../evil", "train", *TRAIN], ["../evil"]),
+    (["--import", "no_such_module_here", "train", *TRAIN], ["no_such_module_here"]),
+    (["nope"], ["nope", "train"]),
+    # analyze
+    (["analyze", "runs/t", "--precision", "fp8"], ["fp8", "bf16"]),
+    (["analyze", "runs/t", "--precision", "fp16", "--device", "cpu"], ["fp16"]),
+    (["analyze", "runs/t", "--device", "tpu"], ["tpu", "cpu"]),
+    (["analyze", "runs/t", "--device", "cuda:x"], ["cuda:x"]),
+    (["analyze", "runs/t", "--per-class", "0"], ["--per-class", "0"]),
+    (["analyze", "runs/t", "--per-class", "-3"], ["-3"]),
+    (["analyze", "runs/t", "--per-class", "x"], ["'x'"]),
+    (["analyze", "runs/t", "--batch-size", "0"], ["--batch-size", "0"]),
+    (["analyze", "runs/t", "--batch-size", "-1"], ["-1"]),
+    (["analyze", "runs/t", "--sample-size", "0"], ["--sample-size", "0"]),
+    (["analyze", "runs/t", "--tsne-per-class", "-1"], ["-1"]),
+    (["analyze", "runs/t", "--tsne-classes", "a,b"], ["a,b"]),
+    (["analyze", "runs/t", "--tsne-classes", "99", "--tsne-per-class", "2"], ["99", "0..9"]),
+    (["analyze", "runs/t", "--split", "valid"], ["valid", "test"]),
+    (["analyze", "runs/t", "--split", "val"], ["val"]),
+    (["analyze", "runs/t", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["analyze", "runs/t", "--out", "good.yaml"], ["good.yaml"]),
+    (["analyze", "runs/t", "--teacher", "runs/missing"], ["runs/missing"]),
+    (["analyze", "runs/t", "--teacher", "garbage.safetensors"], ["garbage.safetensors"]),
+    (["analyze", "runs/missing"], ["runs/missing"]),
+    (["analyze", "exists.txt"], ["exists.txt"]),
+    (["analyze", "runs/bad_json"], ["runs/bad_json"]),
+    (["analyze"], ["RUN_DIR"]),
+    (["analyze", "runs/t", "--model", "mlp"], ["--model"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "digits"], ["--out"]),
+    (["analyze", "--model", "nope", "--weights", "runs/t/model.safetensors", "--data", "digits", "--out", "o"],
+     ["nope"]),
+    (["analyze", "--model", "mlp", "--weights", "missing.safetensors", "--data", "digits", "--out", "o"],
+     ["missing.safetensors"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "nope", "--out", "o"],
+     ["nope"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "digits", "--out", "o",
+      "--model-kwargs", "[1]"], ["[1]"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "digits", "--out", "o",
+      "--model-kwargs", "{a: [}"], ["--model-kwargs"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "gaussian_mixture", "--out",
+      "o"], ["do not fit"]),
+    # plot
+    (["plot", "runs/t", "--out", "out.txt"], ["out.txt", "png"]),
+    (["plot", "runs/t", "--out", "/proc/kdcollapse/c.png"], ["/proc/kdcollapse"]),
+    (["plot", "runs/t", "--out", "good.yaml"], ["good.yaml"]),
+    (["plot", "runs/t", "--keys", "nope"], ["nope", "test_acc"]),
+    (["plot", "runs/t", "--labels", "a,b"], ["2 labels"]),
+    (["plot", "runs/missing"], ["runs/missing"]),
+    (["plot", "exists.txt"], ["exists.txt"]),
+    (["plot"], ["RUN_DIR"]),
+    # robust-eval
+    (["robust-eval", "runs/t", "--norm", "L3"], ["L3", "Linf"]),
+    (["robust-eval", "runs/t", "--eps", "abc"], ["abc"]),
+    (["robust-eval", "runs/t", "--eps", "-1"], ["-1"]),
+    (["robust-eval", "runs/t", "--eps", "nan"], ["nan"]),
+    (["robust-eval", "runs/t", "--eps", "8/0"], ["8/0"]),
+    (["robust-eval", "runs/t", "--n-examples", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--batch-size", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--attacks", "nope"], ["nope", "pgd"]),
+    (["robust-eval", "runs/t", "--attacks", ""], ["no attack chosen", "pgd, standard"]),
+    (["robust-eval", "runs/t", "--pgd-steps", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--pgd-steps", "-5"], ["-5"]),
+    (["robust-eval", "runs/t", "--weights", "middle"], ["middle", "best"]),
+    (["robust-eval", "runs/t", "--device", "tpu"], ["tpu"]),
+    (["robust-eval", "runs/t", "--aa-iterations", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--aa-targets", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--aa-targets", "99"], ["99"]),
+    (["robust-eval", "runs/t", "--aa-queries", "0"], ["0"]),
+    (["robust-eval", "runs/t", "--precision", "fp16", "--device", "cpu"], ["fp16"]),
+    (["robust-eval", "runs/t", "--seed", "-1"], ["-1"]),
+    (["robust-eval", "runs/missing"], ["runs/missing"]),
+    (["robust-eval", "runs/bad_json"], ["runs/bad_json"]),
+    # geometry
+    (["geometry", "softmax-code", "-K", "1", "-d", "2"], ["1"]),
+    (["geometry", "softmax-code", "-K", "0", "-d", "2"], ["0"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "0"], ["0"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--restarts", "0"], ["0"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--steps", "-1"], ["-1"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--out", "x.txt"], ["x.txt", ".safetensors"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--out", "/proc/kdcollapse/x.safetensors"],
+     ["/proc/kdcollapse"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--plot", "x.txt"], ["x.txt"]),
+    (["geometry", "softmax-code", "-K", "5", "-d", "2", "--plot", "/proc/kdcollapse/x.png"], ["/proc/kdcollapse"]),
+    (["geometry", "softmax-code", "-K", "x", "-d", "2"], ["'x'"]),
+    (["geometry", "softmax-code", "-d", "2"], ["-K"]),
+    (["geometry", "tammes", "-K", "100000000", "-d", "3"], ["100000000"]),
+    (["geometry", "tammes", "-K", "1", "-d", "3"], ["1"]),
+    (["geometry", "tammes", "-K", "5", "-d", "0"], ["0"]),
+    (["geometry", "tammes", "-K", "5", "-d", "2", "--steps", "-1"], ["-1"]),
+    (["geometry", "tammes", "-K", "5", "-d", "2", "--restarts", "-2"], ["-2"]),
+    (["geometry", "tammes", "-K", "5", "-d", "2", "--out", "x.txt"], ["x.txt"]),
+    (["geometry", "bounds", "-K", "0", "-d", "2"], ["0"]),
+    (["geometry", "bounds", "-K", "5", "-d", "-1"], ["-1"]),
+    (["geometry", "distance", "missing.safetensors"], ["missing.safetensors"]),
+    (["geometry", "distance", "garbage.safetensors"], ["garbage.safetensors"]),
+    (["geometry", "distance", "code.safetensors", "--show", "-1"], ["-1"]),
+    (["geometry", "distance", "code.safetensors", "--tol", "-1"], ["-1"]),
+    (["geometry", "distance", "code.safetensors", "--tol", "nan"], ["nan"]),
+    (["geometry", "distance", "code.safetensors", "--key", "nope"], ["nope"]),
+    (["geometry", "distance", "code.safetensors", "--csv", "/proc/kdcollapse/d.csv"], ["/proc/kdcollapse"]),
+    (["geometry", "ufm", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["geometry", "ufm", "--out", "exists.txt"], ["exists.txt"]),
+    (["geometry", "ufm", "--seed", "-1"], ["-1"]),
+    (["geometry", "heads-report", "--runs", "runs/missing"], ["runs/missing"]),
+    (["geometry", "heads-report", "--runs", "runs", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["geometry", "nope"], ["nope", "tammes"]),
+    # data, models, recipes, demo
+    (["data", "info", "nope"], ["nope"]),
+    (["data", "info", "fashion_mnist", "--root", "/proc/kdcollapse"], ["fashion_mnist"]),
+    (["data", "download", "nope"], ["nope"]),
+    (["data", "download", "fashion_mnist", "--root", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["data", "download", "fashion_mnist", "--root", "exists.txt"], ["exists.txt"]),
+    (["data", "nope"], ["nope"]),
+    (["models", "list", "--classes", "0"], ["0"]),
+    (["models", "list", "--in-channels", "0"], ["0"]),
+    (["models", "list", "--classes", "x"], ["'x'"]),
+    (["models", "convert", "--from", "nope", "--model", "resnet8", "a", "b"], ["nope", "timm"]),
+    (["models", "convert", "--from", "timm", "--model", "nope", "runs/t/model.safetensors", "o.safetensors"],
+     ["nope"]),
+    (["models", "convert", "--from", "mdistiller", "--model", "resnet8", "missing.pth", "o.safetensors"],
+     ["missing.pth"]),
+    (["models", "convert", "--from", "mdistiller", "--model", "resnet8", "exists.txt", "o.safetensors"],
+     ["exists.txt"]),
+    (["models", "convert", "--from", "mdistiller", "--model", "resnet8", "runs/t/model.safetensors",
+      "/proc/kdcollapse/o.safetensors"], ["/proc/kdcollapse"]),
+    (["recipes", "show", "nope"], ["nope"]),
+    (["recipes", "nope"], ["nope"]),
+    (["demo", "--data", "nope"], ["nope", "digits"]),
+    (["demo", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["demo", "--out", "exists.txt"], ["exists.txt"]),
+]
+
+
+def _cli_id(case) -> str:
+    return " ".join(case[0])[:90]
+
+
+@pytest.mark.parametrize("argv, names", CLI, ids=[_cli_id(c) for c in CLI])
+def test_a_bad_command_line_is_one_line_exit_2_and_changes_nothing(workspace, monkeypatch, capsys, argv, names):
+    monkeypatch.chdir(workspace)
+    before = snapshot(workspace)
+    status = main(argv)
+    out, err = capsys.readouterr()
+    assert status == 2, (status, out[-500:], err[-2000:])
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for name in names:
+        assert name in err, (name, err)
+    after = snapshot(workspace)
+    if after != before:  # put the workspace back for the next cases, then fail this one
+        shutil.rmtree(workspace)
+        shutil.copytree(workspace.parent / "pristine", workspace, symlinks=True)
+    assert sorted(set(after) ^ set(before)) == [] and after == before
+
+
+# --- the public Python API ------------------------------------------------------------------------------
+
+
+def _api_cases():
+    from kdcollapse import losses, metrics
+    from kdcollapse.analysis import AnalyzeOptions, Subject, analyze
+    from kdcollapse.config import load_config
+    from kdcollapse.data import from_torch, load_dataset
+    from kdcollapse.distributed import resolve_device, resolve_precision
+    from kdcollapse.geometry import softmax_code
+    from kdcollapse.methods import build_method
+    from kdcollapse.models import as_classifier, create_model
+
+    z, t, y = torch.randn(4, 5), torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
+    nan = torch.full((4, 5), math.nan)
+    mlp = create_model("mlp", 10, in_channels=1, input_size=8, hidden=[8])
+    images = torch.utils.data.TensorDataset(torch.rand(20, 1, 8, 8), torch.arange(20) % 10)
+    return [
+        (lambda: losses.kd_loss(z, t, temperature=0), ["temperature", "0"]),
+        (lambda: losses.kd_loss(z, t, temperature=-2.0), ["-2"]),
+        (lambda: losses.kd_loss(z, t[:, :3]), ["K = 5", "K = 3"]),
+        (lambda: losses.kd_loss(z, nan), ["NaN"]),
+        (lambda: losses.kd_loss(z, t, reduction="avg"), ["avg", "mean"]),
+        (lambda: losses.dkd_loss(z, t, torch.tensor([0, 1, 2, 9])), ["outside [0, 5)"]),
+        (lambda: losses.dkd_loss(z[:, :2], t[:, :2], y % 2), ["3"]),
+        (lambda: losses.dkd_loss(z, t, y, temperature=0), ["temperature"]),
+        (lambda: losses.dkd_loss(z, t, y.float()), ["float"]),
+        (lambda: losses.kd_loss(z.long(), t), ["int64"]),
+        (lambda: metrics.margin(z, torch.tensor([0, 1, 2, 7])), ["7", "0..4"]),
+        (lambda: metrics.margin(z, torch.tensor([0, 1, 2, -1])), ["-1"]),
+        (lambda: metrics.margin(z, y[:3]), ["(3,)"]),
+        (lambda: metrics.psd_pinv(torch.full((3, 3), math.nan)), ["NaN"]),
+        (lambda: metrics.psd_pinv(torch.randn(3, 4)), ["(3, 4)"]),
+        (lambda: create_model("nope", 10), ["nope"]),
+        (lambda: create_model("mlp", 0), ["0"]),
+        (lambda: create_model("mlp", 10, hidden=[-4]), ["-4"]),
+        (lambda: create_model("mlp", 10, hidden=[0]), ["0"]),
+        (lambda: create_model("mlp", 10, nope=1), ["nope"]),
+        (lambda: as_classifier(torch.nn.ReLU()), ["ReLU"]),
+        (lambda: as_classifier("model"), ["str"]),
+        (lambda: load_dataset("nope", "train"), ["nope"]),
+        (lambda: load_dataset("digits", "valid"), ["valid"]),
+        (lambda: load_dataset("gaussian_mixture", "train", num_classes=1), ["1"]),
+        (lambda: from_torch([(torch.rand(2), -1)]), ["-1"]),
+        (lambda: from_torch([(torch.rand(1, 4, 4) * 255, 0)]), ["255"]),
+        (lambda: from_torch([]), ["empty"]),
+        (lambda: from_torch(images, mean=(0.5,)), ["mean"]),
+        (lambda: from_torch(images, max_bytes=0), ["0"]),
+        (lambda: load_config(None, ["optim.lr=-1"]), ["optim.lr", "-1"]),
+        (lambda: load_config(None, ["nope=1"]), ["nope"]),
+        (lambda: load_config("missing.yaml"), ["missing.yaml"]),
+        (lambda: resolve_device("tpu"), ["tpu"]),
+        (lambda: resolve_precision("fp8", torch.device("cpu")), ["fp8", "bf16"]),
+        (lambda: resolve_precision("fp16", torch.device("cpu")), ["fp16"]),
+        (lambda: softmax_code(1, 2), ["1"]),
+        (lambda: softmax_code(5, 0), ["0"]),
+        (lambda: build_method(load_config(None, ["method.name=kd"]).method, mlp, num_classes=10), ["teacher"]),
+        (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(batch_size=0)), ["batch_size", "0"]),
+        (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(tsne_per_class=-1)), ["-1"]),
+        (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(precision="fp8")), ["fp8"]),
+        (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(sample_size=0)), ["sample_size"]),
+        (lambda: Subject(mlp, [(torch.rand(1, 8, 8), 11)], "test"), ["11"]),
+    ]
+
+
+API = _api_cases()
+
+
+@pytest.mark.parametrize("case", range(len(API)))
+def test_bad_input_to_the_python_api_is_one_line_kdcollapse_error(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    call, names = API[case]
+    with pytest.raises(KdcollapseError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message, message
+    for name in names:
+        assert name in message, (name, message)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_table_holds_at_least_300_bad_inputs():
+    assert len(CLI) + len(API) >= 300

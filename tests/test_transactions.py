@@ -1,0 +1,105 @@
+"""Commands as transactions and derived outputs with provenance (issue 28, items 1 and 2): a hand-edited config
+is refused on resume, a stolen lock stops a run, a refused command leaves no lock and no folder, --overwrite
+removes what was derived from the old weights, robust-eval entries name the epoch and the weights' checksum."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kdcollapse.cli import main
+from kdcollapse.config import load_config
+from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.train import Trainer, fit
+
+TINY = ["data.name=digits", "data.batch_size=64", "train.progress=false", "optim.lr=0.05", "schedule.name=constant",
+        "model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}", "train.device=cpu"]
+
+
+def tiny(run_dir, *extra):
+    return load_config(None, [*TINY, f"run_dir={run_dir}", *extra])
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    return fit(tiny(tmp_path_factory.mktemp("tx") / "run", "train.epochs=1")).run_dir
+
+
+def test_a_hand_edited_config_is_refused_on_resume(one_epoch, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    facts = json.loads((run_dir / "run.json").read_text())
+    assert len(facts["config_sha256"]) == 64
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.05", "lr: 5.0"))
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2"]) == 2
+    err = capsys.readouterr().err
+    assert "config.yaml was edited after the run wrote it" in err and err.count("\n") == 1
+    config.write_text(config.read_text().replace("lr: 5.0", "lr: 0.05"))  # restored: the resume goes on
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 0
+    resumed = json.loads((run_dir / "run.json").read_text())
+    assert resumed["config_sha256"] != facts["config_sha256"] == resumed["config_sha256_previous"]
+
+
+def test_a_stolen_lock_stops_the_run_before_its_next_commit(tmp_path):
+    trainer = Trainer(tiny(tmp_path / "run", "train.epochs=2"))
+    (tmp_path / "run" / ".lock").unlink()  # what lets a second trainer in
+    with pytest.raises(CheckpointError, match=r"\.lock was removed or replaced while this process held it"):
+        trainer.run()
+    assert not (tmp_path / "run" / "state.json").exists()  # nothing committed
+
+
+def test_a_refused_command_leaves_no_folder_and_no_lock(one_epoch, tmp_path):
+    with pytest.raises(ConfigError, match="first training batch"):
+        Trainer(tiny(tmp_path / "a" / "b" / "run", "model.kwargs={input_size: 9}"))
+    assert not (tmp_path / "a").exists()
+    lock = Path(one_epoch) / ".lock"
+    before = lock.read_bytes(), lock.stat().st_mtime_ns
+    with pytest.raises(ConfigError):  # the teacher's directory is read, never locked or written
+        Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}", "method.temperature=0"))
+    assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before and not (tmp_path / "s").exists()
+
+
+def test_an_infinite_weight_is_refused_before_the_run_directory_changes(one_epoch, tmp_path):
+    with pytest.raises(ConfigError, match="loss of the first training batch is (inf|nan)"):
+        Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}", "method.ce_weight=.inf"))
+    assert not (tmp_path / "s").exists()
+    Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}")).release_run_dir()  # corrected
+
+
+def test_robust_eval_records_provenance_and_overwrite_removes_derived_outputs(one_epoch, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    args = ["robust-eval", str(run_dir), "--attacks", "pgd", "--pgd-steps", "1", "--n-examples", "8", "--eps",
+            "0.1", "--no-progress"]
+    assert main(args) == 0
+    (entry,) = json.loads((run_dir / "robust_eval.json").read_text()).values()
+    state = json.loads((run_dir / "state.json").read_text())
+    assert entry["epoch"] == 1 and entry["weights_sha256"] == state["files"]["model.safetensors"]["sha256"]
+    assert main(["analyze", str(run_dir), "--no-progress"]) == 0
+    text = (run_dir / "robust_eval.json").read_text()
+    (run_dir / "robust_eval.json").write_text(text[:-40])  # damaged: refused, never silently replaced
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "robust_eval.json is damaged" in capsys.readouterr().err
+    assert (run_dir / "robust_eval.json").read_text() == text[:-40]
+    assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={run_dir}", "seed=5", "--overwrite",
+                 "--quiet"]) == 0
+    assert not (run_dir / "robust_eval.json").exists() and not (run_dir / "analysis_test").exists()
+
+
+def test_a_tampered_metrics_file_is_refused_by_run_and_plot(one_epoch, tmp_path, capsys):
+    from kdcollapse.runs import Run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_epoch, run_dir)
+    assert Run(run_dir).metrics()[0]["epoch"] == 1
+    path = run_dir / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"epoch": 1', '"epoch": 1, "test_acc_edited": 99.9'))
+    with pytest.raises(CheckpointError, match="metrics.jsonl is not the file of epoch 1 that state.json records"):
+        Run(run_dir).metrics()
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "c.png")]) == 2
+    assert "metrics.jsonl is not the file" in capsys.readouterr().err and not (tmp_path / "c.png").exists()
