@@ -123,5 +123,7 @@ def test_bad_inputs_are_one_error_each():
         L.fused_head_loss(hidden, weight, teacher, mask=torch.zeros(N, dtype=torch.bool))
     with pytest.raises(KdcollapseError, match="chunk_size must be a positive int"):
         L.fused_head_loss(hidden, weight, teacher, chunk_size=0)
+    with pytest.raises(KdcollapseError, match="teacher gives 23 tokens x 12 classes; the student has 23 tokens x 17"):
+        L.fused_head_loss(hidden, weight, L.TeacherLogits(torch.randn(N, 12, dtype=torch.float64)))
     with pytest.raises(KdcollapseError, match="unknown divergence"):
         L.fused_head_loss(hidden, weight, teacher, "kl")

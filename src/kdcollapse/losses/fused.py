@@ -127,6 +127,13 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
         raise KdcollapseError("hidden or weight contains NaN or inf")
     if teacher is None and distill_weight:
         raise KdcollapseError("a teacher is needed unless distill_weight is 0 (cross-entropy only)")
+    if isinstance(teacher, (TeacherLogits, TeacherHead)):
+        rows_and_vocab = ((teacher.logits.shape[0], teacher.logits.shape[-1]) if isinstance(teacher, TeacherLogits)
+                          else (teacher.hidden.shape[0], teacher.weight.shape[0]))
+        if rows_and_vocab[0] != hidden.shape[0] or rows_and_vocab[1] < weight.shape[0]:
+            raise KdcollapseError(f"the teacher gives {rows_and_vocab[0]} tokens x {rows_and_vocab[1]} classes; the "
+                                  f"student has {hidden.shape[0]} tokens x {weight.shape[0]} (a teacher vocabulary "
+                                  f"may be padded beyond the student's, not smaller)")
     if ce_weight and labels is None:
         raise KdcollapseError("ce_weight > 0 needs labels")
     keep = _kept(hidden.shape[0], labels, mask, ignore_index, hidden.device)
