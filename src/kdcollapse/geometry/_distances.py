@@ -177,11 +177,11 @@ class MinimumDistance(NamedTuple):
 
 
 def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int = _CANDIDATES,
-                             block_size: int | None = None) -> MinimumDistance:
+                             screen_candidates: int = _CANDIDATES, block_size: int | None = None) -> MinimumDistance:
     """GNC2 (the paper's rho_one-vs-rest) exactly, solving only the QPs that can attain the minimum.
 
-    Screening (the first stage of :func:`nearest_points`: float32 Frank-Wolfe on the ``candidates`` most
-    similar classes) gives every class k a feasible point, hence an upper bound u_k >= dist_k, and its
+    Screening (the first stage of :func:`nearest_points`: float32 Frank-Wolfe on the ``screen_candidates``
+    most similar classes) gives every class k a feasible point, hence an upper bound u_k >= dist_k, and its
     certificate against all K - 1 classes a lower bound l_k <= dist_k. A class with l_k >= min_j u_j cannot
     be below the minimum; the others (usually a few) go to the exact solver. The result is the exact
     minimum with the exact solver's certificate, at the cost of one screening pass (O(K^2 d) for the
@@ -189,7 +189,9 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     """
     W = unit_rows(W)
     K, d = W.shape
-    m = min(candidates, K - 1)
+    if screen_candidates < 1:
+        raise KdcollapseError(f"screen_candidates must be at least 1, got {screen_candidates}")
+    m = min(screen_candidates, K - 1)
     block = block_size or _block(K, d, m)
     W32 = W.float()
     upper, lower = W.new_empty(K), W.new_empty(K)
