@@ -6,7 +6,7 @@ in one process:
 * compile cost (cold: inductor's on-disk caches are disabled): the first two training steps of the compiled trainer minus two eager steps;
 * step time: the median over interleaved rounds of ``--steps`` steps of each trainer;
 * break-even: compile cost / (eager step − compiled step), in steps (and in epochs of ``--epoch-images``);
-* evaluation: the first ``Trainer._evaluate()`` of the compiled trainer (which runs the compiled student
+* evaluation: the first ``Trainer.evaluate()`` of the compiled trainer (which runs the compiled student
   eagerly, ``torch.compiler.set_stance("force_eager")``) against the same call compiled (``default`` stance:
   a second graph for eval mode is compiled first).
 
@@ -65,7 +65,7 @@ def timed(fn) -> float:
 def steps(trainer: Trainer, batches: list):
     def run():
         for x, y in batches:
-            trainer._step(trainer._to_layout(x), y)
+            trainer.step(trainer.to_layout(x), y)
         sync(trainer.device)
     return run
 
@@ -83,10 +83,10 @@ def bench(tmp: Path, model: str, channels_last: bool, args) -> str:
     eager, compiled = (statistics.median(rounds[c]) for c in (False, True))
     cost = first[True] - 2 * eager
     saved = eager - compiled
-    evaluate_eager = timed(trainers[True]._evaluate)  # the trainer's way: the compiled student run eagerly
+    evaluate_eager = timed(trainers[True].evaluate)  # the trainer's way: the compiled student run eagerly
     with torch.compiler.set_stance("default"):
-        trainers[True].cfg.train.compile = False  # so that _evaluate does not switch to eager
-        evaluate_compiled = timed(trainers[True]._evaluate)
+        trainers[True].cfg.train.compile = False  # so that evaluate does not switch to eager
+        evaluate_compiled = timed(trainers[True].evaluate)
     per_epoch = args.epoch_images / 64
     even = f"{cost / saved:.0f} steps ({cost / saved / per_epoch:.2f} epochs)" if saved > 0 else "never"
     layout = "channels_last" if channels_last else "contiguous"

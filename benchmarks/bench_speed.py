@@ -1,13 +1,13 @@
 """The trainer's speed options on one KD step and one KD epoch, as ratios to today's fp32 default.
 
-Part `step`: the real `Trainer._step` (student + teacher forward, KD loss, backward, SGD) of two pairs,
+Part `step`: the real `Trainer.step` (student + teacher forward, KD loss, backward, SGD) of two pairs,
   resnet32x4 -> resnet8x4 on CIFAR-100-shaped random images (3x32x32, 100 classes) and
   convnet -> convnet_small on Fashion-MNIST (1x28x28, 10 classes), batch 64, with
   fp32 (the default) | bf16 | channels_last | stored teacher logits (teacher.cache=logits) | compile
   (with --compile) | the best combination. One trainer per option lives in one process; every round
   times `--steps` steps of each option in a shuffled order; the ratio is the option's median step time
   over the default's.
-Part `epoch`: a whole training epoch (`Trainer._train_epoch`) of KD with stored teacher logits against a
+Part `epoch`: a whole training epoch (`Trainer.train_epoch`) of KD with stored teacher logits against a
   student-only (vanilla) epoch of the same student on the same images, interleaved the same way.
 
 Teachers are randomly initialised (speed does not depend on their weights). The same script runs on
@@ -97,8 +97,9 @@ def time_steps(trainer: Trainer, batches: list, steps: int) -> float:
     sync(trainer.device)
     start = time.perf_counter()
     for i, (x, y) in enumerate(batches[:steps]):
-        trainer._select_teacher_rows(i)
-        trainer._step(trainer._to_layout(x), y)
+        if trainer.teacher is not None:
+            trainer.teacher.select(trainer.train_loader.batch_index(i))
+        trainer.step(trainer.to_layout(x), y)
     sync(trainer.device)
     return (time.perf_counter() - start) / steps
 
@@ -136,7 +137,7 @@ def epoch_part(tmp: Path, args, device: torch.device) -> None:
         def epoch(trainer):
             start = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
-                trainer._train_epoch(0)
+                trainer.train_epoch(0)
             sync(trainer.device)
             return time.perf_counter() - start
 

@@ -2,7 +2,7 @@
 
 For each model and batch size, a `Trainer` is built on a CIFAR-shaped synthetic dataset (uint8
 3x32x32, 100 classes, crop 4 + flip, i.e. the CIFAR-100 recipe's data path) and runs `--steps`
-training steps through `Trainer._step`. The same loader is then iterated alone for the same batches.
+training steps through `Trainer.step`. The same loader is then iterated alone for the same batches.
 Both are timed in one process, so the ratio is meaningful on a shared machine.
 
     PYTHONPATH=src python benchmarks/bench_train.py                     # CPU, resnet8x4 + resnet32x4
@@ -52,13 +52,13 @@ def measure(model: str, batch: int, steps: int, args, tmp: str) -> dict:
     batches = list(itertools.islice(iter(loader), steps + 2))  # warm-up steps are the first two
     trainer.method.train()
     for x, y in batches[:2]:
-        trainer._step(x, y)
+        trainer.step(x, y)
     sync(device)
     start = time.perf_counter()
     for x, y in batches[2:]:
         if args.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        trainer._step(x, y)
+        trainer.step(x, y)
     sync(device)
     step_time = (time.perf_counter() - start) / steps
     # The loader alone, same batches (augmentation included), timed over several passes.

@@ -86,8 +86,9 @@ def test_bad_stage_indices_name_the_range():
     m = model("resnet8")
     with pytest.raises(KdcollapseError, match="has 4 stages"):
         m.forward_intermediates(inputs("resnet8"), [4])
-    with pytest.raises(KdcollapseError, match="no stage outputs"):
-        model("mlp").forward_intermediates(inputs("mlp"), [0])
+    for indices in ([0], 1):
+        with pytest.raises(KdcollapseError, match="no stage outputs"):
+            model("mlp").forward_intermediates(inputs("mlp"), indices)
 
 
 class UserNet(nn.Module):
@@ -198,3 +199,75 @@ def test_parameter_groups_scale_the_learning_rate_through_the_schedule(tiny_conf
     lr0, lr1 = (g["lr"] for g in opt.param_groups)
     assert lr1 == pytest.approx(2 * lr0) and lr0 < cfg.optim.lr
     assert [g["weight_decay"] for g in opt.param_groups] == [5e-4, 0.0]
+
+
+@pytest.mark.parametrize("aux_head", ["linear", "mlp"])
+def test_extra_heads_travel_in_the_model_file_and_are_read_without_the_method(tmp_path, tiny_config, digits_teacher,
+                                                                              monkeypatch, aux_head):
+    from kdcollapse import methods
+    from kdcollapse.runs import Run, load_tensors
+
+    fit(tiny_config(tmp_path, "method.name=dhkd", f"method.aux_head={aux_head}", f"teacher.checkpoint={digits_teacher}",
+                    "train.epochs=1"))
+    tensors, meta = load_tensors(tmp_path / "model.safetensors")
+    assert any(k.startswith("extra_heads.aux.") for k in tensors) and "aux" in meta["extra_heads"]
+    checkpoint, _ = load_tensors(tmp_path / "checkpoint.safetensors")
+    monkeypatch.setattr(methods, "build_method", None)  # reading a run builds no method
+    run = Run(tmp_path)
+    model, meta = run.model()
+    (aux,) = run.heads(model, meta).values()
+    for key, value in aux.state_dict().items():
+        assert torch.equal(value, checkpoint[f"method.aux_head.{key}"]), key
+    assert not aux.training
+
+
+INDEX_PROBE = '''
+from dataclasses import dataclass
+import torch
+from kdcollapse.distributed import all_gather_cat
+from kdcollapse.methods import Method, register_method
+
+@register_method("_index_probe")
+class IndexProbe(Method):
+    needs_index = True
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, student, config, **kwargs):
+        super().__init__(student, config, **kwargs)
+        self.register_buffer("seen", torch.zeros(self.num_samples, dtype=torch.long))
+
+    def forward(self, x, y, index=None):
+        self.seen[all_gather_cat(index)] += 1  # a global bank: every process applies every process's rows
+        logits = self.student(x)
+        return {"loss": self.cross_entropy(logits, y), "logits": logits}
+'''
+
+
+@pytest.mark.slow
+def test_torchrun_batches_carry_global_dataset_indices(tmp_path, tiny_overrides):
+    """Under DDP over 2 gloo processes each batch carries its samples' indices in the (subset) training set:
+    the two shares are disjoint and cover it once per epoch, and a bank updated with the gathered indices
+    stays the same on every process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kdcollapse.runs import load_tensors, read_metrics
+
+    (tmp_path / "index_probe.py").write_text(INDEX_PROBE)
+    empty_yaml = tmp_path / "empty.yaml"
+    empty_yaml.write_text("{}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), str(tmp_path)])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
+           "--import", "index_probe", "train", "--config", str(empty_yaml), *tiny_overrides, "method.name=_index_probe",
+           "train.epochs=2", "data.batch_size=20", "data.classes=[0, 2, 4, 6, 8]", f"run_dir={tmp_path / 'ddp'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = load_tensors(tmp_path / "ddp" / "checkpoint.safetensors")[0]["method.seen"]
+    assert len(seen) == 5 * 20 and (seen == 2).all()
+    assert read_metrics(tmp_path / "ddp")[-1]["ranks_in_sync"] is True

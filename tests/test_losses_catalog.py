@@ -14,7 +14,8 @@ from pathlib import Path
 HELPERS = {"loss_module", "validation", "slice_vocab", "shift_for_causal_lm",
            "register_loss", "get_loss", "list_losses",
            "crd_log_scores", "crd_normalizer", "crd_memory_update", "vid_initial_log_scale", "match_spatial_size",
-           "attention_map", "ofd_margin", "pearson_correlation"}
+           "attention_map", "ofd_margin", "pearson_correlation",
+           "standardize_logits"}
 DOCS = (Path(__file__).parents[1] / "docs" / "losses.md").read_text()
 
 
@@ -58,7 +59,7 @@ def test_declared_temperature_is_checked(info):
 
 
 def test_lookups_and_bad_declarations():
-    assert [i.name for i in L.list_losses("logits+target")] == ["dkd", "ikl_at", "trades"]
+    assert [i.name for i in L.list_losses("logits+target")] == ["dkd", "ikl_at", "nkd", "trades"]
     assert L.get_loss("kd").function is L.kd_loss
     with pytest.raises(KdcollapseError, match="unknown loss 'kld'.*kd"):
         L.get_loss("kld")

@@ -14,7 +14,8 @@ from kdcollapse.config import method_config
 from kdcollapse.methods import Method, TeacherRequest, get_method, list_methods
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kdcollapse"
-USERS = {"train/_trainer.py": {"method", "method_cls"}, "runs/_run.py": {"method", "method_cls"}}
+USERS = {"train/_trainer.py": {"method", "method_cls"}, "train/_checkpointer.py": {"method"},
+         "runs/_run.py": {"method", "method_cls"}}
 
 
 def _declared_docs() -> dict[str, str | None]:

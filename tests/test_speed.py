@@ -48,10 +48,10 @@ def test_bf16_autocast_runs_on_cpu_with_float32_sums(tmp_path):
     trainer = Trainer(cfg)
     trainer.train_loader.set_epoch(0)
     x, y = next(iter(trainer.train_loader))
-    out = trainer._step(trainer._to_layout(x), y)
+    out = trainer.step(trainer.to_layout(x), y)
     assert out["logits"].dtype == torch.bfloat16  # autocast is on: the old trainer ignored it on CPU
     assert trainer.method.student.head.weight.dtype == torch.float32  # master weights stay float32
-    assert x.is_contiguous() and trainer._to_layout(x).is_contiguous(memory_format=torch.channels_last)
+    assert x.is_contiguous() and trainer.to_layout(x).is_contiguous(memory_format=torch.channels_last)
     record = trainer.run()
     assert record.last_acc > 30  # it learns digits in one bf16 epoch
     facts = run_json(cfg.run_dir)
@@ -185,5 +185,5 @@ def test_a_compiled_student_is_evaluated_eagerly_without_compiling(tmp_path, cap
     caplog.clear()
     eager = Trainer(tiny(tmp_path / "eager", *common))
     assert "train.compile" not in caplog.text
-    assert compiled._evaluate() == eager._evaluate()  # same initial weights, same numbers
+    assert compiled.evaluate() == eager.evaluate()  # same initial weights, same numbers
     assert sum(counters["frames"].values()) == 0, dict(counters["frames"])  # nothing was compiled

@@ -9,7 +9,8 @@ on [0, 1] inputs (normalise inside the model, e.g. with :class:`Normalized`), st
 """
 
 from kdcollapse.adversarial._apgd import apgd_attack, apgd_checkpoints, apgd_targeted_attack
-from kdcollapse.adversarial._common import NORMS, Normalized, SearchModel, lp_norm, parse_eps, search_model
+from kdcollapse.adversarial._common import (NORMS, Normalized, SearchModel, check_count, lp_norm, parse_eps,
+                                          search_model)
 from kdcollapse.adversarial._evaluate import (
     AttackStage,
     RobustEvaluation,
@@ -21,11 +22,12 @@ from kdcollapse.adversarial._evaluate import (
 from kdcollapse.adversarial._fab import fab_attack, project_onto_hyperplane_in_box
 from kdcollapse.adversarial._losses import dlr_loss, dlr_targeted_loss, margin
 from kdcollapse.adversarial._pgd import pgd_attack, trades_attack
-from kdcollapse.adversarial._registry import AttackSetting, get_attack, list_attacks, register_attack
+from kdcollapse.adversarial._registry import STANDARD_BUDGET, AttackSetting, get_attack, list_attacks, register_attack
 from kdcollapse.adversarial._square import square_attack, square_p_schedule
 
 __all__ = [
     "NORMS",
+    "STANDARD_BUDGET",
     "AttackSetting",
     "AttackStage",
     "Normalized",
@@ -36,6 +38,7 @@ __all__ = [
     "apgd_targeted_attack",
     "autoattack_chain",
     "autoattack_standard",
+    "check_count",
     "dlr_loss",
     "dlr_targeted_loss",
     "evaluate_attacks",

@@ -36,7 +36,7 @@ _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci",
 
 
 def register(subparsers) -> None:
-    from kdcollapse.analysis._options import AnalyzeOptions
+    from kdcollapse.analysis import AnalyzeOptions  # loads analysis/_options.py alone (a lazy face)
     from kdcollapse.cli._common import HelpFormatter
 
     text = "Collapse metrics, margins, spectra, t-SNE and logit matrices of a trained model on one split."
@@ -109,8 +109,7 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from kdcollapse.analysis import AnalyzeOptions, analyze
-    from kdcollapse.analysis._source import load_run, load_weights
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run, load_weights
     from kdcollapse.config import load_config
 
     device = _device(args.device)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kdcollapse.data._dataset import SPLITS, dataset_entry, find_root, list_datasets, load_dataset
-from kdcollapse.data._download import NOT_DOWNLOADABLE, SOURCES, download_dataset
+from kdcollapse.data import (NOT_DOWNLOADABLE, SOURCES, SPLITS, dataset_entry, download_dataset, find_root,
+                             list_datasets, load_dataset)
 from kdcollapse.errors import DataError
 
 

@@ -8,10 +8,8 @@ from pathlib import Path
 import torch
 
 from kdcollapse.cli._common import HelpFormatter
-from kdcollapse.geometry._bounds import softmax_code_bounds, softmax_code_optimum, tammes_optimum
-from kdcollapse.geometry._codes import SphericalCode, softmax_code, tammes_code
-from kdcollapse.geometry._distances import nearest_points
-from kdcollapse.geometry._io import load_matrix, save_code
+from kdcollapse.geometry import (SphericalCode, load_matrix, nearest_points, save_code, softmax_code,
+                                 softmax_code_bounds, softmax_code_optimum, tammes_code, tammes_optimum)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,7 +101,7 @@ def _run_code(args: argparse.Namespace) -> int:
         out = save_code(code, args.out or Path(f"{kind}_K{args.classes}_d{args.dim}.safetensors"))
         print(f"saved {out}")
         if args.dim in (2, 3):
-            from kdcollapse.experiments._plots import plot_code  # matplotlib only when drawing
+            from kdcollapse.experiments.plots import plot_code  # matplotlib only when drawing
 
             value = f"rho={code.one_vs_rest:.6g}" if code.kind == "softmax" else f"min angle={code.min_angle:.6g} deg"
             title = f"{code.kind} code K={args.classes} d={args.dim}: {value}"

@@ -9,17 +9,20 @@ batches of normalised float tensors on a device; ``from_torch`` reads a user's t
 from __future__ import annotations
 
 from kdcollapse.data._dataset import (
+    SPLITS,
     Augment,
     TensorDataset,
+    dataset_entry,
     dataset_options,
     derive_seed,
+    find_root,
     list_datasets,
     load_dataset,
     register_dataset,
     search_paths,
     split_validation,
 )
-from kdcollapse.data._download import download_dataset, download_file, verify_file
+from kdcollapse.data._download import NOT_DOWNLOADABLE, SOURCES, download_dataset, download_file, verify_file
 from kdcollapse.data._folder import FolderDataset
 from kdcollapse.data._from_torch import USER_DATA, as_dataset, data_fingerprint, from_torch
 from kdcollapse.data._loader import Loader, augment_batch, make_loader
@@ -28,6 +31,9 @@ from kdcollapse.data._loader import Loader, augment_batch, make_loader
 from kdcollapse.data import _cifar, _idx, _pairs, _synthetic  # noqa: E402,F401  isort: skip
 
 __all__ = [
+    "NOT_DOWNLOADABLE",
+    "SOURCES",
+    "SPLITS",
     "USER_DATA",
     "Augment",
     "FolderDataset",
@@ -36,10 +42,12 @@ __all__ = [
     "as_dataset",
     "augment_batch",
     "data_fingerprint",
+    "dataset_entry",
     "dataset_options",
     "derive_seed",
     "download_dataset",
     "download_file",
+    "find_root",
     "from_torch",
     "list_datasets",
     "load_dataset",

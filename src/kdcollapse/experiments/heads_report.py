@@ -28,9 +28,8 @@ from torch import Tensor
 from kdcollapse.config import RunConfig
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry._bounds import softmax_code_optimum
-from kdcollapse.geometry._codes import softmax_code, tammes_code
-from kdcollapse.experiments._plots import plot_features_2d, plot_learning_curves
+from kdcollapse.geometry import softmax_code, softmax_code_optimum, tammes_code
+from kdcollapse.experiments.plots import plot_features_2d, plot_learning_curves
 from kdcollapse.models import Classifier
 from kdcollapse.runs import Run
 

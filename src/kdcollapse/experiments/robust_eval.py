@@ -11,10 +11,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kdcollapse.adversarial import AttackSetting, Normalized, get_attack, list_attacks, parse_eps
-from kdcollapse.adversarial._common import check_count
-from kdcollapse.adversarial._registry import STANDARD_BUDGET
-from kdcollapse.adversarial._evaluate import RobustEvaluation
+from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, RobustEvaluation, check_count,
+                                    get_attack, list_attacks, parse_eps)
 from kdcollapse.data import TensorDataset, load_dataset
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
 from kdcollapse.runs import Run

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
-from kdcollapse.geometry._bounds import _check_sizes
+from kdcollapse.geometry import check_sizes
 
 REGULARIZATIONS = ("sphere", "weight_decay")
 OPTIMIZERS = ("lbfgs", "gd")
@@ -86,7 +86,7 @@ def train_ufm(
         seed: seeds the Gaussian initialisation.
         init: warm start from a previous result (temperature continuation).
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     if regularization not in REGULARIZATIONS:
         raise KdcollapseError(unknown_choice("regularization", regularization, REGULARIZATIONS))
     if optimizer not in OPTIMIZERS:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-from kdcollapse.geometry._bounds import softmax_code_optimum
-from kdcollapse.geometry._codes import softmax_code
-from kdcollapse.experiments._plots import plot_code, plot_curves, plot_sweep
+from kdcollapse.geometry import softmax_code, softmax_code_optimum
+from kdcollapse.experiments.plots import plot_code, plot_curves, plot_sweep
 from kdcollapse.experiments.ufm import temperature_continuation, train_ufm
 
 # Sizes of the full run and of --quick (a smoke test of the whole pipeline).

@@ -9,6 +9,7 @@ All distances are Euclidean distances between unit vectors (not squared); see do
 from kdcollapse.geometry._bounds import (
     TAMMES_OPTIMA,
     SoftmaxCodeBounds,
+    check_sizes,
     softmax_code_bounds,
     softmax_code_optimum,
     tammes_optimum,
@@ -22,13 +23,15 @@ from kdcollapse.geometry._distances import (
     optimal_features,
     unit_rows,
 )
-from kdcollapse.geometry._io import load_matrix, save_code
+from kdcollapse.geometry._io import SUFFIXES, load_matrix, save_code
 
 __all__ = [
     "NearestPoints",
+    "SUFFIXES",
     "SoftmaxCodeBounds",
     "SphericalCode",
     "TAMMES_OPTIMA",
+    "check_sizes",
     "closed_form_code",
     "load_matrix",
     "nearest_points",

@@ -33,7 +33,8 @@ class SoftmaxCodeBounds(NamedTuple):
     valid: bool  # the theorem assumes K >= sqrt(2 pi sqrt(e) d); outside it the numbers prove nothing
 
 
-def _check_sizes(num_classes: int, dim: int) -> None:
+def check_sizes(num_classes: int, dim: int) -> None:
+    """Raise a ``KdcollapseError`` unless K >= 2 and d >= 1 are integers (the sizes of a code)."""
     if int(num_classes) != num_classes or num_classes < 2:
         raise KdcollapseError(f"the number of classes K must be an integer >= 2, got {num_classes}")
     if int(dim) != dim or dim < 1:
@@ -53,7 +54,7 @@ def softmax_code_bounds(num_classes: int, dim: int) -> SoftmaxCodeBounds:
         >>> round(b.lower, 4), round(b.upper, 4), b.valid
         (0.1697, 1.5049, True)
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     if dim < 2:
         raise KdcollapseError("softmax_code_bounds needs d >= 2 (the exponents divide by d - 1)")
     K, d = num_classes, dim
@@ -73,7 +74,7 @@ def softmax_code_optimum(num_classes: int, dim: int) -> float | None:
     d + 1 < K <= 2d: 1 (vertices of a cross-polytope); d = 1, K >= 3: 0 (two of the points coincide).
     All are distances, not squared distances.
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     K, d = num_classes, dim
     if K <= d + 1:
         return K / (K - 1)
@@ -92,7 +93,7 @@ def tammes_optimum(num_classes: int, dim: int) -> float | None:
     Covers d = 2 (360/K), K <= d + 1 (the simplex, arccos(-1/(K-1))), d + 1 < K <= 2d (90 degrees:
     a cross-polytope subset; Rankin's bound) and the table ``TAMMES_OPTIMA``.
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     K, d = num_classes, dim
     if K <= d + 1:
         return math.degrees(math.acos(-1 / (K - 1)))

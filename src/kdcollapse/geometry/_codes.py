@@ -21,7 +21,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry._bounds import _check_sizes
+from kdcollapse.geometry._bounds import check_sizes
 from kdcollapse.geometry._distances import one_vs_one_distance, one_vs_rest_distances
 
 # Continuation schedules of the smoothed max. Tammes starts less smooth: from tau = 0.1 every restart
@@ -68,7 +68,7 @@ def simplex_etf(num_classes: int, dim: int, *, dtype: torch.dtype = torch.float6
     basis of the (K-1)-dimensional subspace orthogonal to the all-ones vector, so K <= d + 1 suffices
     (eq. 7 asks d >= K). Returns (K, d) rows (coordinates beyond K - 1 are zero).
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     K = num_classes
     if K > dim + 1:
         raise KdcollapseError(f"a simplex ETF of K={K} vectors needs d >= K - 1, got d={dim}")
@@ -88,7 +88,7 @@ def closed_form_code(num_classes: int, dim: int, *, dtype: torch.dtype = torch.f
     and 90 degrees, Rankin's bound for d + 1 < K <= 2d). Softmax codes are not unique; these are one
     representative of each.
     """
-    _check_sizes(num_classes, dim)
+    check_sizes(num_classes, dim)
     K, d = num_classes, dim
     if d == 2:
         angles = 2 * math.pi * torch.arange(K, dtype=torch.float64) / K
@@ -154,7 +154,7 @@ def tammes_code(
 
 
 def _best_of(K: int, d: int, restarts: int, seed: int, progress: bool, kind: str, solve: Callable) -> SphericalCode:
-    _check_sizes(K, d)
+    check_sizes(K, d)
     if restarts < 1:
         raise KdcollapseError(f"restarts must be at least 1, got {restarts}")
     generator = torch.Generator().manual_seed(seed)

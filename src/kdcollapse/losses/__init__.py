@@ -30,6 +30,10 @@ from kdcollapse.losses.fitnet import fitnet_loss
 from kdcollapse.losses.ofd import ofd_loss, ofd_margin
 from kdcollapse.losses.nst import nst_loss
 from kdcollapse.losses.similarity import pkt_loss, sp_loss
+from kdcollapse.losses.standardize import standardize_logits
+from kdcollapse.losses.nkd import nkd_loss
+from kdcollapse.losses.wttm import wttm_loss
+from kdcollapse.losses.mlkd import batch_correlation_loss, class_correlation_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -44,6 +48,8 @@ IKLATLoss = loss_module("IKLATLoss", ikl_at_loss)
 VIDLoss = loss_module("VIDLoss", vid_loss)
 ATLoss = loss_module("ATLoss", at_loss)  # the other feature losses have no hyperparameters to store
 DISTLoss = loss_module("DISTLoss", dist_loss)
+NKDLoss = loss_module("NKDLoss", nkd_loss)
+WTTMLoss = loss_module("WTTMLoss", wttm_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -56,4 +62,6 @@ __all__ = [
     "vid_initial_log_scale", "match_spatial_size", "VIDLoss",
     "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
     "nst_loss", "sp_loss", "pkt_loss", "ATLoss", "DISTLoss",
+    "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
+    "NKDLoss", "WTTMLoss",
 ]

@@ -61,15 +61,17 @@ class Method(nn.Module):
 
     extra_heads: ClassVar[dict[str, str]] = {}
     """Trainable classifier heads on the student's features besides its own, ``{label: submodule}``
-    (the dual-head methods: ``{"aux": "aux_head"}``). ``Run.heads`` rebuilds them from the checkpoint and
-    ``kdcollapse analyze`` reports each one's accuracy as ``accuracy_<label>``."""
+    (the dual-head methods: ``{"aux": "aux_head"}``): saved in the run's model files beside the student
+    (a ``Linear`` or a ``Sequential`` of ``Linear``/``BatchNorm1d``/``Dropout``/``ReLU``), read back by
+    ``Run.heads``; ``kdcollapse analyze`` reports each one's accuracy as ``accuracy_<label>``. Other
+    trainable modules (connectors, projection heads) are never saved in the model files."""
 
     student: Classifier
     """The network being trained; the per-epoch collapse metrics read its features and head."""
 
     teacher: FrozenTeacher | None
-    """The frozen teacher (``None`` without one): the trainer reads it to record whether the teacher runs
-    online or from stored logits (``teacher.cache``), never to train it."""
+    """The frozen teacher (``None`` without one), online or stored logits as the trainer chose from
+    :meth:`teacher_request`; the method reads it through :meth:`read_teacher`, never trains it."""
 
     def __init__(
         self,

@@ -24,9 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
-from kdcollapse.geometry._codes import closed_form_code, simplex_etf, softmax_code, tammes_code
-from kdcollapse.geometry._distances import unit_rows
-from kdcollapse.geometry._io import SUFFIXES, load_matrix
+from kdcollapse.geometry import SUFFIXES, closed_form_code, load_matrix, simplex_etf, softmax_code, tammes_code, unit_rows
 
 HEAD_KINDS = ("cosine", "cmf", "fixed")
 CODE_NAMES = ("softmax", "tammes", "etf")
@@ -231,3 +229,42 @@ def head_from_spec(spec: dict, state: dict[str, Tensor]) -> _SphericalHead:
         raise KdcollapseError("a 'fixed' head needs the tensor head.assignment in the state dict")
     assignment = _check_assignment(state["assignment"], num_classes)
     return FixedHead(weight[assignment.argsort()], assignment, temperature)  # weight = code[assignment]
+
+
+# Extra classifier heads a method trains beside the student's (a dual-head student's g′), described by layer
+# so that a model file can carry them and a reader rebuild them without the method.
+_LAYERS = {"Linear": lambda s: nn.Linear(s["in"], s["out"], bias=s["bias"]),
+           "BatchNorm1d": lambda s: nn.BatchNorm1d(s["features"]),
+           "Dropout": lambda s: nn.Dropout(s["p"]),
+           "ReLU": lambda s: nn.ReLU()}
+
+
+def layers_spec(module: nn.Module) -> list[dict] | None:
+    """A JSON description of ``module`` as a list of layers (a ``Linear``, or a ``Sequential`` of
+    ``Linear``/``BatchNorm1d``/``Dropout``/``ReLU``); ``None`` for any other module."""
+    layers = list(module) if isinstance(module, nn.Sequential) else [module]
+    spec = []
+    for layer in layers:
+        if isinstance(layer, nn.Linear):
+            spec.append({"type": "Linear", "in": layer.in_features, "out": layer.out_features,
+                         "bias": layer.bias is not None})
+        elif isinstance(layer, nn.BatchNorm1d):
+            spec.append({"type": "BatchNorm1d", "features": layer.num_features})
+        elif isinstance(layer, nn.Dropout):
+            spec.append({"type": "Dropout", "p": layer.p})
+        elif isinstance(layer, nn.ReLU):
+            spec.append({"type": "ReLU"})
+        else:
+            return None
+    return spec
+
+
+def layers_from_spec(spec: list[dict], state: dict[str, Tensor]) -> nn.Module:
+    """The module :func:`layers_spec` described, with the weights ``state`` (keys as its ``state_dict``)."""
+    try:
+        layers = [_LAYERS[s["type"]](s) for s in spec]
+    except (KeyError, TypeError):
+        raise KdcollapseError(f"unknown extra-head description {spec!r}") from None
+    module = layers[0] if len(layers) == 1 and not any(k[0].isdigit() for k in state) else nn.Sequential(*layers)
+    module.load_state_dict(state)
+    return module.eval()

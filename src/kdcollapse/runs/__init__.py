@@ -4,6 +4,8 @@ teacher and extra heads. The trainer, ``analyze``, ``robust-eval``, the reports 
 here. See docs/training.md."""
 
 from kdcollapse.runs._checkpoint import load_tensors, save_model, save_tensors
+from kdcollapse.runs._checkpoint import (check_checkpoint_meta, flatten_optimizer, load_state, model_file, model_meta,
+                                         read_extra_heads, split_prefix, unflatten_optimizer)
 from kdcollapse.runs._commit import load_model
 from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
@@ -11,9 +13,12 @@ from kdcollapse.runs._run import Run, check_inputs, load_model_file
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
                                      claim_run_dir, metrics_csv, read_metrics, start_run_dir, update_run_record)
 from kdcollapse.runs._teacher import load_teacher
+from kdcollapse.runs._run_dir import on_main_process
 
 __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
            "convert_weights", "load_model", "load_model_file", "load_teacher", "load_tensors",
            "metrics_csv", "read_metrics", "run_dataset", "run_splits", "save_model", "save_tensors", "start_run_dir",
            "update_run_record"]
+__all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
+            "read_extra_heads", "split_prefix", "unflatten_optimizer"]  # the checkpoint format, for the trainer's checkpointer

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from kdcollapse.errors import CheckpointError
 from kdcollapse.models import adapt_state_dict, create_model, unwrap_state_dict
-from kdcollapse.models.heads import head_from_spec
+from kdcollapse.models.heads import head_from_spec, layers_from_spec, layers_spec
 from kdcollapse.runs._atomic import replacing
 
 _META_KEY = "kdcollapse"
@@ -234,13 +234,32 @@ def model_meta(cfg, dataset, **extra) -> dict:
     }
 
 
-def model_file(model: torch.nn.Module, meta: dict) -> tuple[dict[str, torch.Tensor], dict]:
+EXTRA_HEADS = "extra_heads."  # the prefix of the extra heads' tensors in a model file
+
+
+def model_file(model: torch.nn.Module, meta: dict,
+               heads: dict[str, torch.nn.Module] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors and metadata of a model file; a special head (``kdcollapse.models.heads``) adds its
-    ``spec()`` as ``meta["head"]``, so that :func:`load_model` can rebuild it."""
+    ``spec()`` as ``meta["head"]``, so that :func:`load_model` can rebuild it. ``heads``: a method's extra
+    classifier heads (``Method.extra_heads``), saved under ``extra_heads.<label>.`` with their layer
+    description in ``meta["extra_heads"]`` (:func:`read_extra_heads` rebuilds them without the method)."""
     head = getattr(model, "head", None)
     if callable(getattr(head, "spec", None)):
         meta = meta | {"head": head.spec()}
-    return model.state_dict(), meta
+    tensors = dict(model.state_dict())
+    specs = {}
+    for label, module in (heads or {}).items():
+        spec = layers_spec(module)
+        if spec is not None:
+            specs[label] = spec
+            tensors |= {f"{EXTRA_HEADS}{label}.{k}": v for k, v in module.state_dict().items()}
+    return tensors, meta | ({"extra_heads": specs} if specs else {})
+
+
+def read_extra_heads(tensors: dict[str, torch.Tensor], meta: dict) -> dict[str, torch.nn.Module]:
+    """The extra heads a model file carries (see :func:`model_file`), in eval mode."""
+    return {label: layers_from_spec(spec, split_prefix(tensors, f"{EXTRA_HEADS}{label}."))
+            for label, spec in meta.get("extra_heads", {}).items()}
 
 
 def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
@@ -249,17 +268,19 @@ def save_model(path: str | Path, model: torch.nn.Module, meta: dict) -> None:
 
 
 def read_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,
-               num_classes: int | None = None, in_channels: int | None = None):
-    """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``.
+               num_classes: int | None = None, in_channels: int | None = None, model_kwargs: dict | None = None):
+    """Rebuild a model saved by ``kdcollapse train``: ``(model, meta)``; the one reader of model files.
 
     ``path`` is a ``model.safetensors`` file (a run directory is read at its commit by
     :func:`kdcollapse.runs.load_model`, which the library uses). A plain safetensors file
     without kdcollapse metadata, or a ``.pth``/``.pt`` state dict (read with ``weights_only=True``), needs
     ``model_name`` and ``num_classes`` (and ``in_channels``); its keys must be the model's (convert a
-    community layout first: ``kdcollapse models convert``).
+    community layout first: ``kdcollapse models convert``). ``model_kwargs`` override the file's model
+    options. The extra heads a file carries are left out (:func:`read_extra_heads` reads them).
     """
     path = Path(path)
     state, meta = read_weights(path, device)
+    state = {k: v for k, v in state.items() if not k.startswith(EXTRA_HEADS)}
     name = model_name or meta.get("model")
     classes = num_classes or meta.get("num_classes")
     if name is None or classes is None:
@@ -272,7 +293,8 @@ def read_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
         raise CheckpointError(f"{path} holds a '{meta['model']}', not a '{model_name}'")
     if meta.get("num_classes") and num_classes and num_classes != meta["num_classes"]:
         raise CheckpointError(f"{path} holds a {meta['num_classes']}-class model, expected {num_classes} classes")
-    model = create_model(name, classes, in_channels=channels, **meta.get("model_kwargs", {})).to(device)
+    options = {**meta.get("model_kwargs", {}), **(model_kwargs or {})}
+    model = create_model(name, classes, in_channels=channels, **options).to(device)
     if "head" in meta:  # a special head recorded by save_model
         model.head = head_from_spec(meta["head"], split_prefix(state, "head.")).to(device)
     load_state(model, adapt_state_dict(model, state), str(path))

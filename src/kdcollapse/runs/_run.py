@@ -11,8 +11,9 @@ from torch import nn
 from kdcollapse.config import RunConfig, load_config
 from kdcollapse.data import make_loader
 from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
-from kdcollapse.methods import FrozenTeacher, build_method, get_method
-from kdcollapse.models import create_model, evaluating
+from kdcollapse.methods import get_method
+from kdcollapse.models import evaluating
+from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._commit import committed_file, committed_path, load_model
 from kdcollapse.runs._data import UserData, check_split, run_dataset
@@ -42,6 +43,7 @@ class Run:
             raise CheckpointError(
                 f"{self.dir} holds no config.yaml, so it is not a `kdcollapse train` run directory"
             )
+        self._files: dict[int, Path] = {}  # id of a model read by model() -> its file (heads() reads it)
         self.user_data = UserData.of(train_data, test_data, val_data)
         if self.user_data is not None:
             self.user_data.check_run(self.dir)
@@ -72,7 +74,10 @@ class Run:
         """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) committed epoch."""
         if which not in MODEL_FILES:
             raise KdcollapseError(f"unknown model file {which!r}; valid: {', '.join(MODEL_FILES)}")
-        return load_model(committed_path(self.dir, MODEL_FILES[which]), device)
+        path = committed_path(self.dir, MODEL_FILES[which])
+        model, meta = load_model(path, device)
+        self._files[id(model)] = path
+        return model, meta
 
     def teacher(self, dataset=None, device: str | torch.device = "cpu") -> nn.Module | None:
         """The run's frozen teacher (``None`` for a run trained without one)."""
@@ -83,26 +88,33 @@ class Run:
 
     def heads(self, model: nn.Module, meta: dict, device: str | torch.device = "cpu") -> dict[str, nn.Module]:
         """Trainable heads of the method beyond the student (a dual-head student's ``aux``), with the weights
-        of the same epoch as ``model``."""
+        of the same epoch as ``model`` (from :meth:`model`): read from its model file, which carries them.
+        Runs written before model files carried them: a linear head is read from the checkpoint."""
+        path = self._files.get(id(model))
+        if path is not None and "extra_heads" in meta:
+            tensors, _ = ckpt.load_tensors(path, device=device)
+            return ckpt.read_extra_heads(tensors, meta)
+        return self._linear_heads_of_checkpoint(meta, device)
+
+    def _linear_heads_of_checkpoint(self, meta: dict, device) -> dict[str, nn.Module]:
         extra = get_method(self.config.method.name).extra_heads
         if not extra or not (self.dir / "checkpoint.safetensors").is_file():
             return {}
         path = committed_path(self.dir, "checkpoint.safetensors")
         tensors, state_meta = ckpt.load_tensors(path, device=device)
-        if not all(any(k.startswith(f"method.{attr}.") for k in tensors) for attr in extra.values()):
-            return {}
         if state_meta.get("epoch") != meta.get("epoch"):
             raise CheckpointError(
                 f"{self.dir}: model.safetensors is from epoch {meta.get('epoch')} but checkpoint.safetensors "
                 f"(which holds the auxiliary head) from epoch {state_meta.get('epoch')}"
             )
-        # The method is rebuilt only to recover its auxiliary head; a stand-in teacher satisfies its checks.
-        classes = meta["num_classes"]
-        stand_in = FrozenTeacher(create_model(meta["model"], classes, meta.get("in_channels", 3),
-                                              **meta.get("model_kwargs", {})))
-        method = build_method(self.config.method, model, num_classes=classes, teacher=stand_in).to(device)
-        ckpt.load_state(method, ckpt.split_prefix(tensors, "method."), str(path))
-        return {label: method.get_submodule(attr) for label, attr in extra.items()}
+        heads = {}
+        for label, attr in extra.items():
+            state = ckpt.split_prefix(tensors, f"method.{attr}.")
+            if set(state) == {"weight", "bias"} and state["weight"].dim() == 2:
+                out_features, in_features = state["weight"].shape
+                spec = [{"type": "Linear", "in": in_features, "out": out_features, "bias": True}]
+                heads[label] = layers_from_spec(spec, state)
+        return heads
 
 
 def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):
@@ -111,21 +123,9 @@ def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict
     ``name``."""
     path = Path(path)
     file = committed_path(path, "model.safetensors") if path.is_dir() else path
-    tensors, meta = ckpt.load_tensors(file, device=device)
-    name = name or meta.get("model")
-    if name is None:
-        raise CheckpointError(f"{file} carries no kdcollapse metadata; give the model name (--model NAME)")
-    if meta.get("model") and meta["model"] != name:
-        raise CheckpointError(f"{file} holds a '{meta['model']}', not a '{name}'")
-    if meta.get("num_classes") and meta["num_classes"] != dataset.num_classes:
-        raise CheckpointError(
-            f"{file} holds a {meta['num_classes']}-class model; dataset '{dataset.name}' has "
-            f"{dataset.num_classes} classes"
-        )
-    options = {**meta.get("model_kwargs", {}), **(kwargs or {})}
-    network = create_model(name, dataset.num_classes, in_channels=dataset.in_channels, **options).to(device)
-    ckpt.load_state(network, tensors, str(file))
-    check_inputs(network, dataset, name)
+    network, meta = ckpt.read_model(file, device, model_name=name, num_classes=dataset.num_classes,
+                                    in_channels=dataset.in_channels, model_kwargs=kwargs)
+    check_inputs(network, dataset, name or meta["model"])
     return network, meta
 
 
