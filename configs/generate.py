@@ -81,7 +81,7 @@ BASELINES_CIFAR = {
              "wrn_40_2_wrn_16_2": "75.24", "wrn_40_2_wrn_40_1": "74.33", "vgg13_vgg8": "73.95",
              "resnet32x4_shufflev1": "75.98", "wrn_40_2_shufflev1": "75.85", "vgg13_mobilenetv2": "69.48",
              "resnet50_cifar_mobilenetv2": "69.04", "resnet32x4_shufflev2": "76.82"}, _TABLES_1_2),
-    # AT is in the papers' ImageNet tables only; mdistiller's CIFAR-100 config (configs/cifar100/at.yaml) is
+    # AT is in the papers' ImageNet tables only; mdistiller's one CIFAR-100 AT config (its at.yaml) is
     # for this pair.
     "at": ({"resnet32x4_resnet8x4": None}, "no CIFAR-100 number in the DHKD or DKL tables"),
     # DIST: the official README's CIFAR-100 table (hunto/DIST_KD), mean ± std of its runs; DIST is in

@@ -1,11 +1,14 @@
 """The methods of issue 23 (DIST, PKT; FitNet, AT, OFD, NST, SP on the feature seam): their losses as the
 official code combines them, with the official default weights, stages and trainable parts."""
 
+import functools
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kdcollapse.config import method_config
+from kdcollapse.config import load_config, method_config
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import at_loss, dist_loss, ofd_loss, ofd_margin, pkt_loss
 from kdcollapse.methods.fitnet import ConvRegressor
@@ -126,3 +129,34 @@ def test_stage_options_are_checked_against_the_models():
         cifar_pair("resnet8", "resnet14", "at", teacher_stages=[1, 2, 7])
     with pytest.raises(ConfigError, match="equal lengths"):
         cifar_pair("resnet8", "resnet14", "nst", teacher_stages=[1, 2])
+
+
+# --- every recipe of these methods builds on its pair ----------------------------------------------
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RECIPES = sorted(p for area in ("cifar100", "imagenet") for method in ("fitnet", "at", "ofd", "nst", "sp", "dist")
+                 for p in (CONFIGS / area / method).glob("*.yaml"))
+
+
+@functools.cache
+def zoo_model(name, k):
+    torch.manual_seed(0)
+    return create_model(name, k)
+
+
+@pytest.mark.slow
+def test_every_recipe_builds_on_its_pair_and_fitnet_regresses_onto_the_hint():
+    """Stage lists, regressor shapes and OFD's BatchNorms fit the recipe's models (fresh weights); the FitNet
+    regressor maps the student's map onto the teacher's exact shape at 32×32."""
+    assert len(RECIPES) == 11 + 11 + 1 + 6 + 2 + 2 + 2
+    for path in RECIPES:
+        cfg = load_config(path)
+        k = 1000 if path.parts[-3] == "imagenet" else 100
+        teacher = FrozenTeacher(zoo_model(Path(cfg.teacher.checkpoint).name.removeprefix("teacher_"), k))
+        method = build_method(cfg.method, zoo_model(cfg.model.name, k), num_classes=k, teacher=teacher)
+        if cfg.method.name == "fitnet":
+            x = torch.randn(1, 3, 32, 32)
+            with torch.no_grad():
+                (guided,) = method.student.eval().forward_intermediates(x, [cfg.method.student_stage])[1]
+                (hint,) = teacher.read(x, method.request).maps
+                assert method.regressor.eval()(guided).shape == hint.shape, path.name

@@ -73,8 +73,7 @@ class LossInfo:
 
     def call(self, student: Tensor, teacher: Tensor, target: Tensor, mask: Tensor | None = None,
              case: LossCase | None = None, **options: Any) -> Tensor:
-        """The loss on :meth:`arguments`, with ``mask`` (for losses that take sequences; a batch-coupled
-        loss such as DIST takes none); ``options`` override the case's arguments."""
+        """The loss on :meth:`arguments`, with ``mask``; ``options`` override the case's arguments."""
         pair, arguments = self.arguments(student, teacher, target, case)
         if self.sequences:
             arguments["mask"] = mask
