@@ -385,7 +385,7 @@ def test_nan_logits_are_named(name):
     ({"name": "dkd", "beta": -1}, "method.beta must be >= 0"),
     ({"name": "ikl_kd", "momentum": 1.5}, r"method.momentum must be in \(0, 1\]"),
     ({"name": "dhkd", "distill_until": -2}, "method.distill_until must be >= 0"),
-    ({"name": "kd", "alpha": 1}, "unknown key 'method.alpha'.*Valid keys: ce_weight, kd_weight, temperature"),
+    ({"name": "kd", "alpha": 1}, "unknown key 'method.alpha'.*Valid keys: ce_weight, kd_weight, logit_standardization, temperature"),
 ])
 def test_bad_method_config(section, message):
     with pytest.raises(ConfigError, match=message):
