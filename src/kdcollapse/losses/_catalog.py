@@ -11,7 +11,7 @@ exported from ``kdcollapse.losses`` is not declared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +123,7 @@ def get_loss(name: str) -> LossInfo:
     return _LOSSES.get(name)
 
 
-def list_losses(kind: str | None = None) -> list[LossInfo]:
+def list_losses(kind: str | Sequence[str] | None = None) -> list[LossInfo]:
     """Every declared loss (of ``kind``, one of :data:`KINDS`, or a list of kinds), by name."""
     kinds = KINDS if kind is None else (kind,) if isinstance(kind, str) else tuple(kind)
     for k in kinds:

@@ -16,8 +16,9 @@ def standardize_logits(logits: Tensor, eps: float = OFFICIAL_EPS) -> Tensor:
     loss at a "base temperature" (2 in their CIFAR-100 runs), which divides the z-scores.
 
     >>> import torch
-    >>> standardize_logits(torch.tensor([[1.0, 2.0, 3.0]]))
-    tensor([[-1.,  0.,  1.]])
+    >>> standardize_logits(torch.tensor([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]]))
+    tensor([[-1.0000,  0.0000,  1.0000],
+            [-1.0000,  0.0000,  1.0000]])
     """
     mean = logits.mean(dim=-1, keepdim=True)
     return (logits - mean) / (eps + logits.std(dim=-1, keepdim=True))
