@@ -80,6 +80,8 @@ def test_robust_eval_records_provenance_and_overwrite_removes_derived_outputs(on
     state = json.loads((run_dir / "state.json").read_text())
     assert entry["epoch"] == 1 and entry["weights_sha256"] == state["files"]["model.safetensors"]["sha256"]
     assert main(["analyze", str(run_dir), "--no-progress"]) == 0
+    report = json.loads((run_dir / "analysis_test" / "analysis.json").read_text())
+    assert (report["epoch"], report["weights_sha256"]) == (1, entry["weights_sha256"])
     text = (run_dir / "robust_eval.json").read_text()
     (run_dir / "robust_eval.json").write_text(text[:-40])  # damaged: refused, never silently replaced
     capsys.readouterr()
