@@ -105,3 +105,13 @@ def test_a_tampered_metrics_file_is_refused_by_run_and_plot(one_epoch, tmp_path,
         Run(run_dir).metrics()
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "c.png")]) == 2
     assert "metrics.jsonl is not the file" in capsys.readouterr().err and not (tmp_path / "c.png").exists()
+
+
+def test_a_run_that_died_before_its_first_commit_starts_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny(run_dir, "train.epochs=1"))  # config.yaml and run.json written, no epoch committed
+    trainer.release_run_dir()
+    assert (run_dir / "config.yaml").exists() and not (run_dir / "state.json").exists()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert "start it again with the same command without --resume" in capsys.readouterr().err
+    assert fit(tiny(run_dir, "train.epochs=1")).epochs == 1  # the same command starts it cleanly
