@@ -143,3 +143,15 @@ def test_the_quick_demo_is_a_fraction_of_the_full_one():
         assert quick.methods == ("kd",) and quick.teacher_epochs * 5 <= max(plan.teacher_epochs, 5)
         assert quick.student_epochs < plan.student_epochs
     assert "--quick" in dict(_parsers(build_parser()))[("demo",)].format_help()
+
+
+def test_constant_features_warn_that_the_metrics_are_undefined(tmp_path, caplog):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.ReLU(), nn.Linear(4, 10))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.fill_(1.0)  # every input gives the same feature vector
+    data = torch.utils.data.TensorDataset(torch.rand(40, 1, 8, 8), torch.arange(40) % 10)
+    with caplog.at_level("WARNING", logger="kdcollapse"):
+        report = analyze(Subject(model, data, "test"), tmp_path, AnalyzeOptions(progress=False))
+    undefined = [k for k, v in report["metrics"].items() if isinstance(v, float) and v != v]
+    assert undefined and "undefined (NaN): the features have no spread" in caplog.text
