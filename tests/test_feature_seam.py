@@ -86,8 +86,9 @@ def test_bad_stage_indices_name_the_range():
     m = model("resnet8")
     with pytest.raises(KdcollapseError, match="has 4 stages"):
         m.forward_intermediates(inputs("resnet8"), [4])
-    with pytest.raises(KdcollapseError, match="no stage outputs"):
-        model("mlp").forward_intermediates(inputs("mlp"), [0])
+    for indices in ([0], 1):
+        with pytest.raises(KdcollapseError, match="no stage outputs"):
+            model("mlp").forward_intermediates(inputs("mlp"), indices)
 
 
 class UserNet(nn.Module):

@@ -29,17 +29,17 @@ def weights(run_dir, prefix="method.") -> dict[str, torch.Tensor]:
 
 def stopped_after_epoch_2(cfg, monkeypatch) -> None:
     """Run ``cfg`` (three epochs) and stop it as a kill would, right after epoch 2 is committed."""
-    from kdcollapse.train import Trainer
+    from kdcollapse.train._checkpointer import Checkpointer
 
-    save = Trainer._save_checkpoint
+    save = Checkpointer.save
 
-    def save_then_stop(self, epoch, improved):
-        save(self, epoch, improved)
+    def save_then_stop(self, epoch, *args):
+        save(self, epoch, *args)
         if epoch == 2:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "_save_checkpoint", save_then_stop)
+        patch.setattr(Checkpointer, "save", save_then_stop)
         with pytest.raises(KeyboardInterrupt):
             fit(cfg)
 
@@ -143,13 +143,13 @@ def test_the_weight_average_follows_the_ema_recursion(tiny_config, tmp_path, mon
     from kdcollapse.train import Trainer
 
     students = []
-    step = Trainer._optimizer_step
+    step = Trainer.optimizer_step
 
     def recording_step(self):
         step(self)
         students.append({k: v.detach().clone().double() for k, v in self.method.student.state_dict().items()})
 
-    monkeypatch.setattr(Trainer, "_optimizer_step", recording_step)
+    monkeypatch.setattr(Trainer, "optimizer_step", recording_step)
     decay = 0.7
     run = fit(tiny_config(tmp_path / "ema", "train.epochs=2", f"train.ema={decay}", "optim.accumulate=2"))
     assert len(students) == 4  # 8 batches of 50 in two epochs, two per optimizer step

@@ -58,15 +58,27 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def world_size() -> int:
+    """The number of processes in the group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def all_gather_cat(tensor: torch.Tensor) -> torch.Tensor:
-    """Every process's ``tensor`` concatenated along dim 0 in rank order (equal shapes on every rank; a
-    collective), without gradient; the tensor itself for one process. For state that must stay global under
-    DDP, e.g. a memory bank updated with every process's samples and their indices."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    """The tensors of every process concatenated along dim 0, in rank order (the tensor itself alone).
+
+    Ranks may hold different numbers of rows (a last, shorter batch): rows are padded to the largest count
+    for the collective and trimmed after it. Carries no gradient."""
+    if not (dist.is_available() and dist.is_initialized()):
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor.detach().contiguous())
-    return torch.cat(parts)
+    count = torch.tensor([tensor.shape[0]], device=tensor.device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([part[:size] for part, size in zip(parts, sizes)])
 
 
 def all_ranks_ok(ok: bool) -> bool:

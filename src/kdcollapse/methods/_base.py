@@ -61,8 +61,10 @@ class Method(nn.Module):
 
     extra_heads: ClassVar[dict[str, str]] = {}
     """Trainable classifier heads on the student's features besides its own, ``{label: submodule}``
-    (the dual-head methods: ``{"aux": "aux_head"}``). ``Run.heads`` rebuilds them from the checkpoint and
-    ``kdcollapse analyze`` reports each one's accuracy as ``accuracy_<label>``."""
+    (the dual-head methods: ``{"aux": "aux_head"}``): saved in the run's model files beside the student
+    (a ``Linear`` or a ``Sequential`` of ``Linear``/``BatchNorm1d``/``Dropout``/``ReLU``), read back by
+    ``Run.heads``; ``kdcollapse analyze`` reports each one's accuracy as ``accuracy_<label>``. Other
+    trainable modules (connectors, projection heads) are never saved in the model files."""
 
     student: Classifier
     """The network being trained; the per-epoch collapse metrics read its features and head."""

@@ -85,7 +85,7 @@ class Classifier(nn.Module):
         ends with one; a stage ending linearly returns its output either way."""
         if self.feature_info:
             raise NotImplementedError(f"{type(self).__name__} declares feature_info but not forward_intermediates")
-        if indices not in (None, 0) and len(indices):
+        if indices is not None and (indices if isinstance(indices, int) else len(indices)):
             raise KdcollapseError(f"{type(self).__name__} has no stage outputs (feature_info is empty)")
         return self.forward_features(x), []
 

@@ -110,6 +110,8 @@ class Trainer:
             seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
             self.teacher = self.setup_teacher()
             self.method = self.setup_method()
+            self.ema = self.setup_weight_average()
+            self.setup_compile()
             self.optimizer, self.schedule = self.setup_optimizer()
             if not resume:
                 self.check_first_batch()
@@ -190,8 +192,7 @@ class Trainer:
                             topk=cfg.teacher.cache_topk, prepare=self.to_layout, precision=self.precision)
 
     def setup_method(self):
-        """The student and the method around it, on the device and in the run's layout; the weight average
-        (``train.ema``) and ``train.compile``."""
+        """The student and the method around it, on the device and in the run's layout."""
         cfg, data = self.cfg, self.train_set
         student = create_model(cfg.model.name, data.num_classes, in_channels=data.in_channels,
                                input_shape=data.input_shape, **cfg.model.kwargs)
@@ -204,17 +205,25 @@ class Trainer:
             raise ConfigError(f"optim.accumulate={cfg.optim.accumulate}: method '{cfg.method.name}' with "
                               "these settings does not train on the sum of its batches' gradients (see "
                               "docs/training.md); set optim.accumulate=1")
-        self.ema = build_weight_average(cfg, method.student)
-        if self.ema is not None and method.inference_model() is not method.student:
-            raise ConfigError(f"method '{cfg.method.name}' keeps its own weight average (method.ema_decay); "
-                              "set train.ema=0")
-        if cfg.train.compile:
-            if self.device.type == "cpu":
-                logger.warning("train.compile on the CPU: in the measurements of docs/training.md (Speed) a compiled "
-                               "step was no faster than the eager channels-last one, and compiling costs seconds to "
-                               "minutes; set train.compile=false unless your own timing says otherwise")
-            method.student.compile()
         return method
+
+    def setup_weight_average(self):
+        """The average of the student's weights that ``train.ema`` asks for (``None`` without it)."""
+        ema = build_weight_average(self.cfg, self.method.student)
+        if ema is not None and self.method.inference_model() is not self.method.student:
+            raise ConfigError(f"method '{self.cfg.method.name}' keeps its own weight average (method.ema_decay); "
+                              "set train.ema=0")
+        return ema
+
+    def setup_compile(self) -> None:
+        """``train.compile``: the student's training graph (evaluation runs it eagerly, see ``eager``)."""
+        if not self.cfg.train.compile:
+            return
+        if self.device.type == "cpu":
+            logger.warning("train.compile on the CPU: in the measurements of docs/training.md (Speed) a compiled "
+                           "step was no faster than the eager channels-last one, and compiling costs seconds to "
+                           "minutes; set train.compile=false unless your own timing says otherwise")
+        self.method.student.compile()
 
     def setup_optimizer(self):
         """The optimizer over the method's parameter groups and its learning-rate schedule."""
