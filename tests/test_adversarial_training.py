@@ -511,8 +511,8 @@ def test_robust_eval_records_the_search_precision(tiny_run):
     (["--eps", "0/255"], "eps must be positive"),
     (["--attacks", "fgsm"], "unknown attack 'fgsm'.*pgd, standard"),
     (["--attacks", ","], "no attack chosen"),
-    (["--n-examples", "0"], "n_examples must be an integer >= 1"),
-    (["--pgd-steps", "0"], "pgd_steps must be an integer >= 1"),
+    (["--n-examples", "0"], "--n-examples: must be an integer >= 1, got '0'"),
+    (["--pgd-steps", "0"], "--pgd-steps: must be an integer >= 1, got '0'"),
 ])
 def test_robust_eval_bad_input(tiny_run, capsys, args, message):
     assert main(["robust-eval", str(tiny_run), *args, "--no-progress"]) == 2

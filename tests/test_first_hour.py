@@ -23,6 +23,10 @@ TINY = ["data.name=digits", "train.epochs=1", "train.progress=false", "schedule.
 
 def test_import_finds_a_module_in_the_current_directory(tmp_path, monkeypatch, capsys):
     """The `kdcollapse` script's sys.path[0] is its bin folder, not the current directory."""
+    from kdcollapse.models import _MODELS
+
+    monkeypatch.setattr(_MODELS, "_entries", dict(_MODELS._entries))  # the registration lasts this test only
+    monkeypatch.delitem(sys.modules, "first_hour_models", raising=False)
     (tmp_path / "first_hour_models.py").write_text(
         "from torch import nn\nfrom kdcollapse.models import register_model\n\n"
         "@register_model('first_hour_net')\ndef net(num_classes, in_channels=3):\n"
@@ -58,10 +62,6 @@ class HFLike(nn.Module):
         return self.Output(logits=logits, hidden_states=None) if self.as_mapping else argparse.Namespace(logits=logits)
 
 
-@register_model("_first_hour_hf")
-def _hf(num_classes, in_channels=1):
-    return HFLike(num_classes)
-
 
 class LazyNet(nn.Module):
     def __init__(self, num_classes):
@@ -73,9 +73,14 @@ class LazyNet(nn.Module):
         return self.fc(self.body(x))
 
 
-@register_model("_first_hour_lazy")
-def _lazy(num_classes, in_channels=1):
-    return LazyNet(num_classes)
+@pytest.fixture
+def user_models(monkeypatch):
+    """The two models above registered for one test only (the contract tests iterate over the registry)."""
+    from kdcollapse.models import _MODELS
+
+    monkeypatch.setattr(_MODELS, "_entries", dict(_MODELS._entries))
+    register_model("_first_hour_hf")(lambda num_classes, in_channels=1: HFLike(num_classes))
+    register_model("_first_hour_lazy")(lambda num_classes, in_channels=1: LazyNet(num_classes))
 
 
 @pytest.mark.parametrize("as_mapping", [True, False])
@@ -94,7 +99,7 @@ class _Pair(nn.Module):
 
 
 @pytest.mark.parametrize("name", ["_first_hour_hf", "_first_hour_lazy"])
-def test_hugging_face_and_lazy_students_train_save_and_load(tmp_path, name):
+def test_hugging_face_and_lazy_students_train_save_and_load(tmp_path, user_models, name):
     run = fit(load_config(None, [*TINY, f"model.name={name}", f"run_dir={tmp_path / 'r'}"]))
     assert run.last_acc > 20  # digits, one epoch: it learns
     model, meta = load_model(run.run_dir)
@@ -143,3 +148,15 @@ def test_the_quick_demo_is_a_fraction_of_the_full_one():
         assert quick.methods == ("kd",) and quick.teacher_epochs * 5 <= max(plan.teacher_epochs, 5)
         assert quick.student_epochs < plan.student_epochs
     assert "--quick" in dict(_parsers(build_parser()))[("demo",)].format_help()
+
+
+def test_constant_features_warn_that_the_metrics_are_undefined(tmp_path, caplog):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.ReLU(), nn.Linear(4, 10))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.fill_(1.0)  # every input gives the same feature vector
+    data = torch.utils.data.TensorDataset(torch.rand(40, 1, 8, 8), torch.arange(40) % 10)
+    with caplog.at_level("WARNING", logger="kdcollapse"):
+        report = analyze(Subject(model, data, "test"), tmp_path, AnalyzeOptions(progress=False))
+    undefined = [k for k, v in report["metrics"].items() if isinstance(v, float) and v != v]
+    assert undefined and "undefined (NaN): the features have no spread" in caplog.text

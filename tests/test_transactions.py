@@ -80,6 +80,8 @@ def test_robust_eval_records_provenance_and_overwrite_removes_derived_outputs(on
     state = json.loads((run_dir / "state.json").read_text())
     assert entry["epoch"] == 1 and entry["weights_sha256"] == state["files"]["model.safetensors"]["sha256"]
     assert main(["analyze", str(run_dir), "--no-progress"]) == 0
+    report = json.loads((run_dir / "analysis_test" / "analysis.json").read_text())
+    assert (report["epoch"], report["weights_sha256"]) == (1, entry["weights_sha256"])
     text = (run_dir / "robust_eval.json").read_text()
     (run_dir / "robust_eval.json").write_text(text[:-40])  # damaged: refused, never silently replaced
     capsys.readouterr()
@@ -103,3 +105,13 @@ def test_a_tampered_metrics_file_is_refused_by_run_and_plot(one_epoch, tmp_path,
         Run(run_dir).metrics()
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "c.png")]) == 2
     assert "metrics.jsonl is not the file" in capsys.readouterr().err and not (tmp_path / "c.png").exists()
+
+
+def test_a_run_that_died_before_its_first_commit_starts_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny(run_dir, "train.epochs=1"))  # config.yaml and run.json written, no epoch committed
+    trainer.release_run_dir()
+    assert (run_dir / "config.yaml").exists() and not (run_dir / "state.json").exists()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert "start it again with the same command without --resume" in capsys.readouterr().err
+    assert fit(tiny(run_dir, "train.epochs=1")).epochs == 1  # the same command starts it cleanly

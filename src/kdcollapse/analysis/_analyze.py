@@ -73,10 +73,15 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
         description=f"{subject.split} features", precision=precision, channels_last=channels_last,
     )  # fmt: skip
     spectra = {k: v.tolist() for k, v in covariance_spectra(result.stats).items()}
+    metrics = split_metrics(result, classifier_weight(model))
+    undefined = sorted(k for k, v in metrics.items() if isinstance(v, float) and math.isnan(v))
+    if undefined:
+        logger.warning(f"analyze: {', '.join(undefined)} undefined (NaN): the features have no spread to measure "
+                       "(constant features, or a class with a single sample)")
     report = {
         **subject.info, "split": subject.split, "num_samples": result.num_samples,
         "num_classes": dataset.num_classes, "feature_dim": result.stats.feature_dim,
-        "metrics": split_metrics(result, classifier_weight(model)),
+        "metrics": metrics,
         "margins": _margin_summary(result.margins, result.labels, dataset.classes),
         "logit_matrices": {
             name: {"mean_abs_off_diagonal": off_diagonal_mean_abs(m.compute()), "matrix": m.compute().tolist()}

@@ -13,7 +13,7 @@ from kdcollapse.analysis._pass import user_split
 from kdcollapse.data import load_dataset
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models import FeatureSpec
-from kdcollapse.runs import Run, check_split, load_model_file
+from kdcollapse.runs import Run, check_split, committed_path, file_digest, load_model_file
 
 
 @dataclass
@@ -81,6 +81,7 @@ def load_run(
     subject = Subject(model, dataset, split, heads=run.heads(model, meta, device), info={
         "run_dir": str(run.dir), "model": meta.get("model"), "method": cfg.method.name, "dataset": cfg.data.name,
         "epoch": meta.get("epoch"), "seed": cfg.seed, "per_class": per_class,
+        "weights_sha256": file_digest(committed_path(run.dir, "model.safetensors")),
     })  # fmt: skip
     if teacher is not None:
         subject.teacher = load_model_file(teacher, dataset, device)[0]

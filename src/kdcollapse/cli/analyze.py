@@ -45,8 +45,7 @@ def register(subparsers) -> None:
                               epilog=_ANALYZE_EXAMPLES, formatter_class=HelpFormatter)
     add = _adder(p)
     add("run_dir", nargs="?", metavar="RUN_DIR", help="a `kdcollapse train`/`distill` run directory")
-    p.add_argument("--split", default="test", choices=("train", "val", "test"),
-                   help="train, val (a run's validation split) or test")
+    p.add_argument("--split", default="test", help="train, val (a run's validation split) or test")
     add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
     add("--per-class", type=positive_int, metavar="N",
         help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")

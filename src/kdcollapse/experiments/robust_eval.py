@@ -92,8 +92,9 @@ def evaluate_run(
     _check_writable(run.dir)
     net, meta = run.model(WEIGHTS[weights], device)
     digest = file_digest(committed_path(run.dir, model_file.name))
-    if aa_budget and "n_targets" in aa_budget and aa_budget["n_targets"] > int(meta["num_classes"]) - 1:
-        raise KdcollapseError(f"aa_targets={aa_budget['n_targets']}: a {meta['num_classes']}-class model has at "
+    targets = (aa_budget or {}).get("n_targets", STANDARD_BUDGET["n_targets"])  # the default adapts to K
+    if targets != STANDARD_BUDGET["n_targets"] and targets > int(meta["num_classes"]) - 1:
+        raise KdcollapseError(f"aa_targets={targets}: a {meta['num_classes']}-class model has at "
                               f"most {int(meta['num_classes']) - 1} target classes")
     if "dataset" not in meta or "mean" not in meta:
         raise CheckpointError(f"{model_file} carries no dataset metadata (dataset, mean, std); it was not "

@@ -129,8 +129,10 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
         claim.lock = RunLock(run_dir, owner=False)
         try:
             holds_run = (run_dir / "config.yaml").exists()  # looked at under the lock
-            claim.clear = holds_run and overwrite and not resume
-            _check_use(cfg, run_dir, holds_run=holds_run, resume=resume, overwrite=overwrite)
+            # a run of this config that died before its first commit starts again cleanly
+            restart = holds_run and not resume and not _committed(run_dir) and not _other_config(run_dir, cfg)
+            claim.clear = holds_run and (overwrite or restart) and not resume
+            _check_use(cfg, run_dir, holds_run=holds_run and not restart, resume=resume, overwrite=overwrite)
             if resume:
                 claim.state, claim.damaged = recover(run_dir)
                 if "checkpoint.safetensors" in claim.damaged:
@@ -224,10 +226,18 @@ def check_config_unedited(run_dir: Path) -> None:
                               f"{run_dir} train.epochs=N")
 
 
+def _committed(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` committed at least one epoch."""
+    return (run_dir / "checkpoint.safetensors").exists() or (run_dir / STATE_FILE).exists()
+
+
 def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, overwrite: bool) -> None:
     if resume:
-        if not (run_dir / "checkpoint.safetensors").exists() and not (run_dir / STATE_FILE).exists():
-            raise CheckpointError(f"cannot resume: {run_dir} holds no checkpoint.safetensors")
+        if not _committed(run_dir):
+            raise CheckpointError(
+                f"cannot resume: {run_dir} holds no checkpoint.safetensors" + (
+                    " (the run stopped before its first epoch was committed); start it again with the same "
+                    "command without --resume" if holds_run else ""))
         check_config_unedited(run_dir)
         if holds_run:
             check_resume_changes(load_config(run_dir / "config.yaml"), cfg)

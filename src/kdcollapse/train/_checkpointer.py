@@ -62,6 +62,10 @@ class Checkpointer:
             try:
                 self.run_files.commit(epoch, self.epoch_files(epoch, progress, improved), text_files)
             except CheckpointError as err:
+                if epoch <= 1:  # no epoch committed yet: nothing to resume from
+                    raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} holds no "
+                                          "committed epoch: free space and run the same command again "
+                                          "(without --resume)") from None
                 raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} still holds "
                                       f"epoch {epoch - 1}: free space and resume it") from None
 

@@ -399,19 +399,19 @@ class Trainer:
     def check_first_batch(self) -> None:
         """The method's forward (student and teacher) on the first training batch, before the run directory
         changes: a model that cannot take the data, or a loss that is not finite before any step (e.g. an
-        infinite weight), is a ``ConfigError`` that leaves nothing behind. The method's state (batch-norm
-        statistics, buffers) and gradients are put back, and every epoch reseeds, so the run is unchanged."""
+        infinite weight), is a ``ConfigError`` that leaves nothing behind. It runs on a copy of the method
+        (sharing the frozen teacher), so weights, buffers and caches stay as they are; every epoch reseeds."""
         loader = self.train_loader
         loader.set_epoch(0)
         x, y = next(iter(loader))
         index = loader.batch_index(0)
         if self.teacher is not None:
             self.teacher.select(index)
-        state = copy.deepcopy(self.method.state_dict())
-        self.method.on_epoch_start(0)
+        probe = copy.deepcopy(self.method, memo={} if self.teacher is None else {id(self.teacher): self.teacher})
+        probe.on_epoch_start(0)
         try:
             with self.precision():
-                out = self.method(self.to_layout(x), y, **({"index": index} if self.method.needs_index else {}))
+                out = probe(self.to_layout(x), y, **({"index": index} if probe.needs_index else {}))
             loss = float(out["loss"].detach().float())
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -419,8 +419,7 @@ class Trainer:
                               f"'{self.cfg.model.name}' / method '{self.cfg.method.name}': {first}; check "
                               "model.kwargs and the method's settings") from None
         finally:
-            self.method.load_state_dict(state)
-            self.optimizer.zero_grad(set_to_none=True)
+            del probe
         if not math.isfinite(loss):
             raise ConfigError(f"the loss of the first training batch is {loss} before any step; check the method's "
                               f"weights and temperature (method.* of method '{self.cfg.method.name}')")
