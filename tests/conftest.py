@@ -66,3 +66,13 @@ def tiny_linear_model():
     enough for exhaustive checks of attacks and metrics."""
     torch.manual_seed(0)
     return create_model("mlp", 3, in_channels=1, input_size=4, hidden=()).eval()
+
+
+@pytest.fixture(scope="session")
+def digits_conv_teacher(tmp_path_factory, tiny_config):
+    """Like ``digits_teacher``, a ``convnet_small``: the teacher of methods that read stage maps (FitNet, AT,
+    OFD, ...), whose tiny MLP has none."""
+    from kdcollapse.train import fit
+
+    return fit(tiny_config(tmp_path_factory.mktemp("conv_teacher"), "train.epochs=2", "model.name=convnet_small",
+                           "model.kwargs={}")).run_dir

@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Exported functions that are not losses (helpers around them).
 HELPERS = {"loss_module", "validation", "slice_vocab", "shift_for_causal_lm",
-           "register_loss", "get_loss", "list_losses"}
+           "register_loss", "get_loss", "list_losses", "standardize_logits"}
 DOCS = (Path(__file__).parents[1] / "docs" / "losses.md").read_text()
 
 
@@ -56,7 +56,7 @@ def test_declared_temperature_is_checked(info):
 
 
 def test_lookups_and_bad_declarations():
-    assert [i.name for i in L.list_losses("logits+target")] == ["dkd", "ikl_at", "trades"]
+    assert [i.name for i in L.list_losses("logits+target")] == ["dkd", "ikl_at", "nkd", "trades"]
     assert L.get_loss("kd").function is L.kd_loss
     with pytest.raises(KdcollapseError, match="unknown loss 'kld'.*kd"):
         L.get_loss("kld")

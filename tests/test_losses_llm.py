@@ -168,7 +168,7 @@ def test_fullgraph_compile_traces_every_loss():
 # --- vocabulary slicing ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("info,case", logit_cases(
-    lambda info, case: takes(info, "vocab_size") and not case.class_table))
+    lambda info, case: takes(info, "vocab_size") and not case.k_squared))
 def test_padded_vocabularies_need_an_explicit_vocab_size(info, case):
     loss_fn, (a, c, y, mask) = as_fn(info, case), batch(k=8)
     y = y.clamp_max(K - 1)

@@ -1,6 +1,7 @@
 """The method contract (``kdcollapse.methods.Method``), checked for every registered method.
 
-Each method gets the teacher and the views it declares (``needs_teacher``, ``views``) and its default
+Each method gets the teacher, views and indices it declares (``teacher_request``, ``views``,
+``needs_index``) and its default
 options. Method-specific behaviour (loss values, gradient alignment, class weights, attacks) is tested in
 the method's own test module; this file checks only what the trainer relies on for all of them.
 """
@@ -44,16 +45,30 @@ def digits_batch(views: int):
     return x, y, data
 
 
+def tiny_model(name: str, width: int):
+    """An MLP, or for methods reading stage maps a small CNN (digits are 8×8)."""
+    request = get_method(name).teacher_request(method_config({"name": name}))
+    if request is not None and request.stages:
+        return create_model("convnet_small", K, in_channels=1)
+    return create_model("mlp", K, in_channels=1, input_size=8, hidden=(width,))
+
+
 def make(name: str):
     cls = get_method(name)
     torch.manual_seed(0)
-    student = create_model("mlp", K, in_channels=1, input_size=8, hidden=(16,))
+    student = tiny_model(name, 16)
     teacher = None
-    if cls.needs_teacher:
-        teacher = FrozenTeacher(create_model("mlp", K, in_channels=1, input_size=8, hidden=(12,)))
-    method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher)
+    if cls.teacher_request(method_config({"name": name})) is not None:
+        teacher = FrozenTeacher(tiny_model(name, 12))
+    method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher,
+                          num_samples=len(digits()))
     method.set_input_normalization(digits().mean, digits().std)
     return method
+
+
+def step(method, x, y):
+    """``method(x, y)``, with the batch's dataset indices for a method that declares ``needs_index``."""
+    return method(x, y, index=torch.arange(len(y))) if method.needs_index else method(x, y)
 
 
 @pytest.fixture(params=METHODS)
@@ -74,7 +89,7 @@ def test_forward_backward_and_the_teacher(method):
     x, y, _ = digits_batch(method.views)
     method.train()
     method.on_epoch_start(0)
-    out = method(x, y)
+    out = step(method, x, y)
     assert out["loss"].shape == () and torch.isfinite(out["loss"]), out["loss"]
     assert out["logits"].shape == (B, K)
     for key, value in out.items():
@@ -115,7 +130,7 @@ def test_extra_state_round_trips(name, method):
     x, y, _ = digits_batch(method.views)
     method.train()
     method.on_epoch_start(0)
-    method(x, y)
+    step(method, x, y)
     method.on_epoch_end(0)  # end-of-epoch state (class weights, caches) is what a checkpoint holds
     state = method.extra_state()
     assert all(isinstance(v, torch.Tensor) for v in state.values())
@@ -127,12 +142,16 @@ def test_extra_state_round_trips(name, method):
         assert torch.equal(again[key], state[key]), key
 
 
-def test_one_epoch_and_resume_equals_two_epochs(name, tmp_path, tiny_config, digits_teacher):
+def test_one_epoch_and_resume_equals_two_epochs(name, tmp_path, tiny_config, request):
     """The trainer's checkpoint (parameters, buffers, optimizer, ``extra_state``, random state) holds
     everything the method needs: 1 epoch + resume for 1 ends bit-identical to 2 epochs straight."""
-    teacher = [f"teacher.checkpoint={digits_teacher}"] if get_method(name).needs_teacher else []
+    wants = get_method(name).teacher_request(method_config({"name": name}))
+    maps = wants is not None and bool(wants.stages)  # stage maps: CNN student and teacher
+    teacher = [] if wants is None else \
+        [f"teacher.checkpoint={request.getfixturevalue('digits_conv_teacher' if maps else 'digits_teacher')}"]
+    model = ["model.name=convnet_small", "model.kwargs={}"] if maps else []
     common = [f"method.name={name}", "data.train_per_class=4", "data.test_per_class=1", "data.batch_size=20",
-              "data.crop_padding=1", *teacher]
+              "data.crop_padding=1", *teacher, *model]
     straight = fit(tiny_config(tmp_path / "straight", *common, "train.epochs=2"))
     fit(tiny_config(tmp_path / "split", *common, "train.epochs=1"))
     fit(load_config(tmp_path / "split" / "config.yaml", ["train.epochs=2"]), resume=True)

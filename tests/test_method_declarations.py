@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from kdcollapse.methods import Method, get_method, list_methods
+from kdcollapse.config import method_config
+from kdcollapse.methods import Method, TeacherRequest, get_method, list_methods
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kdcollapse"
 USERS = {"train/_trainer.py": {"method", "method_cls"}, "runs/_run.py": {"method", "method_cls"}}
@@ -61,7 +62,8 @@ def test_every_name_used_on_a_method_is_declared_with_a_docstring(path):
 def test_the_trainer_hooks_are_all_declared():
     hooks = {"forward", "backward", "after_step", "predict", "inference_model", "set_input_normalization",
              "on_epoch_start", "on_epoch_end", "epoch_metrics", "extra_state", "load_extra_state",
-             "needs_teacher", "views", "manual_gradient_sync", "extra_heads", "student", "name", "Config"}
+             "teacher_request", "needs_index", "optimizer_groups", "views", "manual_gradient_sync", "extra_heads",
+             "student", "name", "Config"}
     docs = _declared_docs()
     assert hooks <= set(docs) and all(docs[h] for h in hooks), {h for h in hooks if not docs.get(h)}
 
@@ -70,7 +72,9 @@ def test_the_trainer_hooks_are_all_declared():
 def test_registered_methods_fill_the_class_attributes(name):
     cls = get_method(name)
     assert cls.name == name
-    assert isinstance(cls.needs_teacher, bool) and isinstance(cls.manual_gradient_sync, bool)
+    request = cls.teacher_request(method_config({"name": name}))
+    assert request is None or isinstance(request, TeacherRequest)
+    assert isinstance(cls.needs_index, bool) and isinstance(cls.manual_gradient_sync, bool)
     assert isinstance(cls.views, int) and cls.views >= 1
     assert all(isinstance(label, str) and isinstance(attr, str) for label, attr in cls.extra_heads.items())
     assert inspect.isclass(cls.Config)

@@ -102,10 +102,11 @@ def test_stored_teacher_logits_are_refused_where_they_would_not_be_exact(tmp_pat
 
 
 def test_stored_teacher_logits_need_a_selected_batch(teacher_run):
-    from kdcollapse.runs import TeacherLogitCache, load_model
+    from kdcollapse.methods import StoredLogits
+    from kdcollapse.runs import load_model
 
     model, _ = load_model(teacher_run)
-    cache = TeacherLogitCache(FrozenTeacher(model), torch.arange(30.0).view(10, 3))
+    cache = StoredLogits(FrozenTeacher(model), torch.arange(30.0).view(10, 3))
     with pytest.raises(KdcollapseError, match="was not selected"):
         cache.logits(torch.zeros(2, 1, 8, 8))
     cache.select(torch.tensor([4, 1]))
@@ -132,7 +133,7 @@ def test_analyze_defaults_skip_tsne_and_bf16_channels_last_agree_with_fp32(tmp_p
 
 
 def test_top_k_logits_keep_the_top_probabilities_and_the_rest_mass_at_the_temperature():
-    from kdcollapse.runs import expand_logits, top_logits
+    from kdcollapse.methods import expand_logits, top_logits
 
     z = 3 * torch.randn(50, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for k, tau in ((1, 1.0), (5, 4.0), (20, 2.0)):

@@ -64,7 +64,7 @@ def _train(args) -> None:
         args.overrides = [*args.overrides, "train.progress=false"]
     cfg = _resolve_config(args)
     cfg.imports = list(dict.fromkeys([*cfg.imports, *getattr(args, "imports", [])]))  # saved: analyze sees them
-    needs_teacher = get_method(cfg.method.name).needs_teacher
+    needs_teacher = get_method(cfg.method.name).teacher_request(cfg.method) is not None
     if args.command_name == "distill" and not needs_teacher:
         raise ConfigError(f"method '{cfg.method.name}' trains without a teacher; use `kdcollapse train`, or "
                           "set method.name to a distillation method (kd, dkd, dhkd, ikl_kd, ...)")

@@ -23,6 +23,10 @@ from kdcollapse.losses.kd import kd_loss
 from kdcollapse.losses.llm import (CausalLMBatch, forward_kl_loss, jsd_loss, reverse_kl_loss,
                                   shift_for_causal_lm, skew_forward_kl_loss, skew_reverse_kl_loss, tvd_loss)
 from kdcollapse.losses.rkd import rkd_loss
+from kdcollapse.losses.standardize import standardize_logits
+from kdcollapse.losses.nkd import nkd_loss
+from kdcollapse.losses.wttm import wttm_loss
+from kdcollapse.losses.mlkd import batch_correlation_loss, class_correlation_loss
 
 KDLoss = loss_module("KDLoss", kd_loss)
 DKDLoss = loss_module("DKDLoss", dkd_loss)
@@ -40,6 +44,8 @@ JSDLoss = loss_module("JSDLoss", jsd_loss)
 SkewForwardKLLoss = loss_module("SkewForwardKLLoss", skew_forward_kl_loss)
 SkewReverseKLLoss = loss_module("SkewReverseKLLoss", skew_reverse_kl_loss)
 TVDLoss = loss_module("TVDLoss", tvd_loss)
+NKDLoss = loss_module("NKDLoss", nkd_loss)
+WTTMLoss = loss_module("WTTMLoss", wttm_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -52,4 +58,6 @@ __all__ = [
     "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
     "TopKTeacher",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
+    "NKDLoss", "WTTMLoss",
 ]

@@ -32,11 +32,12 @@ Arguments = Callable[[int, Tensor], dict[str, Any]]
 class LossCase:
     """One way the contract tests call a logit loss: ``arguments(K, labels)`` are the keyword
     arguments besides the two logit tensors and ``mask`` (``target`` among them when the case
-    uses labels). ``class_table``: the arguments hold a K×K table, so tests keep K ≤ 1000."""
+    uses labels). ``k_squared``: the call holds O(K²) memory (a K×K table or Gram matrix), so tests
+    keep K ≤ 1000."""
 
     label: str
     arguments: Arguments
-    class_table: bool = False
+    k_squared: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,11 @@ class LossInfo:
              case: LossCase | None = None, **options: Any) -> Tensor:
         """The loss on :meth:`arguments`, with ``mask``; ``options`` override the case's arguments."""
         pair, arguments = self.arguments(student, teacher, target, case)
-        return self.function(*pair, mask=mask, **{**arguments, **options})
+        if self.sequences:
+            arguments["mask"] = mask
+        elif mask is not None:
+            raise KdcollapseError(f"loss {self.name!r} takes no mask (it needs the whole batch)")
+        return self.function(*pair, **{**arguments, **options})
 
 
 _LOSSES: Registry[LossInfo] = Registry("loss")
@@ -83,14 +88,14 @@ _LOSSES: Registry[LossInfo] = Registry("loss")
 def register_loss(name: str, *, kind: str, paper: str, equation: str, temperature: bool,
                   sequences: bool, ignore_index: bool, chunked: bool,
                   example: Arguments | None = None, variants: Mapping[str, Arguments] = {},
-                  class_table: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
+                  k_squared: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
                   reference_first: bool = False, checks_values: bool = True, compiles: bool = True,
                   notes: str = "") -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Declare the decorated loss function (returned unchanged) under ``name``.
 
     Logit kinds give ``example(K, labels)`` (the keyword arguments of a typical call) and, for other
-    code paths worth testing, ``variants`` {label: arguments}; ``class_table`` names the cases whose
-    arguments hold a K×K table ("" is ``example``); ``reference_first``: the function takes the
+    code paths worth testing, ``variants`` {label: arguments}; ``k_squared`` names the cases that hold
+    O(K²) memory, a K×K table or Gram matrix ("" is ``example``); ``reference_first``: the function takes the
     reference side (teacher, natural image) before the fitted side. Other kinds give ``inputs()``:
     the positional float64 tensors of a small call (integer tensors for labels).
     """
@@ -100,7 +105,7 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     if logits != (example is not None) or logits == (inputs is not None):
         raise KdcollapseError(f"loss {name!r} of kind {kind!r} needs "
                               + ("example= and no inputs=" if logits else "inputs= and no example="))
-    cases = tuple(LossCase(label, arguments, label in class_table)
+    cases = tuple(LossCase(label, arguments, label in k_squared)
                   for label, arguments in ({"": example, **variants} if logits else {}).items())
 
     def decorator(function: Callable[..., Tensor]) -> Callable[..., Tensor]:

@@ -42,7 +42,7 @@ def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"target": y, "class_weights": class_table(k)},
                variants={"sample_weights": lambda k, y: {"target": y, "class_weights": None}},
-               class_table=("",))
+               k_squared=("",))
 def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 class_weights: Tensor | None, mse_weight: float = 20.0, ce_weight: float = 4.0, *,
                 mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,

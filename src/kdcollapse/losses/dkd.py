@@ -12,7 +12,7 @@ from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 
 
-def _binary_log_probs(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+def target_split(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """log b = [log p_t, log(1 − p_t)] of softmax(z) and the log-softmax among non-targets.
 
     Computed from log-sum-exps, so neither probability is ever rounded to 0 or 1 before its log.
@@ -55,8 +55,8 @@ def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.
                               f"K - 1 non-target classes), got K = {samples.logits[0].shape[-1]}")
 
     def rows(s: Tensor, t: Tensor, y: Tensor) -> Tensor:
-        log_b_s, log_nt_s = _binary_log_probs(s / temperature, y)
-        log_b_t, log_nt_t = _binary_log_probs(t / temperature, y)
+        log_b_s, log_nt_s = target_split(s / temperature, y)
+        log_b_t, log_nt_t = target_split(t / temperature, y)
         tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
         nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
         return alpha * tckd + beta * nckd

@@ -92,7 +92,7 @@ def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"temperature": 2.0, "mse_weight": 8.0},
                variants={"class_weights": lambda k, y: {"class_weights": class_table(k), "target": y}},
-               class_table=("class_weights",))
+               k_squared=("class_weights",))
 def ikl_loss(student: Tensor, teacher: Tensor, *, class_weights: Tensor | None = None,
              target: Tensor | None = None, mse_weight: float = 1.0, ce_weight: float = 1.0,
              temperature: float = 1.0, mask: Tensor | None = None,

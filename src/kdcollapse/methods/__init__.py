@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kdcollapse._registry import Registry
-from kdcollapse.methods._base import FrozenTeacher, Method
+from kdcollapse.methods._base import Method
+from kdcollapse.methods._teacher import (FrozenTeacher, StoredLogits, TeacherOutput, TeacherRequest, check_stored_logits,
+                                         expand_logits, store_logits, top_logits)
 
 _METHODS: Registry[type[Method]] = Registry("method")
 get_method = _METHODS.get
@@ -26,11 +28,11 @@ def list_methods(pattern: str = "*") -> list[str]:
 
 
 def build_method(config, student, *, num_classes: int, teacher: FrozenTeacher | None = None,
-                 label_smoothing: float = 0.0) -> Method:
-    """Instantiate the method named by ``config.name`` around ``student``."""
-    return get_method(config.name)(
-        student, config, num_classes=num_classes, teacher=teacher, label_smoothing=label_smoothing
-    )
+                 label_smoothing: float = 0.0, num_samples: int | None = None) -> Method:
+    """Instantiate the method named by ``config.name`` around ``student``; ``num_samples``: the size of
+    the training set (for a method with a memory bank over it)."""
+    return get_method(config.name)(student, config, num_classes=num_classes, teacher=teacher,
+                                   label_smoothing=label_smoothing, num_samples=num_samples)
 
 
 # Importing the method modules registers them.
@@ -40,4 +42,6 @@ from kdcollapse.methods import ikl_at, trades  # noqa: E402,F401
 from kdcollapse.methods import intra_class_teacher, rkd  # noqa: E402,F401
 from kdcollapse.methods import spherical  # noqa: E402,F401
 
-__all__ = ["FrozenTeacher", "Method", "build_method", "get_method", "list_methods", "register_method"]
+__all__ = ["FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "build_method",
+           "check_stored_logits", "expand_logits", "get_method", "list_methods", "register_method", "store_logits",
+           "top_logits"]

@@ -142,7 +142,6 @@ class AdversarialTraining(Method):
     :meth:`training_loss`. No teacher."""
 
     Config = AdversarialConfig
-    needs_teacher = False
 
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)

@@ -4,57 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kdcollapse.models import Classifier, FeatureSpec, as_classifier
-
-
-class FrozenTeacher:
-    """A trained model used only for inference: eval mode, no gradients, never in an optimizer or DDP.
-
-    Deliberately not an ``nn.Module``, so assigning it to a method registers nothing: the teacher is
-    absent from ``parameters()``, ``state_dict()`` and DDP's buckets, and ``method.train()`` cannot
-    switch it out of eval mode.
-    """
-
-    def __init__(self, model: nn.Module, features: FeatureSpec = None):
-        """``model``: a :class:`Classifier`, or any module with a feature spec (see :func:`as_classifier`)."""
-        self.model = as_classifier(model, features).eval().requires_grad_(False)
-
-    @property
-    def num_classes(self) -> int:
-        return self.model.num_classes
-
-    def to(self, *args, **kwargs) -> FrozenTeacher:
-        self.model.to(*args, **kwargs)
-        return self
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features (B, d), logits (B, K)) in float32 whatever autocast is active.
-
-        The forward runs in ``inference_mode`` (no autograd bookkeeping at all) in the caller's autocast
-        precision and memory layout; the float32 copies made after it are ordinary tensors, which the
-        student's losses may save for their backward pass (inference tensors may not be saved)."""
-        with torch.inference_mode():
-            h = self.model.forward_features(x)
-            z = self.model.forward_head(h)
-        return h.to(torch.float32, copy=True), z.to(torch.float32, copy=True)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, K) logits, float32, without gradient."""
-        return self(x)[1]
+from kdcollapse.methods._teacher import FrozenTeacher, TeacherOutput, TeacherRequest
+from kdcollapse.models import Classifier, as_classifier
 
 
 class Method(nn.Module):
     """A training method: owns the student (and any extra trainable parts) and its losses.
 
     The trainer (``kdcollapse.train``) uses a method only through the attributes and hooks declared
-    here, in this order per run: ``needs_teacher`` and ``views`` (class attributes, read before
-    construction), ``set_input_normalization``, then per epoch ``on_epoch_start`` → for every step
+    here, in this order per run: ``teacher_request(config)``, ``views`` and ``needs_index`` (read before
+    construction), ``optimizer_groups``, ``set_input_normalization``, then per epoch ``on_epoch_start`` → for every step
     ``forward`` → ``backward`` → optimizer step → ``after_step`` → ``on_epoch_end`` → ``epoch_metrics``;
     ``predict`` for evaluation, ``student`` for the per-epoch collapse metrics, ``inference_model`` for the
     saved model file, ``extra_state`` / ``load_extra_state`` for checkpoints. A subclass overrides the
@@ -71,17 +36,19 @@ class Method(nn.Module):
     name: ClassVar[str] = ""
     """The registered name (``method.name``); set by :func:`kdcollapse.methods.register_method`."""
 
-    needs_teacher: ClassVar[bool] = False
-    """Whether the trainer must load ``teacher:`` and pass it as a :class:`FrozenTeacher`."""
+    @classmethod
+    def teacher_request(cls, config) -> TeacherRequest | None:
+        """What the method reads from its teacher, in one value (``None``: it has no teacher), read before
+        construction: the trainer loads ``teacher:`` only when it is not ``None`` (and refuses one
+        otherwise), serves a logits-only request from stored logits when ``teacher.cache=logits``, and
+        stores top-k logits only when the request names the temperature it reads them at. The method reads
+        its teacher with ``self.read_teacher(x)`` (a :class:`TeacherOutput`)."""
+        return None
 
-    teacher_features: ClassVar[bool] = False
-    """Whether the method reads the teacher's penultimate features, not only its logits; such a method
-    cannot train from stored teacher logits (``teacher.cache=logits``)."""
-
-    teacher_softmax_only: ClassVar[bool] = False
-    """Whether the method reads the teacher only through softmax(z_t / τ) at its ``config.temperature``;
-    only then may the trainer store top-k teacher logits (``teacher.cache_topk``), which keep every top-k
-    probability and the other classes' total exact (KD, DKD)."""
+    needs_index: ClassVar[bool] = False
+    """Whether ``forward`` takes the dataset indices of the batch's samples, ``forward(x, y, index=...)``
+    ((B,) int64 rows of the training set, ``data.classes`` subsets renumbered from 0, global under DDP):
+    e.g. CRD's memory bank of ``num_samples`` rows."""
 
     views: ClassVar[int] = 1
     """Independently augmented views per training image; with V > 1, ``forward`` gets x of shape
@@ -112,17 +79,33 @@ class Method(nn.Module):
         num_classes: int,
         teacher: FrozenTeacher | None = None,
         label_smoothing: float = 0.0,
+        num_samples: int | None = None,
     ):
         super().__init__()
         self.student = as_classifier(student)
         self.config = config
         self.num_classes = num_classes
         self.teacher = teacher
+        self.request = type(self).teacher_request(config)
+        self.num_samples = num_samples  # training-set size N (a memory bank's rows); None when not known
         self.label_smoothing = label_smoothing
         self.epoch = 0  # 0-based, set by on_epoch_start
         # Training inputs are x = (u - input_mean) / input_std of images u in [0, 1], per channel.
         self.input_mean: tuple[float, ...] = (0.0,)
         self.input_std: tuple[float, ...] = (1.0,)
+
+    def read_teacher(self, x: torch.Tensor) -> TeacherOutput:
+        """The teacher's answer to this method's :meth:`teacher_request` for inputs ``x``."""
+        return self.teacher.read(x, self.request)
+
+    def optimizer_groups(self) -> list[dict[str, Any]]:
+        """The parameter groups of the run's optimizer, read once after construction: by default one group
+        of every trainable parameter (the student and any module the method owns: connectors, regressors,
+        projection heads). A method whose official code trains some modules with another learning rate or
+        weight decay returns several groups, ``{"params": [...], "lr_scale": f, "weight_decay": w}``:
+        ``lr_scale`` multiplies ``optim.lr`` and follows the schedule; other keys are passed to torch.
+        Every trainable parameter must be in exactly one group."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
     def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, target, label_smoothing=self.label_smoothing)
@@ -130,7 +113,8 @@ class Method(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         """One training step's losses, called in train mode (through DDP when distributed): a dict with
         ``loss`` (the scalar to minimise), ``logits`` (main-head logits, for the training accuracy) and
-        any named scalar parts, each logged as ``train_<name>`` (epoch mean)."""
+        any named scalar parts, each logged as ``train_<name>`` (epoch mean). With ``needs_index`` the
+        trainer calls ``forward(x, y, index=index)``."""
         raise NotImplementedError
 
     def backward(self, out: dict[str, torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor]) -> None:

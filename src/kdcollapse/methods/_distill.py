@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from kdcollapse.errors import ConfigError, KdcollapseError
-from kdcollapse.methods._base import FrozenTeacher, Method
+from kdcollapse.methods._base import Method
+from kdcollapse.methods._teacher import FrozenTeacher, TeacherRequest
 
 
 class Distiller(Method):
@@ -17,12 +18,15 @@ class Distiller(Method):
     (``runs/_teacher.py``); this check covers methods built directly with ``build_method``.
     """
 
-    needs_teacher = True
+    @classmethod
+    def teacher_request(cls, config) -> TeacherRequest | None:
+        """The teacher's logits (a subclass asks for more, or names its softmax temperature)."""
+        return TeacherRequest()
 
     def __init__(self, student: nn.Module, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
-                 label_smoothing: float = 0.0):
+                 label_smoothing: float = 0.0, num_samples: int | None = None):
         super().__init__(student, config, num_classes=num_classes, teacher=teacher,
-                         label_smoothing=label_smoothing)
+                         label_smoothing=label_smoothing, num_samples=num_samples)
         name = self.name
         if teacher is None:
             raise ConfigError(f"method '{name}' distils from a teacher; pass teacher=FrozenTeacher(model)")
@@ -34,7 +38,7 @@ class Distiller(Method):
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K) teacher logits, float32, without gradient."""
-        return self.teacher.logits(x)
+        return self.read_teacher(x).logits
 
 
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import dkd_loss
-from kdcollapse.methods import register_method
+from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
 
 
@@ -19,7 +19,9 @@ class DKD(Distiller):
     K − 1 non-target classes, so DKD needs K ≥ 3. Logged parts: ``ce`` and ``dkd`` (weighted and ramped).
     """
 
-    teacher_softmax_only = True
+    @classmethod
+    def teacher_request(cls, config):
+        return TeacherRequest(temperature=config.temperature)  # softmax(z_t / τ) only: top-k may be stored
 
     @dataclass
     class Config:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kdcollapse.losses import kd_loss
-from kdcollapse.methods import register_method
+from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config
 
 
@@ -16,7 +16,9 @@ class KD(Distiller):
     Logged parts: ``ce`` and ``kd``, each already weighted (they sum to ``loss``).
     """
 
-    teacher_softmax_only = True
+    @classmethod
+    def teacher_request(cls, config):
+        return TeacherRequest(temperature=config.temperature)  # softmax(z_t / τ) only: top-k may be stored
 
     @dataclass
     class Config:

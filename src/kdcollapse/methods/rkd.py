@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from kdcollapse.losses import kd_loss, rkd_loss
-from kdcollapse.methods import register_method
+from kdcollapse.methods import TeacherRequest, register_method
 from kdcollapse.methods._distill import Distiller, check_config
 
 
@@ -23,7 +23,9 @@ from kdcollapse.methods._distill import Distiller, check_config
 class RKD(Distiller):
     """ce_weight·CE + distance_weight·RKD-D + angle_weight·RKD-A on penultimate features."""
 
-    teacher_features = True
+    @classmethod
+    def teacher_request(cls, config):
+        return TeacherRequest(features=True)
 
     @dataclass
     class Config:
@@ -38,10 +40,10 @@ class RKD(Distiller):
         cfg = self.config
         features = self.student.forward_features(x)
         logits = self.student.forward_head(features)
-        teacher_features, teacher_logits = self.teacher(x)
+        teacher = self.read_teacher(x)
         parts = {"ce": cfg.ce_weight * self.cross_entropy(logits, y),
-                 "rkd": rkd_loss(features.float(), teacher_features, cfg.distance_weight, cfg.angle_weight)}
-        parts |= self.logit_losses(logits, teacher_logits)
+                 "rkd": rkd_loss(features.float(), teacher.features, cfg.distance_weight, cfg.angle_weight)}
+        parts |= self.logit_losses(logits, teacher.logits)
         return {"loss": sum(parts.values()), "logits": logits, **{k: v.detach() for k, v in parts.items()}}
 
     def logit_losses(self, logits: Tensor, teacher_logits: Tensor) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ from torch import nn
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models._adapter import FeatureSpec, ModuleClassifier, adapt_state_dict, as_classifier
-from kdcollapse.models._base import Classifier, evaluating
+from kdcollapse.models._base import Classifier, FeatureInfo, evaluating
 from kdcollapse.models._convert import classifier_shape, convert_state_dict, input_channels, unwrap_state_dict
 
 _MODELS: Registry[Callable[..., Classifier]] = Registry("model")
@@ -53,7 +53,7 @@ def count_parameters(model: nn.Module) -> int:
 from kdcollapse.models import _families  # noqa: E402,F401
 
 __all__ = [
-    "Classifier", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
+    "Classifier", "FeatureInfo", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
     "create_model", "list_models", "register_model", "count_parameters",
     "convert_state_dict", "unwrap_state_dict", "classifier_shape", "input_channels",
 ]

@@ -10,17 +10,21 @@ a final ``nn.Linear`` classifier is wrapped in a :class:`ModuleClassifier`, its 
 - a callable ``x -> (B, d)`` features.
 
 With no spec, a timm-style module uses ``"timm"`` and any other the input of its last ``nn.Linear``.
+
+``stages``: module paths (torchdistill's way, e.g. ``("layer1", "layer2.1.bn2")``) whose outputs
+:meth:`~kdcollapse.models.Classifier.forward_intermediates` returns as maps, captured with forward hooks
+in the same pass as the feature; ``feature_info`` is measured once on a zero input of ``input_shape``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.models._base import Classifier
+from kdcollapse.models._base import Classifier, FeatureInfo, Indices, evaluating, stage_indices
 
 FeatureSpec = str | Callable[[torch.Tensor], torch.Tensor] | None
 OPTIONS = ('features="timm" (forward_features + forward_head(pre_logits=True)), features="LAYER" (a layer '
@@ -28,18 +32,20 @@ OPTIONS = ('features="timm" (forward_features + forward_head(pre_logits=True)), 
            "features=callable(x) -> (B, d)")
 
 
-def as_classifier(module: nn.Module, features: FeatureSpec = None, *, num_classes: int | None = None) -> Classifier:
+def as_classifier(module: nn.Module, features: FeatureSpec = None, *, num_classes: int | None = None,
+                  stages: Sequence[str] = (), input_shape: Sequence[int] | None = None) -> Classifier:
     """``module`` with the :class:`Classifier` seams (``forward_features``, ``forward_head``,
-    ``num_classes``, ``feature_dim``, ``head``); a ``Classifier`` given without a spec is returned as is.
+    ``forward_intermediates``, ``feature_info``, ``num_classes``, ``feature_dim``, ``head``); a
+    ``Classifier`` given without a spec or stages is returned as is.
 
-    ``features`` is the feature spec (see the module docstring); ``num_classes``, if given, is checked
-    against the classifier's outputs. Raises a ``KdcollapseError`` naming the options when the module has
-    no recognisable classifier.
+    ``features`` is the feature spec and ``stages`` the hooked stage layers, measured at ``input_shape``
+    (C, H, W) (see the module docstring); ``num_classes``, if given, is checked against the classifier's
+    outputs. Raises a ``KdcollapseError`` naming the options when the module has no recognisable classifier.
     """
-    if isinstance(module, Classifier) and features is None:
+    if isinstance(module, Classifier) and features is None and not stages:
         model = module
     elif isinstance(module, nn.Module):
-        model = ModuleClassifier(module, features)
+        model = ModuleClassifier(module, features, stages=stages, input_shape=input_shape)
     else:
         raise KdcollapseError(f"expected an nn.Module, got {type(module).__name__}")
     if num_classes is not None and model.num_classes != num_classes:
@@ -83,7 +89,8 @@ class ModuleClassifier(Classifier):
     copy), so ``head`` reads and assigns that layer and ``forward`` is the module's own forward.
     """
 
-    def __init__(self, module: nn.Module, features: FeatureSpec = None):
+    def __init__(self, module: nn.Module, features: FeatureSpec = None, *, stages: Sequence[str] = (),
+                 input_shape: Sequence[int] | None = None):
         super().__init__()
         if features is None:
             features = "timm" if _is_timm_style(module) else _last_linear(module, None)
@@ -100,6 +107,49 @@ class ModuleClassifier(Classifier):
         self._verified = False  # see _verify
         head = _submodule(module, self._head_name)
         self.feature_dim, self.num_classes = head.in_features, head.out_features
+        self._stages = tuple(stages)
+        self.feature_info = self._measure_stages(input_shape) if self._stages else []
+
+    def _measure_stages(self, input_shape: Sequence[int] | None) -> list[FeatureInfo]:
+        """``feature_info`` of the hooked stages, from one eval-mode pass on zeros of ``input_shape``."""
+        for name in self._stages:
+            _submodule(self.module, name)
+        if input_shape is None or len(input_shape) != 3:
+            raise KdcollapseError(f"stages={list(self._stages)} needs input_shape=(C, H, W), the shape of one input "
+                                  f"image, to measure each stage's channels and reduction; got {input_shape!r}")
+        self.feature_info = [FeatureInfo(i, 0, 1, name) for i, name in enumerate(self._stages)]
+        param = next(self.module.parameters(), None)
+        x = torch.zeros(1, *input_shape, device=None if param is None else param.device)
+        with evaluating([self]):
+            _, maps = self.forward_intermediates(x)
+        info = []
+        for i, (name, m) in enumerate(zip(self._stages, maps)):
+            if m.ndim != 4:
+                raise KdcollapseError(f"stage {name!r} gives outputs of shape {tuple(m.shape)}, not (B, C, H, W) maps")
+            info.append(FeatureInfo(i, m.shape[1], max(input_shape[1] // m.shape[2], 1), name))
+        return info
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Indices = None, *,
+                              pre_act: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The feature of the feature spec and the outputs of the hooked ``stages`` from one forward pass.
+        ``pre_act`` cannot be honoured by hooks: name the layer before the activation in ``stages``."""
+        if pre_act:
+            raise KdcollapseError("pre_act=True: a module wrapped with stages= gives the outputs of the named "
+                                  "layers; name the layer before the activation (e.g. its BatchNorm) instead")
+        wanted = stage_indices(self.feature_info, indices)
+        captured: dict[int, torch.Tensor] = {}
+        handles = [_submodule(self.module, self._stages[i]).register_forward_hook(
+            lambda _m, _inputs, output, i=i: captured.setdefault(i, output)) for i in wanted]
+        try:
+            h = self.forward_features(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        missing = [self._stages[i] for i in wanted if i not in captured]
+        if missing:
+            raise KdcollapseError(f"stage layer(s) {', '.join(missing)} did not run in the forward pass of the "
+                                  f"features ({self.features!r})")
+        return h, [captured[i] for i in wanted]
 
     @property
     def head(self) -> nn.Module:  # type: ignore[override]

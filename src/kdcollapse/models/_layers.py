@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kdcollapse.models._base import Classifier
+from kdcollapse.models._base import Classifier, FeatureInfo, Indices, stage_indices
 
 
 def conv_bn(
@@ -60,17 +62,60 @@ def init_weights(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+def forward_pre_act(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pre, out)``: ``module``'s output ``out`` and the same before its last ReLU (``pre``).
+
+    A block defines ``forward_pre_act`` itself when its ReLU follows a sum or a concatenation (residual and
+    shuffle units); an ``nn.Sequential`` runs all but its last layer and recurses into that one; a ReLU is
+    applied out of place so that ``pre`` survives; any other layer ends linearly: ``pre`` is ``out``."""
+    if hasattr(module, "forward_pre_act"):
+        return module.forward_pre_act(x)
+    if isinstance(module, nn.Sequential) and len(module):
+        for layer in list(module)[:-1]:
+            x = layer(x)
+        return forward_pre_act(module[-1], x)
+    if isinstance(module, nn.ReLU):
+        return x, torch.relu(x)
+    out = module(x)
+    return out, out
+
+
 class ConvClassifier(Classifier):
     """A convolutional ``body`` whose output map is globally average-pooled into the (B, d) feature.
 
     Adaptive pooling makes every subclass work at any input resolution large enough for its strides.
+    ``stages``: where the family's stages end, one ``(body index, channels, reduction)`` per stage, the
+    stem first where there is one; they become ``feature_info`` (module ``body.<index>``) and the maps of
+    :meth:`forward_intermediates`.
     """
 
-    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int):
+    def __init__(self, body: nn.Sequential, feature_dim: int, num_classes: int,
+                 stages: Sequence[tuple[int, int, int]] = ()):
         super().__init__()
         self.body = body
         init_weights(self)
         self._init_head(feature_dim, num_classes)
+        self.feature_info = [FeatureInfo(i, channels, reduction, f"body.{index % len(body)}")
+                             for i, (index, channels, reduction) in enumerate(stages)]
+        self._stage_ends = [index % len(body) for index, _, _ in stages]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.flatten(F.adaptive_avg_pool2d(self.body(x), 1), 1)
+        return self.pool(self.body(x))
+
+    @staticmethod
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Indices = None, *,
+                              pre_act: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        wanted = stage_indices(self.feature_info, indices)
+        ends = {self._stage_ends[i]: i for i in wanted}
+        maps: dict[int, torch.Tensor] = {}
+        for j, layer in enumerate(self.body):
+            if j in ends and pre_act:
+                maps[ends[j]], x = forward_pre_act(layer, x)
+            else:
+                x = layer(x)
+                if j in ends:
+                    maps[ends[j]] = x
+        return self.pool(x), [maps[i] for i in wanted]

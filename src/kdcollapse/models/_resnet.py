@@ -29,6 +29,11 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.branch(x) + self.shortcut(x))
 
+    def forward_pre_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(branch + shortcut, its ReLU): the pre-activation output OFD reads."""
+        pre = self.branch(x) + self.shortcut(x)
+        return pre, torch.relu(pre)
+
 
 class BasicBlock(Residual):
     """Two 3×3 convolutions; the first carries the stride."""
@@ -58,7 +63,8 @@ class Bottleneck(Residual):
 class ResNet(ConvClassifier):
     """``stem`` then one stage per entry of ``widths``, each of ``depths[i]`` blocks; every stage after
     the first halves the resolution. The feature is the globally pooled last stage,
-    ``widths[-1] * block.expansion`` wide.
+    ``widths[-1] * block.expansion`` wide. ``feature_info``: the stem (reduction ``stem_reduction``: 1 for
+    the CIFAR stem, 4 for the ImageNet stem with its max-pool) and the last block of every stage.
     """
 
     def __init__(
@@ -69,14 +75,17 @@ class ResNet(ConvClassifier):
         stem: nn.Sequential,
         stem_width: int,
         num_classes: int,
+        stem_reduction: int = 1,
     ):
         layers: list[nn.Module] = [stem]
+        stages = [(0, stem_width, stem_reduction)]
         in_planes = stem_width
         for i, (depth, width) in enumerate(zip(depths, widths)):
             for j in range(depth):
                 layers.append(block(in_planes, width, 2 if i > 0 and j == 0 else 1))
                 in_planes = width * block.expansion
-        super().__init__(nn.Sequential(*layers), in_planes, num_classes)
+            stages.append((len(layers) - 1, in_planes, stem_reduction * 2 ** i))
+        super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
 def cifar_stem(in_channels: int, width: int) -> nn.Sequential:

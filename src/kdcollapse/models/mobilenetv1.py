@@ -22,11 +22,14 @@ def depthwise_separable(in_planes: int, out_planes: int, stride: int) -> nn.Sequ
 class MobileNetV1(ConvClassifier):
     def __init__(self, num_classes: int, in_channels: int = 3):
         layers: list[nn.Module] = [conv_bn(in_channels, 32, 3, 2)]
+        stages, reduction = [(0, 32, 2)], 2  # the stem and every block before a stride 2 (and the last)
         in_planes = 32
-        for out_planes, stride in BLOCKS:
+        for k, (out_planes, stride) in enumerate(BLOCKS):
             layers.append(depthwise_separable(in_planes, out_planes, stride))
-            in_planes = out_planes
-        super().__init__(nn.Sequential(*layers), in_planes, num_classes)
+            in_planes, reduction = out_planes, reduction * stride
+            if k + 1 == len(BLOCKS) or BLOCKS[k + 1][1] == 2:
+                stages.append((len(layers) - 1, out_planes, reduction))
+        super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
 @register_model("mobilenetv1")

@@ -17,6 +17,7 @@ from kdcollapse.models._layers import ConvClassifier, conv_bn
 # (expansion, channels, blocks, stride) per stage; None = the network's expansion ratio.
 STAGES = [(1, 16, 1, 1), (None, 24, 2, 1), (None, 32, 3, 2), (None, 64, 4, 2), (None, 96, 3, 1),
           (None, 160, 3, 2), (None, 320, 1, 1)]  # fmt: skip
+FEATURE_STAGES = (1, 2, 4, 6)  # feature_info: the stem and the ends of these stages (the KD zoo's feats)
 
 
 class InvertedResidual(nn.Module):
@@ -41,14 +42,18 @@ class MobileNetV2(ConvClassifier):
     def __init__(self, num_classes: int, in_channels: int = 3, width_mult: float = 0.5, expansion: int = 6):
         in_planes = int(32 * width_mult)
         layers: list[nn.Module] = [conv_bn(in_channels, in_planes, 3, 2)]
-        for t, c, n, s in STAGES:
+        stages, reduction = [(0, in_planes, 2)], 2
+        for k, (t, c, n, s) in enumerate(STAGES):
             out_planes = int(c * width_mult)
+            reduction *= s
             for j in range(n):
                 layers.append(InvertedResidual(in_planes, out_planes, s if j == 0 else 1, t or expansion))
                 in_planes = out_planes
+            if k in FEATURE_STAGES:
+                stages.append((len(layers) - 1, out_planes, reduction))
         last = int(1280 * width_mult) if width_mult > 1.0 else 1280
         layers.append(conv_bn(in_planes, last, 1))
-        super().__init__(nn.Sequential(*layers), last, num_classes)
+        super().__init__(nn.Sequential(*layers), last, num_classes, stages)
 
 
 @register_model("mobilenetv2")

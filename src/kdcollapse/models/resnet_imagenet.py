@@ -11,14 +11,14 @@ WIDTHS = [64, 128, 256, 512]
 
 @register_model("resnet18")
 def resnet18(num_classes: int, in_channels: int = 3) -> ResNet:
-    return ResNet(BasicBlock, [2, 2, 2, 2], WIDTHS, imagenet_stem(in_channels), 64, num_classes)
+    return ResNet(BasicBlock, [2, 2, 2, 2], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)
 
 
 @register_model("resnet34")
 def resnet34(num_classes: int, in_channels: int = 3) -> ResNet:
-    return ResNet(BasicBlock, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes)
+    return ResNet(BasicBlock, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)
 
 
 @register_model("resnet50")
 def resnet50(num_classes: int, in_channels: int = 3) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes)
+    return ResNet(Bottleneck, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)

@@ -41,6 +41,11 @@ class ShuffleUnit(nn.Module):
             return torch.relu(torch.cat([out, F.avg_pool2d(x, 3, 2, 1)], 1))
         return torch.relu(out + x)
 
+    def forward_pre_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.branch(x)
+        pre = torch.cat([out, F.avg_pool2d(x, 3, 2, 1)], 1) if self.stride == 2 else out + x
+        return pre, torch.relu(pre)
+
 
 class ShuffleNetV1(ConvClassifier):
     def __init__(
@@ -52,13 +57,15 @@ class ShuffleNetV1(ConvClassifier):
         groups: int = 3,
     ):
         layers: list[nn.Module] = [conv_bn(in_channels, STEM, 1)]
+        stages = [(0, STEM, 1)]
         in_planes = STEM
-        for width, n in zip(out_planes, num_blocks):
+        for i, (width, n) in enumerate(zip(out_planes, num_blocks)):
             for j in range(n):
                 first_groups = 1 if in_planes == STEM else groups
                 layers.append(ShuffleUnit(in_planes, width, 2 if j == 0 else 1, groups, first_groups))
                 in_planes = width
-        super().__init__(nn.Sequential(*layers), in_planes, num_classes)
+            stages.append((len(layers) - 1, width, 2 ** (i + 1)))
+        super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
 @register_model("shufflev1")

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from kdcollapse.models import register_model
-from kdcollapse.models._layers import ChannelShuffle, ConvClassifier, conv_bn
+from kdcollapse.models._layers import ChannelShuffle, ConvClassifier, conv_bn, forward_pre_act
 
 STEM = 24
 
@@ -33,6 +33,12 @@ class BasicUnit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=1)
         return self.shuffle(torch.cat([x1, self.branch(x2)], 1))
+
+    def forward_pre_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The branch before its last ReLU, concatenated and shuffled like the output."""
+        x1, x2 = x.chunk(2, dim=1)
+        pre, out = forward_pre_act(self.branch, x2)
+        return self.shuffle(torch.cat([x1, pre], 1)), self.shuffle(torch.cat([x1, out], 1))
 
 
 class DownUnit(nn.Module):
@@ -58,13 +64,15 @@ class ShuffleNetV2(ConvClassifier):
         num_blocks: tuple[int, ...] = (3, 7, 3),
     ):
         layers: list[nn.Module] = [conv_bn(in_channels, STEM, 1)]
+        stages = [(0, STEM, 1)]
         in_planes = STEM
-        for width, n in zip(out_planes, num_blocks):
+        for i, (width, n) in enumerate(zip(out_planes, num_blocks)):
             layers.append(DownUnit(in_planes, width))
             layers.extend(BasicUnit(width) for _ in range(n))
             in_planes = width
+            stages.append((len(layers) - 1, width, 2 ** (i + 1)))
         layers.append(conv_bn(in_planes, out_planes[-1], 1))
-        super().__init__(nn.Sequential(*layers), out_planes[-1], num_classes)
+        super().__init__(nn.Sequential(*layers), out_planes[-1], num_classes, stages)
 
 
 @register_model("shufflev2")

@@ -58,12 +58,15 @@ class ConvNet(ConvClassifier):
         self, widths: tuple[int, ...], pool_after: tuple[int, ...], num_classes: int, in_channels: int
     ):
         layers: list[nn.Module] = []
+        stages, reduction = [], 1  # every conv layer, before its pool
         for i, width in enumerate(widths):
             layers.append(conv_bn(in_channels, width, 3))
+            stages.append((len(layers) - 1, width, reduction))
             if i in pool_after:
                 layers.append(nn.MaxPool2d(2))
+                reduction *= 2
             in_channels = width
-        super().__init__(nn.Sequential(*layers), in_channels, num_classes)
+        super().__init__(nn.Sequential(*layers), in_channels, num_classes, stages)
 
 
 @register_model("mlp")

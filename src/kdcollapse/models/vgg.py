@@ -35,13 +35,15 @@ class PoolIfLarge(nn.Module):
 class VGG(ConvClassifier):
     def __init__(self, stages: list[list[int]], num_classes: int, in_channels: int = 3):
         layers: list[nn.Module] = []
-        for i, stage in enumerate(stages):
+        ends = []  # the last conv of each stage, before the pool; the last stage's reduction is that of 32×32
+        for i, stage in enumerate(stages):  # inputs (16 from 64×64 on, where its pool applies)
             if i > 0:  # a 2×2 max-pool between stages; the last one only on maps of 8×8 and larger
                 layers.append(PoolIfLarge() if i == len(stages) - 1 else nn.MaxPool2d(2))
             for width in stage:
                 layers.append(conv_bn(in_channels, width, 3, bias=True))
                 in_channels = width
-        super().__init__(nn.Sequential(*layers), in_channels, num_classes)
+            ends.append((len(layers) - 1, in_channels, 2 ** min(i, len(stages) - 2)))
+        super().__init__(nn.Sequential(*layers), in_channels, num_classes, ends)
 
 
 @register_model("vgg8")

@@ -45,13 +45,15 @@ class WideResNet(ConvClassifier):
             raise KdcollapseError(f"WideResNet depth must be 6n+4 with n >= 1, got {depth}")
         n = (depth - 4) // 6
         layers: list[nn.Module] = [nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)]
+        stages = [(0, 16, 1)]  # the stem conv and each stage's last block: sums before any BN-ReLU
         in_planes = 16
         for i, width in enumerate((16 * widen_factor, 32 * widen_factor, 64 * widen_factor)):
             for j in range(n):
                 layers.append(PreActBlock(in_planes, width, 2 if i > 0 and j == 0 else 1))
                 in_planes = width
+            stages.append((len(layers) - 1, width, 2 ** i))
         layers.append(_bn_relu(in_planes))
-        super().__init__(nn.Sequential(*layers), in_planes, num_classes)
+        super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
 @register_model("wrn_16_1")

@@ -11,10 +11,10 @@ from kdcollapse.runs._run import Run, check_inputs, load_model_file
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
                                      claim_run_dir, metrics_csv, provenance, read_metrics, start_run_dir,
                                      update_run_record)
-from kdcollapse.runs._teacher import TeacherLogitCache, check_teacher_cache, expand_logits, load_teacher, top_logits
+from kdcollapse.runs._teacher import load_teacher
 
-__all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "TeacherLogitCache", "UserData", "check_inputs",
-           "check_run_dirs", "check_same_config", "check_split", "check_teacher_cache", "claim_run_dir",
-           "convert_weights", "expand_logits", "load_model", "load_model_file", "load_teacher", "load_tensors",
+__all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "UserData", "check_inputs",
+           "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
+           "convert_weights", "load_model", "load_model_file", "load_teacher", "load_tensors",
            "metrics_csv", "read_metrics", "run_dataset", "run_splits", "save_model", "save_tensors", "start_run_dir",
-           "top_logits", "update_run_record", "provenance"]
+           "update_run_record", "provenance"]

@@ -44,13 +44,17 @@ def learning_rate(cfg: RunConfig, epoch_progress: float) -> float:
     return lr
 
 
-def build_optimizer(cfg: RunConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """``cfg.optim`` as a torch optimizer over ``params``; bad ``optim.kwargs`` are a :class:`ConfigError`."""
+def build_optimizer(cfg: RunConfig, params: list[nn.Parameter] | list[dict]) -> torch.optim.Optimizer:
+    """``cfg.optim`` as a torch optimizer over ``params`` or parameter groups (``Method.optimizer_groups``:
+    a group's ``lr_scale`` multiplies ``optim.lr``, its other keys override the config's); bad
+    ``optim.kwargs`` are a :class:`ConfigError`."""
     o = cfg.optim
     cls = torch_class("optimizer", o.name)
     args = dict(lr=o.lr, weight_decay=o.weight_decay)
     if cls is torch.optim.SGD:
         args |= dict(momentum=o.momentum, nesterov=o.nesterov)
+    if params and isinstance(params[0], dict):
+        params = [{**group, "lr": o.lr * group["lr_scale"]} if "lr_scale" in group else group for group in params]
     return _construct(cls, "optim.kwargs", params, args | o.kwargs)
 
 
@@ -109,7 +113,7 @@ class PaperSchedule(LRScheduler):
     def get_lr(self) -> list[float]:
         epoch, step = divmod(self.last_epoch, self.steps_per_epoch)
         lr = learning_rate(self.cfg, epoch + step / self.steps_per_epoch)
-        return [lr for _ in self.optimizer.param_groups]
+        return [lr * group.get("lr_scale", 1.0) for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
         return {k: v for k, v in super().state_dict().items() if k != "cfg"}

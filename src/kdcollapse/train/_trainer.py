@@ -29,10 +29,10 @@ from kdcollapse.data import USER_DATA, Augment, make_loader
 from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init_distributed, resolve_device,
                                     resolve_precision)
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
-from kdcollapse.methods import build_method, get_method
+from kdcollapse.methods import FrozenTeacher, build_method, check_stored_logits, get_method, store_logits
 from kdcollapse.models import create_model
-from kdcollapse.runs import (MetricsLog, TeacherLogitCache, UserData, check_teacher_cache, claim_run_dir, load_teacher,
-                             run_splits, start_run_dir, top_logits, update_run_record)
+from kdcollapse.runs import (MetricsLog, UserData, claim_run_dir, load_teacher, run_splits, start_run_dir,
+                             update_run_record)
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._run_dir import on_main_process
 from kdcollapse.train._console import log_epoch, logger
@@ -121,7 +121,7 @@ class Trainer:
         self._build_data()
         seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
         self._build_method()
-        self.optimizer = build_optimizer(cfg, [p for p in self.method.parameters() if p.requires_grad])
+        self.optimizer = build_optimizer(cfg, self.method.optimizer_groups())
         self.schedule = build_schedule(cfg, self.optimizer, len(self.train_loader))
         self.start_epoch, self.best_acc, self.best_epoch, self.last_acc = 0, 0.0, 0, float("nan")
         self.best_val_acc, self.last_val_acc = None, None
@@ -159,23 +159,37 @@ class Trainer:
         self.val_loader = None if self.val_set is None else make_loader(
             self.val_set, d.eval_batch_size, train=False, seed=0, **common)
 
-    def _build_method(self) -> None:
+    def _build_teacher(self) -> FrozenTeacher | None:
+        """The teacher the method's ``teacher_request`` asks for: online, or its logits stored once when
+        ``teacher.cache=logits`` and the request allows it; ``None`` for a method without one."""
         cfg = self.cfg
         method_cls = get_method(cfg.method.name)
-        teacher = self.teacher_cache = None
-        if method_cls.needs_teacher:
-            teacher = load_teacher(cfg.teacher, self.train_set).to(self.device)
-            if self._channels_last():
-                teacher.to(memory_format=torch.channels_last)
-            if cfg.teacher.cache == "logits":
-                check_teacher_cache(cfg.method.name, method_cls, cfg.data, self.train_set, cfg.teacher.cache_topk)
-                teacher = self.teacher_cache = self._cache_teacher_logits(teacher)
-        elif cfg.teacher.checkpoint or cfg.teacher.weights:
-            raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
+        request = method_cls.teacher_request(cfg.method)
+        if request is None:
+            if cfg.teacher.checkpoint or cfg.teacher.weights:
+                raise ConfigError(f"method '{cfg.method.name}' does not use a teacher; remove the teacher section")
+            return None
+        teacher = load_teacher(cfg.teacher, self.train_set).to(self.device)
+        if self._channels_last():
+            teacher.to(memory_format=torch.channels_last)
+        if cfg.teacher.cache != "logits":
+            return teacher
+        check_stored_logits(cfg.method.name, request, cfg.data, self.train_set, views=method_cls.views,
+                            topk=cfg.teacher.cache_topk)
+        # One pass over the unaugmented training images, in the run's precision and layout.
+        loader = make_loader(self.train_set, cfg.data.eval_batch_size, train=False, seed=0, device=self.device,
+                             num_workers=cfg.data.num_workers)
+        return store_logits(teacher, loader, request, num_classes=self.train_set.num_classes,
+                            topk=cfg.teacher.cache_topk, prepare=self._to_layout, precision=self._autocast)
+
+    def _build_method(self) -> None:
+        cfg = self.cfg
+        self.teacher = teacher = self._build_teacher()
         student = create_model(cfg.model.name, self.train_set.num_classes, in_channels=self.train_set.in_channels,
                                **cfg.model.kwargs)
         self.method = build_method(cfg.method, student, num_classes=self.train_set.num_classes, teacher=teacher,
-                                   label_smoothing=cfg.train.label_smoothing).to(self.device)
+                                   label_smoothing=cfg.train.label_smoothing,
+                                   num_samples=len(self.train_set)).to(self.device)
         self.method.set_input_normalization(self.train_set.mean, self.train_set.std)
         if self._channels_last():
             self.method.to(memory_format=torch.channels_last)
@@ -201,28 +215,6 @@ class Trainer:
         """The network evaluated and saved as the run's model: the weight average when ``train.ema`` is on."""
         return self.method.inference_model() if self.ema is None else self.ema.module
 
-    def _cache_teacher_logits(self, teacher) -> TeacherLogitCache:
-        """One teacher pass over the unaugmented training images, in the run's precision and layout; with
-        ``teacher.cache_topk`` each batch is reduced to its top-k logits at once (the full N x K never exists)."""
-        loader = make_loader(self.train_set, self.cfg.data.eval_batch_size, train=False, seed=0, device=self.device,
-                             num_workers=self.cfg.data.num_workers)
-        k, method_config = self.cfg.teacher.cache_topk, self.cfg.method
-        keep_all = k is None or k >= self.train_set.num_classes
-        rows = []
-        for x, _ in loader:
-            with self._autocast():
-                z = teacher.logits(self._to_layout(x))
-            rows.append(z if keep_all else top_logits(z, k, method_config.temperature))
-        if keep_all:
-            return TeacherLogitCache(teacher, torch.cat(rows))
-        top = {key: torch.cat([r[key] for r in rows]) for key in rows[0]}
-        return TeacherLogitCache(teacher, top=top, num_classes=self.train_set.num_classes)
-
-    def _select_teacher_rows(self, batch: int) -> None:
-        """Tell stored teacher logits which images training batch ``batch`` holds."""
-        if self.teacher_cache is not None:
-            self.teacher_cache.select(self.train_loader.batch_index(batch))
-
     def _channels_last(self) -> bool:
         """Whether inputs, student and teacher use the channels-last layout (images only)."""
         return self.cfg.train.channels_last and len(self.train_set.input_shape) == 3
@@ -240,15 +232,9 @@ class Trainer:
                 "precision": {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype],
                 "memory_format": "channels_last" if self._channels_last() else "contiguous",
                 "compiled": self.cfg.train.compile, "device": str(self.device),
-                "teacher": None if self.method.teacher is None else
-                self._stored_logits_record() if self.teacher_cache is not None else "online",
+                "teacher": None if self.teacher is None else self.teacher.describe(),
                 **({"user_data": self.user_data.fingerprint} if self.user_data is not None else {}),
             })  # fmt: skip
-
-    def _stored_logits_record(self) -> str:
-        cache = self.teacher_cache
-        return "stored logits" if cache.top is None else \
-            f"stored logits (top {cache.top['values'].shape[1]} of {cache.classes})"
 
     def _wrap_ddp(self):
         if not self.dist.enabled:
@@ -421,9 +407,11 @@ class Trainer:
                    disable=not (cfg.train.progress and self.dist.is_main), dynamic_ncols=True)
         start = time.perf_counter()
         for i, (x, y) in enumerate(bar):
-            self._select_teacher_rows(i)
+            index = loader.batch_index(i)
+            if self.teacher is not None:
+                self.teacher.select(index)  # stored logits read their rows; an online teacher ignores it
             lr = self.optimizer.param_groups[0]["lr"]
-            out = self._step(self._to_layout(x), y, i, steps)
+            out = self._step(self._to_layout(x), y, i, steps, index if self.method.needs_index else None)
             for name, value in out.items():
                 if name != "logits" and value.dim() == 0:
                     sums[name] = sums.get(name, 0) + value.detach().float()
@@ -448,7 +436,8 @@ class Trainer:
                    "images_per_s": totals[-1] / elapsed, "epoch_time_s": elapsed}
         return record
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int = 0, batches: int = 1) -> dict[str, torch.Tensor]:
+    def _step(self, x: torch.Tensor, y: torch.Tensor, batch: int = 0, batches: int = 1,
+              index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Forward and backward of batch ``batch`` of ``batches``; an optimizer step after every
         ``optim.accumulate`` batches (and after the epoch's last), on the gradient of their samples' mean loss."""
         k, start = self.cfg.optim.accumulate, batch - batch % self.cfg.optim.accumulate
@@ -463,7 +452,7 @@ class Trainer:
         scale = self.scaler.scale if weight == 1 else (lambda loss: self.scaler.scale(loss * weight))
         with sync:
             with self._autocast():
-                out = self.model(x, y)
+                out = self.model(x, y) if index is None else self.model(x, y, index=index)
             if first:
                 self.optimizer.zero_grad(set_to_none=True)
             self.method.backward(out, scale)
