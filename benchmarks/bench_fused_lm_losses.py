@@ -77,6 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--cells", nargs="*", metavar="N,V,H", help="only these cells of the grid")
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--max-hidden", type=int, default=2048, help="skip larger H (time)")
     parser.add_argument("--max-cost", type=float, default=float("inf"),
                         help="skip cells with N·V·H above this (each fused call costs about 8·N·V·H flops)")
@@ -88,7 +90,9 @@ def main() -> None:
     for n, v, h in GRID:
         if n > args.max_tokens or h > args.max_hidden or n * v * h > args.max_cost:
             continue
-        for dtype in (torch.float32, torch.bfloat16):
+        if args.cells and f"{n},{v},{h}" not in args.cells:
+            continue
+        for dtype in (getattr(torch, name) for name in args.dtypes):
             tensors = inputs(n, v, h, dtype)
             row = {"n": n, "v": v, "h": h, "dtype": str(dtype).removeprefix("torch.")}
             row["fused"] = measure(fused, tensors)

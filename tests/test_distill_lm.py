@@ -66,5 +66,6 @@ def test_the_cli_prints_both_students_and_bad_input_is_one_line(setup, capsys):
                          (["stepz=3"], "unknown key 'stepz'"),
                          ([f"teacher={root / 'nothing'}"], "not found"),
                          ([f"run_dir={root / 'cli'}"], "already holds a run")):
-        assert main(["distill-lm", *options, *bad]) == 2
+        assert main(["distill-lm", *options, f"run_dir={root / 'fresh'}", *bad]) == 2
         assert message in capsys.readouterr().err
+    assert not (root / "fresh").exists()  # refused before anything on disk changed
