@@ -317,12 +317,18 @@ def _ddp_results(rank):
     m(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])
     m.on_epoch_end(0)
     results["ikl"] = m.class_means.table
+    m = make("ctkd")  # CTKD's learned temperature: its reversed gradient is averaged like the student's
+    m.on_epoch_start(3)
+    model = DistributedDataParallel(m)  # held: a collected wrapper takes its gradient hooks with it
+    model(x[8 * rank:8 * rank + 8], y[8 * rank:8 * rank + 8])["loss"].backward()
+    results["ctkd"] = torch.cat([p.grad.flatten() for p in m.parameters()])
     return results
 
 
 def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):
     """Two gloo ranks with 8 samples each give the one-process 16-sample update: both gradients are
-    averaged over the ranks before the projection; IKL's class sums are all-reduced."""
+    averaged over the ranks before the projection; IKL's class sums are all-reduced; CTKD's temperature
+    parameter gets the averaged reversed gradient."""
     mp.start_processes(_ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     x, y = batch(16)
@@ -338,6 +344,12 @@ def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):
     m.on_epoch_end(0)
     for r in ranks:
         torch.testing.assert_close(r["ikl"], m.class_means.table)
+    m = make("ctkd")
+    m.on_epoch_start(3)
+    m(x, y)["loss"].backward()
+    for r in ranks:
+        torch.testing.assert_close(r["ctkd"], torch.cat([p.grad.flatten() for p in m.parameters()]),
+                                   rtol=1e-4, atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------- bad input
@@ -363,6 +375,8 @@ def test_nan_logits_are_named(name):
     m = make(name)
     x, y = batch()
     x[3, 0] = float("nan")
+    if m.views > 1:  # the same (poisoned) image as every view
+        x = torch.stack([x] * m.views, dim=1)
     with pytest.raises(KdcollapseError, match="contains NaN or inf"):
         m(x, y)
 
