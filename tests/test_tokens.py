@@ -33,7 +33,7 @@ def tiny_gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def corpus(seed: int = 0, batches: int = 3, size: int = 6, length: int = 20) -> list[dict[str, torch.Tensor]]:
+def corpus(seed: int = 0, batches: int = 4, size: int = 6, length: int = 24) -> list[dict[str, torch.Tensor]]:
     """Token batches with right padding (attention_mask 0) and a few ignore_index labels. Token 10 never
     occurs and token 9 is rare, so min_count decides about them."""
     g = torch.Generator().manual_seed(seed)

@@ -18,7 +18,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
-  kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 32768 --out results/lm_collapse/smollm2
+  kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 4096 --out results/lm_collapse/smollm2_test_4k
 
 output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
   $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
