@@ -408,7 +408,8 @@ def metrics_csv(records: list[dict]) -> str:
 
 class MetricsLog:
     """The per-epoch records of ``metrics.jsonl`` and ``metrics.csv`` (both written by :meth:`RunDir.commit`,
-    with the checkpoint of the same epoch) and TensorBoard when asked.
+    with the checkpoint of the same epoch), TensorBoard when asked, and the trackers the run's saved config
+    names (``train.trackers``: W&B, MLflow).
 
     On resume, records of epochs after the checkpoint (written before a crash) are dropped first, and both
     files are rewritten from the records kept (``metrics.csv`` is re-derived from ``metrics.jsonl``, so a run
@@ -417,8 +418,7 @@ class MetricsLog:
 
     FILES = {"metrics.jsonl": metrics_jsonl, "metrics.csv": metrics_csv}
 
-    def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False,
-                 trackers: tuple[str, ...] = (), config: dict | None = None, group: str = ""):
+    def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.writer = None
@@ -438,7 +438,9 @@ class MetricsLog:
                 raise ConfigError("train.tensorboard=true needs the tensorboard package: "
                                   "pip install 'kdcollapse[tensorboard]'") from None
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-        self.trackers = open_trackers(trackers, run_dir, config or {}, group)
+        if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
+            cfg = load_config(run_dir / "config.yaml")
+            self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
 
     def write(self, record: dict) -> None:
         """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit."""

@@ -135,38 +135,40 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
     """The page's generated markdown (cell tables, comparison tables with verdicts) and its JSON summary."""
     spec = check_summary(study.summary)
     columns, metric = measures(spec), Measure.parse(spec["metric"], spec["select"])
-    sections, comparisons = [], []
-    for section in spec.get("sections") or []:
-        cells, shorts = _cells(study, records, section)
-        short = {label: name for name, label in shorts.items()}
-        chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
-        title = section.get("title", "")
-        if chosen is not None:
-            title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
-        rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-                 *(mean_std([m.of(runs[s]) for s in sorted(runs)]) for m in columns)]
-                for label, runs in cells.items() if runs]
-        pairs = []
-        for a, b in section.get("compare") or []:
-            a, b = (shorts.get(x, x) for x in (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b)))
-            if a != b and (a, b) not in pairs and a in cells and b in cells:
-                pairs.append((a, b))
-        first = len(comparisons)
-        comparisons += [_compare(short.get(a, a), short.get(b, b), cells[a], cells[b], metric) for a, b in pairs]
-        sections.append((title, rows, first, len(comparisons)))
-    for c, p in zip(comparisons, holm([c["p"] for c in comparisons])):
+    sections = [_section(study, records, section, columns, metric) for section in spec.get("sections") or []]
+    comparisons = [c for _, _, section in sections for c in section]
+    for c, p in zip(comparisons, holm([c["p"] for c in comparisons])):  # across the whole page
         c["holm_p"] = p
         c["verdict"] = verdict(c["mean"], p, alpha=spec["alpha"], noise_floor=spec["noise_floor"])
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
-    for title, rows, first, last in sections:
+    for title, rows, section in sections:
         text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns)], rows))
-        if last > first:
+        if section:
             text.append(markdown_table(
                 [f"difference ({metric.label})", "seeds", "per seed (pp)", "mean (pp)", "95 % CI (pp)",
-                 "paired t-test p", "Holm p", "verdict"], [_row(c) for c in comparisons[first:last]]))
-    summary = {"sections": [{"title": t, "cells": {r[0]: r[1:] for r in rows}} for t, rows, _, _ in sections],
+                 "paired t-test p", "Holm p", "verdict"], [_row(c) for c in section]))
+    summary = {"sections": [{"title": t, "cells": {r[0]: r[1:] for r in rows}} for t, rows, _ in sections],
                "comparisons": comparisons, "noise_floor": spec["noise_floor"], "alpha": spec["alpha"]}
     return "\n".join(text), summary
+
+
+def _section(study: Study, records: dict, section: dict, columns: list[Measure], metric: Measure):
+    """``(title, cell rows, comparisons)`` of one section, the choice (on validation) made first."""
+    cells, shorts = _cells(study, records, section)
+    short = {label: name for name, label in shorts.items()}
+    chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
+    title = section.get("title", "")
+    if chosen is not None:
+        title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
+    rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
+             *(mean_std([m.of(runs[s]) for s in sorted(runs)]) for m in columns)]
+            for label, runs in cells.items() if runs]
+    pairs = []
+    for a, b in section.get("compare") or []:
+        a, b = (shorts.get(x, x) for x in (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b)))
+        if a != b and (a, b) not in pairs and a in cells and b in cells:  # a choice may make a pair one cell
+            pairs.append((a, b))
+    return title, rows, [_compare(short.get(a, a), short.get(b, b), cells[a], cells[b], metric) for a, b in pairs]
 
 
 def _compare(a: str, b: str, runs_a: dict, runs_b: dict, metric: Measure) -> dict:

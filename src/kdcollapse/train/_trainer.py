@@ -27,7 +27,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from kdcollapse.config import RunConfig, config_to_dict
+from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
 from kdcollapse.data import USER_DATA, Augment, make_loader
 from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init_distributed, resolve_device,
@@ -121,8 +121,7 @@ class Trainer:
             self.progress = self.checkpointer.resume(self.device) if resume else Progress()
             start_run_dir(cfg, self.run_files)
             self.log = MetricsLog(self.run_dir, start_epoch=self.progress.start_epoch, enabled=self.dist.is_main,
-                                  tensorboard=cfg.train.tensorboard, trackers=tuple(cfg.train.trackers),
-                                  config=config_to_dict(cfg), group=cfg.train.group)
+                                  tensorboard=cfg.train.tensorboard)
             self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
             self.model = self.setup_ddp()
             self.record_execution()
