@@ -26,7 +26,7 @@ K, D = 5, 9  # classes; input values (a 1x3x3 "image" for the mlp)
 # Methods with a teacher that the MLPs here can serve (stage-map methods need CNNs; their own modules test them).
 DISTILLERS = [name for name in list_methods()
               if (request := get_method(name).teacher_request(method_config({"name": name}))) is not None
-              and not request.stages]
+              and not request.stages and not get_method(name).needs_index]  # crd: tests/test_methods_crd_reviewkd_vid.py
 
 
 def mlp(num_classes=K, hidden=(12,), seed=0):
