@@ -28,7 +28,7 @@ K, D = 5, 9  # classes; input values (a 1x3x3 "image" for the mlp)
 DISTILLERS = [name for name in list_methods()
               if get_method(name).__module__.startswith("kdcollapse.methods.")
               and (request := get_method(name).teacher_request(method_config({"name": name}))) is not None
-              and not request.stages]
+              and not request.stages and not get_method(name).needs_index]  # crd: tests/test_methods_crd_reviewkd_vid.py
 
 
 def mlp(num_classes=K, hidden=(12,), seed=0):

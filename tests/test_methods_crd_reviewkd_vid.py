@@ -19,7 +19,7 @@ from test_losses_contrastive_features import (official_contrast_loss, official_c
 
 from kdcollapse.config import method_config
 from kdcollapse.distributed import distributed_teardown
-from kdcollapse.errors import ConfigError
+from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher, build_method
 from kdcollapse.models import create_model
 
@@ -104,6 +104,17 @@ def test_crd_memory_is_checkpointed_unit_norm_and_not_in_the_model_file():
     again = make("crd", num_negatives=6)
     again.load_state_dict(state)
     assert torch.equal(again.memory_teacher, m.memory_teacher) and torch.equal(again.normalizers, m.normalizers)
+
+
+def test_crd_nan_inputs_are_named_and_leave_the_bank_alone():
+    m = make("crd", num_negatives=6).train()
+    x, y, index = batch()
+    x[3, 0] = float("nan")
+    state = {k: v.clone() for k, v in m.state_dict().items() if not k.startswith("student")}
+    with pytest.raises(KdcollapseError, match="contains NaN or inf"):
+        m(x, y, index=index)
+    for key in ("memory_student", "memory_teacher", "normalizers"):
+        assert torch.equal(m.state_dict()[key], state[key]), key
 
 
 def test_crd_config_errors():

@@ -80,15 +80,16 @@ def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, norma
     log_scores = crd_log_scores(anchors, memory_rows, temperature)
     if validating(validate):
         check_values({"anchors": anchors, "memory_rows": memory_rows})
-    return crd_nce_loss(log_scores, num_data, normalizer)
+    return crd_nce_loss(log_scores, num_data, normalizer, validate=False)  # finite inputs: finite scores
 
 
 @register_loss("crd_nce", kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
                "distillation (ICLR)", equation="the NCE of crd on scores s_i = m_i·v/τ, P_i = e^{s_i}/Z",
                temperature=False, sequences=False, ignore_index=False, chunked=False, compiles=False,
-               checks_values=False, notes="N and the first-step Z are host numbers",
+               notes="N and the first-step Z are host numbers",
                inputs=lambda: (*example_tensors((4, 7)), torch.tensor(50)))
-def crd_nce_loss(log_scores: Tensor, num_data: int | Tensor, normalizer: float | None = None) -> Tensor:
+def crd_nce_loss(log_scores: Tensor, num_data: int | Tensor, normalizer: float | None = None, *,
+                 validate: bool | None = None) -> Tensor:
     """CRD's NCE loss from the (B, 1 + K) scores m_i · v / τ, positive in column 0 (``normalizer``,
     ``num_data`` as in :func:`crd_loss`).
 
@@ -99,6 +100,8 @@ def crd_nce_loss(log_scores: Tensor, num_data: int | Tensor, normalizer: float |
     check_tensor("log_scores", log_scores, (2,))
     if log_scores.shape[1] < 2:
         raise KdcollapseError(f"log_scores must have shape (B, 1 + K) with K >= 1, got {tuple(log_scores.shape)}")
+    if validating(validate):
+        check_values({"log_scores": log_scores})
     n = _num_data(num_data)
     normalizer = crd_normalizer(log_scores, n) if normalizer is None else normalizer
     check_positive("normalizer", normalizer)

@@ -101,8 +101,10 @@ class CRD(Distiller):
         z_s, z_t = self.normalizers.tolist()
         if z_s < 0:  # the first step: Z of each direction, averaged over the processes
             z = torch.tensor([crd_normalizer(scores_s, n), crd_normalizer(scores_t, n)], dtype=torch.float64)
-            self.normalizers.copy_(all_reduce_sum(z.to(x.device)) / world_size())
-            z_s, z_t = self.normalizers.tolist()
+            z = all_reduce_sum(z.to(x.device)) / world_size()
+            if torch.isfinite(z).all():  # else the losses below name the non-finite scores
+                self.normalizers.copy_(z)
+            z_s, z_t = z.tolist()
         nce = crd_nce_loss(scores_s, n, z_s) + crd_nce_loss(scores_t, n, z_t)
         with torch.no_grad():
             self.memory_student[all_index] = crd_memory_update(self.memory_student[all_index], all_s, cfg.momentum)
