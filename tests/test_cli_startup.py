@@ -1,8 +1,10 @@
 """The command line starts without dead weight: building the parser and printing any ``--help`` loads
 neither plotting nor metric libraries (issue 15; benchmarks/bench_cli.py measures the start-up time)."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,19 @@ def test_robust_eval_help_shows_what_the_library_offers():
     assert tuple(NORMS) == cli.NORMS and tuple(list_attacks()) == cli.ATTACKS
     assert cli.DEFAULT_ATTACKS == robust_eval.DEFAULT_ATTACKS and cli.WEIGHTS == tuple(robust_eval.WEIGHTS)
     assert cli.STANDARD_BUDGET == STANDARD_BUDGET
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`kdcollapse recipes list | head`: a closed pipe ends the command quietly (status 1, nothing on stderr).
+    The reading end is closed before the command starts, so the write fails every time."""
+    code = "import sys; from kdcollapse.cli import main; sys.exit(main(['recipes', 'list']))"
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, env=env,
+                              text=True)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr

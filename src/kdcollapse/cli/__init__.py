@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kdcollapse import __version__
@@ -102,10 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         with console_logging(quiet=getattr(args, "quiet", False)):
-            return int(args.func(args) or 0)
+            status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that has gone (`| head`) shows here, inside the handler below
+        return status
     except KdcollapseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kdcollapse recipes list | head`: the reader has gone; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail again
+        return 1
