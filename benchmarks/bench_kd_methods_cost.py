@@ -72,14 +72,11 @@ def sections(area: str, stem: str) -> dict[str, dict]:
     return out
 
 
-def build(section: dict, setting: tuple, teacher: FrozenTeacher):
-    _, student_name, _, k, n, *_ = setting
+def build(section: dict, setting: tuple, teacher: FrozenTeacher, labels: torch.Tensor):
+    _, student_name, _, k, *_ = setting
     torch.manual_seed(0)
     method = build_method(method_config(section), create_model(student_name, k), num_classes=k, teacher=teacher,
-                          num_samples=n)
-    if hasattr(method, "labels") and getattr(method, "needs_index", False):
-        # CRD after its first epoch: every sample's label is known (the sampler's steady state).
-        method.labels.copy_(torch.randint(k, method.labels.shape))
+                          train_labels=labels)
     method.on_epoch_start(30)  # past every warm-up (20 epochs at most), before DHKD's ImageNet cut-off at 50
     optimizer = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
     return method.train(), optimizer
@@ -124,9 +121,10 @@ def run_setting(name: str, args) -> dict:
     torch.manual_seed(0)
     teacher = FrozenTeacher(create_model(teacher_name, k))
     x = torch.randn(batch, 3, size, size)
-    y = torch.randint(0, k, (batch,))
+    labels = torch.randint(0, k, (n,))  # the training set's labels (CRD's sampler draws by them)
     index = torch.randperm(n)[:batch]
-    runs = {label: build(section, setting, teacher) for label, section in sections(area, stem).items()}
+    y = labels[index]
+    runs = {label: build(section, setting, teacher, labels) for label, section in sections(area, stem).items()}
     memory = {label: saved_bytes(method, x, y, index) for label, (method, _) in runs.items()}
     sizes = {label: extra_sizes(method) for label, (method, _) in runs.items()}
     wall: dict[str, list[float]] = {label: [] for label in runs}

@@ -34,10 +34,15 @@ def digits():
     return load_dataset("digits", "train")
 
 
+def batch_rows() -> torch.Tensor:
+    """The dataset rows of ``digits_batch``: the first two images of each class."""
+    return torch.cat([torch.nonzero(digits().labels == k)[:2, 0] for k in range(K)])
+
+
 def digits_batch(views: int):
     """B digits, two per class, standardised with the dataset's statistics: (x, y, the dataset)."""
     data = digits()
-    index = torch.cat([torch.nonzero(data.labels == k)[:2, 0] for k in range(K)])
+    index = batch_rows()
     images, y = data.inputs[index].float() / 255, data.labels[index]
     x = (images - data.mean[0]) / data.std[0]
     if views > 1:  # independently augmented views in the trainer; here, a second view slightly shifted
@@ -61,14 +66,14 @@ def make(name: str):
     if cls.teacher_request(method_config({"name": name})) is not None:
         teacher = FrozenTeacher(tiny_model(name, 12))
     method = build_method(method_config({"name": name}), student, num_classes=K, teacher=teacher,
-                          num_samples=len(digits()))
+                          train_labels=digits().labels)
     method.set_input_normalization(digits().mean, digits().std)
     return method
 
 
 def step(method, x, y):
     """``method(x, y)``, with the batch's dataset indices for a method that declares ``needs_index``."""
-    return method(x, y, index=torch.arange(len(y))) if method.needs_index else method(x, y)
+    return method(x, y, index=batch_rows()) if method.needs_index else method(x, y)
 
 
 @pytest.fixture(params=METHODS)

@@ -28,11 +28,15 @@ def list_methods(pattern: str = "*") -> list[str]:
 
 
 def build_method(config, student, *, num_classes: int, teacher: FrozenTeacher | None = None,
-                 label_smoothing: float = 0.0, num_samples: int | None = None) -> Method:
+                 label_smoothing: float = 0.0, num_samples: int | None = None,
+                 train_labels=None) -> Method:
     """Instantiate the method named by ``config.name`` around ``student``; ``num_samples``: the size of
-    the training set (for a method with a memory bank over it)."""
+    the training set (for a method with a memory bank over it); ``train_labels``: the (N,) labels of the
+    whole training set in dataset order (the rows ``index`` names; CRD's sampler draws its negatives by them),
+    which also give ``num_samples``."""
     return get_method(config.name)(student, config, num_classes=num_classes, teacher=teacher,
-                                   label_smoothing=label_smoothing, num_samples=num_samples)
+                                   label_smoothing=label_smoothing, num_samples=num_samples,
+                                   train_labels=train_labels)
 
 
 # Importing the method modules registers them.

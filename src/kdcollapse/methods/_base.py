@@ -10,8 +10,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kdcollapse.errors import KdcollapseError
 from kdcollapse.methods._teacher import FrozenTeacher, TeacherOutput, TeacherRequest
 from kdcollapse.models import Classifier, as_classifier
+
+
+def check_train_labels(labels: torch.Tensor | None, num_samples: int | None,
+                       num_classes: int) -> tuple[torch.Tensor | None, int | None]:
+    """(labels as a CPU int64 vector, N) from the constructor's ``train_labels`` and ``num_samples``, which
+    must agree when both are given; a :class:`KdcollapseError` names a label outside [0, num_classes)."""
+    if labels is None:
+        return None, num_samples
+    labels = torch.as_tensor(labels).detach().to("cpu", torch.int64).flatten()
+    if num_samples is not None and num_samples != len(labels):
+        raise KdcollapseError(f"train_labels has {len(labels)} entries but num_samples={num_samples}; "
+                              "give the labels of the whole training set")
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise KdcollapseError(f"train_labels must lie in [0, {num_classes}), got range "
+                              f"[{int(labels.min())}, {int(labels.max())}]")
+    return labels, len(labels)
 
 
 class Method(nn.Module):
@@ -86,6 +103,7 @@ class Method(nn.Module):
         teacher: FrozenTeacher | None = None,
         label_smoothing: float = 0.0,
         num_samples: int | None = None,
+        train_labels: torch.Tensor | None = None,
     ):
         super().__init__()
         self.student = as_classifier(student)
@@ -93,7 +111,9 @@ class Method(nn.Module):
         self.num_classes = num_classes
         self.teacher = teacher
         self.request = type(self).teacher_request(config)
-        self.num_samples = num_samples  # training-set size N (a memory bank's rows); None when not known
+        # The training set's labels, (N,) int64 in dataset order, and its size N (a memory bank's rows); None
+        # when not known (built outside the trainer). The trainer passes the whole set's, global under DDP.
+        self.train_labels, self.num_samples = check_train_labels(train_labels, num_samples, num_classes)
         self.label_smoothing = label_smoothing
         self.epoch = 0  # 0-based, set by on_epoch_start
         # Training inputs are x = (u - input_mean) / input_std of images u in [0, 1], per channel.

@@ -25,9 +25,10 @@ class Distiller(Method):
         return TeacherRequest()
 
     def __init__(self, student: nn.Module, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
-                 label_smoothing: float = 0.0, num_samples: int | None = None):
-        super().__init__(student, config, num_classes=num_classes, teacher=teacher,
-                         label_smoothing=label_smoothing, num_samples=num_samples)
+                 label_smoothing: float = 0.0, num_samples: int | None = None,
+                 train_labels: torch.Tensor | None = None):
+        super().__init__(student, config, num_classes=num_classes, teacher=teacher, label_smoothing=label_smoothing,
+                         num_samples=num_samples, train_labels=train_labels)
         name = self.name
         if teacher is None:
             raise ConfigError(f"method '{name}' distils from a teacher; pass teacher=FrozenTeacher(model)")

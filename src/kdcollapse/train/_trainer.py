@@ -198,7 +198,7 @@ class Trainer:
         student = create_model(cfg.model.name, data.num_classes, in_channels=data.in_channels,
                                input_shape=data.input_shape, **cfg.model.kwargs)
         method = build_method(cfg.method, student, num_classes=data.num_classes, teacher=self.teacher,
-                              label_smoothing=cfg.train.label_smoothing, num_samples=len(data)).to(self.device)
+                              label_smoothing=cfg.train.label_smoothing, train_labels=data.labels).to(self.device)
         method.set_input_normalization(data.mean, data.std)
         if self.channels_last():
             method.to(memory_format=torch.channels_last)
