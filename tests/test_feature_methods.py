@@ -2,6 +2,7 @@
 official code combines them, with the official default weights, stages and trainable parts."""
 
 import functools
+from copy import deepcopy as copy_module
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,19 @@ def test_at_method_is_ce_plus_1000_at_on_the_stages_after_the_stem():
     torch.testing.assert_close(out["loss"], expected)
 
 
+def train_mode_maps(teacher, x, stages, norms=()):
+    """mdistiller's OFD teacher: its pre-ReLU maps with the whole network in train mode (``OFD.train`` does
+    not put it back in eval mode), on a copy, since train mode moves the running statistics. ``norms``: the
+    teacher's BatchNorm applied after each map (WRN: ``preact_feats = block2.layer[0].bn1(f1)``), or None."""
+    copy = copy_module(teacher.model).train()
+    names = {id(m): name for name, m in teacher.model.named_modules()}
+    with torch.no_grad():
+        maps = copy.forward_intermediates(x, stages, pre_act=True)[1]
+        if not norms:
+            return maps
+        return [m if bn is None else copy.get_submodule(names[id(bn)])(m) for m, bn in zip(maps, norms)]
+
+
 def test_ofd_margins_come_from_the_batchnorm_before_each_stage_relu():
     """ResNet: the last BN of the stage's last block (mdistiller's ``bn2``), before the shortcut is added."""
     method, student, teacher = cifar_pair("resnet8", "resnet14", "ofd")
@@ -102,26 +116,56 @@ def test_ofd_margins_come_from_the_batchnorm_before_each_stage_relu():
         block = teacher.model.get_submodule(teacher.feature_info[stage].module)
         bn = [m for m in block.branch.modules() if isinstance(m, torch.nn.BatchNorm2d)][-1]
         torch.testing.assert_close(method.margins()[i], ofd_margin(bn.weight, bn.bias).float())
-    x, y = batch()
-    out = method(x, y)
-    h, maps = student.forward_intermediates(x, [1, 2, 3], pre_act=True)
-    t_maps = teacher.model.forward_intermediates(x, [1, 2, 3], pre_act=True)[1]
-    connected = [c(m) for c, m in zip(method.connectors, maps)]
-    expected = F.cross_entropy(student.forward_head(h), y) + 1e-3 * ofd_loss(connected, t_maps, method.margins())
-    torch.testing.assert_close(out["loss"], expected)
     assert {k.split(".")[0] for k in method.state_dict()} == {"student", "connectors", "margin_0", "margin_1",
                                                               "margin_2"}
 
 
+@pytest.mark.parametrize("teacher_bn", ["batch", "running"])
+def test_ofd_loss_reads_the_teacher_with_the_chosen_batchnorm_statistics(teacher_bn):
+    """Default ``batch``: the teacher's maps as mdistiller's OFD computes them, with its teacher in train mode;
+    the teacher's running statistics and mode stay as loaded. ``running``: the teacher in eval mode."""
+    method, student, teacher = cifar_pair("resnet8", "resnet14", "ofd", teacher_bn=teacher_bn)
+    for m in teacher.model.modules():  # running statistics unlike any batch's, so the two modes differ
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2)
+    before = {k: v.clone() for k, v in teacher.model.state_dict().items()}
+    x, y = batch()
+    out = method(x, y)
+    h, maps = student.forward_intermediates(x, [1, 2, 3], pre_act=True)
+    if teacher_bn == "batch":
+        t_maps = train_mode_maps(teacher, x, [1, 2, 3])
+    else:
+        t_maps = teacher.model.forward_intermediates(x, [1, 2, 3], pre_act=True)[1]
+    other = teacher.model.forward_intermediates(x, [1, 2, 3], pre_act=True)[1] if teacher_bn == "batch" else \
+        train_mode_maps(teacher, x, [1, 2, 3])
+    connected = [c(m) for c, m in zip(method.connectors, maps)]
+    expected = F.cross_entropy(student.forward_head(h), y) + 1e-3 * ofd_loss(connected, t_maps, method.margins())
+    torch.testing.assert_close(out["loss"], expected)
+    assert not torch.allclose(ofd_loss(connected, other, method.margins()), expected - out["ce"])
+    assert not teacher.model.training and not any(m.training for m in teacher.model.modules())
+    for k, v in teacher.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ConfigError, match="method.teacher_bn must be one of batch, running, got 'train'"):
+        method_config({"name": "ofd", "teacher_bn": "train"})
+
+
 def test_ofd_on_a_preactivation_teacher_normalises_its_maps_with_the_next_batchnorm():
-    """WRN (mdistiller: preact_feats = block2.layer[0].bn1(f1), ..., bn1(f3); margins from the same BNs)."""
-    method, _, teacher = cifar_pair("wrn_16_1", "wrn_16_2", "ofd")
+    """WRN (mdistiller: preact_feats = block2.layer[0].bn1(f1), ..., bn1(f3); margins from the same BNs), with
+    the batch's statistics in those BatchNorms too."""
+    method, student, teacher = cifar_pair("wrn_16_1", "wrn_16_2", "ofd")
     body = teacher.model.body
     ends = [int(teacher.feature_info[s].module.split(".")[1]) for s in (1, 2, 3)]
     expected = [body[ends[0] + 1].preact[0], body[ends[1] + 1].preact[0], body[ends[2] + 1][0]]
     assert all(a is b for a, b in zip(method._teacher_norms, expected))
     for margin, bn in zip(method.margins(), expected):
         torch.testing.assert_close(margin, ofd_margin(bn.weight, bn.bias).float())
+    x, y = batch()
+    out = method(x, y)
+    h, maps = student.forward_intermediates(x, [1, 2, 3], pre_act=True)
+    connected = [c(m) for c, m in zip(method.connectors, maps)]
+    t_maps = train_mode_maps(teacher, x, [1, 2, 3], expected)
+    loss = F.cross_entropy(student.forward_head(h), y) + 1e-3 * ofd_loss(connected, t_maps, method.margins())
+    torch.testing.assert_close(out["loss"], loss)
 
 
 def test_stage_options_are_checked_against_the_models():

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from kdcollapse._registry import Registry
 from kdcollapse.methods._base import Method
-from kdcollapse.methods._teacher import (FrozenTeacher, StoredLogits, TeacherOutput, TeacherRequest, check_stored_logits,
-                                         expand_logits, store_logits, top_logits)
+from kdcollapse.methods._teacher import (FrozenTeacher, StoredLogits, TeacherOutput, TeacherRequest, batch_statistics,
+                                         check_stored_logits, expand_logits, store_logits, top_logits)
 
 _METHODS: Registry[type[Method]] = Registry("method")
 get_method = _METHODS.get
@@ -49,6 +49,6 @@ from kdcollapse.methods import ctkd, mlkd, nkd, wttm  # noqa: E402,F401
 from kdcollapse.methods import crd, reviewkd, vid  # noqa: E402,F401
 from kdcollapse.methods import at, dist, fitnet, nst, ofd, pkt, sp  # noqa: E402,F401
 
-__all__ = ["FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "build_method",
+__all__ = ["FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "batch_statistics", "build_method",
            "check_stored_logits", "expand_logits", "get_method", "list_methods", "register_method", "store_logits",
            "top_logits"]

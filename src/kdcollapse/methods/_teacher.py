@@ -25,18 +25,22 @@ class TeacherRequest:
     ``features``: the (B, d) penultimate feature; ``stages``: the stage maps (indices into the teacher's
     ``feature_info``), before their last ReLU when ``pre_act`` (OFD); ``temperature``: set when the method
     reads the logits only through softmax(z_t / τ) at this τ (KD, DKD), which lets the trainer store only the
-    top-k logits (``teacher.cache_topk``). A request for logits alone may be served by stored logits.
+    top-k logits (``teacher.cache_topk``); ``batch_stats``: the teacher's BatchNorms normalise with the
+    batch's own statistics, as in train mode (mdistiller's OFD trains with its teacher in train mode),
+    without changing their running statistics (:func:`batch_statistics`). A request for logits alone may be
+    served by stored logits.
     """
 
     features: bool = False
     stages: tuple[int, ...] = ()
     pre_act: bool = False
     temperature: float | None = None
+    batch_stats: bool = False
 
     @property
     def logits_only(self) -> bool:
         """Whether only the logits are read, so that stored logits can serve the request."""
-        return not self.features and not self.stages
+        return not self.features and not self.stages and not self.batch_stats
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,23 @@ class TeacherOutput:
 
 
 LOGITS = TeacherRequest()
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def batch_statistics(model: nn.Module):
+    """Within the block, every BatchNorm of ``model`` normalises with the statistics of the batch it sees
+    (as in train mode) and leaves its running statistics and batch count as they are; other layers keep
+    their mode. Restored on exit."""
+    norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS)]
+    saved = [(m.training, m.track_running_stats) for m in norms]
+    for m in norms:
+        m.training, m.track_running_stats = True, False  # BatchNorm then passes no running buffers to torch
+    try:
+        yield
+    finally:
+        for m, (training, track) in zip(norms, saved):
+            m.training, m.track_running_stats = training, track
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
@@ -62,7 +83,8 @@ class FrozenTeacher:
 
     Deliberately not an ``nn.Module``, so assigning it to a method registers nothing: the teacher is
     absent from ``parameters()``, ``state_dict()`` and DDP's buckets, and ``method.train()`` cannot
-    switch it out of eval mode.
+    switch it out of eval mode. Only a request with ``batch_stats`` makes its BatchNorms use the batch's
+    statistics, for that read alone.
     """
 
     def __init__(self, model: nn.Module, features: FeatureSpec = None):
@@ -95,7 +117,8 @@ class FrozenTeacher:
         The forward runs in ``inference_mode`` (no autograd bookkeeping at all) in the caller's autocast
         precision and memory layout; the float32 copies made after it are ordinary tensors, which the
         student's losses may save for their backward pass (inference tensors may not be saved)."""
-        with torch.inference_mode():
+        norms = batch_statistics(self.model) if request.batch_stats else contextlib.nullcontext()
+        with torch.inference_mode(), norms:
             if request.stages:
                 h, maps = self.model.forward_intermediates(x, list(request.stages), pre_act=request.pre_act)
             else:

@@ -6,15 +6,22 @@ from N(0, 2/(k²·C_t))), the teacher's maps through the margin ReLU with per-ch
 BatchNorm before each stage's ReLU, the partial L2 distance, stage i of n weighted 2^−(n−1−i), CE 1 and
 OFD 1e-3 on CIFAR-100 (1e-4 on ImageNet).
 
-Deliberate differences: the teacher stays in eval mode (mdistiller's ``OFD.train`` puts its teacher in
-train mode, so there its BatchNorms use batch statistics and keep updating); for a pre-activation
-network (WRN) the teacher's stage output passes through the BatchNorm that follows it, which also gives
-the margin (mdistiller's WRN ``preact_feats``), while a WRN student's map is taken as the stage outputs
-it (mdistiller applies the student's next BatchNorm there too; the connector ends with its own).
+The teacher, as in mdistiller, normalises with the batch's statistics (``teacher_bn: batch``): mdistiller's
+``OFD.train`` leaves out the ``teacher.eval()`` of ``Distiller.train``, so its teacher trains in train mode
+and every BatchNorm before a ReLU (and the WRN BatchNorms that give its ``preact_feats``) uses the batch's
+mean and variance. Its running statistics then keep moving, but nothing in OFD reads them (the margins come
+from the BatchNorm weights and biases); here they stay as loaded, so a resumed run and a later use of the
+teacher see the same teacher. ``teacher_bn: running`` uses the running statistics (eval mode) instead.
+
+Deliberate difference: for a pre-activation network (WRN) the teacher's stage output passes through the
+BatchNorm that follows it, which also gives the margin (mdistiller's WRN ``preact_feats``), while a WRN
+student's map is taken as the stage outputs it (mdistiller applies the student's next BatchNorm there too;
+the connector ends with its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -23,7 +30,7 @@ from torch import nn
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import ofd_loss, ofd_margin
-from kdcollapse.methods import TeacherRequest, register_method
+from kdcollapse.methods import TeacherRequest, batch_statistics, register_method
 from kdcollapse.methods._distill import Distiller, check_config
 from kdcollapse.methods._stages import check_pairs, check_stages, check_weights, stages
 from kdcollapse.models import FeatureInfo
@@ -64,6 +71,9 @@ def bn_before_relu(model: nn.Module, info: FeatureInfo) -> tuple[nn.BatchNorm2d,
     return norms[-1], False
 
 
+TEACHER_BN = ("batch", "running")
+
+
 @register_method("ofd")
 class OFD(Distiller):
     """ce_weight·CE(z_s, y) + feat_weight·Σ_i 2^−(n−1−i)·d_p(σ_m(T_i), C_i(S_i)) (OFD eqs. 2-5;
@@ -79,14 +89,18 @@ class OFD(Distiller):
         connector_kernel: int = 1  # CFG.OFD.CONNECTOR.KERNEL_SIZE
         student_stages: list[int] = stages(1, 2, 3)  # preact_feats[1:] of the CIFAR ResNets and WRNs
         teacher_stages: list[int] = stages(1, 2, 3)
+        teacher_bn: str = "batch"  # the teacher's BatchNorm statistics: the batch's (mdistiller) or running
 
         def __post_init__(self):
             check_config(self, positive=("connector_kernel",))
             check_weights(self)
+            if self.teacher_bn not in TEACHER_BN:
+                raise ConfigError(f"method.teacher_bn must be one of {', '.join(TEACHER_BN)}, got {self.teacher_bn!r}")
 
     @classmethod
     def teacher_request(cls, config):
-        return TeacherRequest(stages=tuple(config.teacher_stages), pre_act=True)
+        return TeacherRequest(stages=tuple(config.teacher_stages), pre_act=True,
+                              batch_stats=config.teacher_bn == "batch")
 
     def __init__(self, student, config, **kwargs):
         super().__init__(student, config, **kwargs)
@@ -109,7 +123,13 @@ class OFD(Distiller):
         logits = self.student.forward_head(h)
         connected = [c(m).float() for c, m in zip(self.connectors, maps)]
         with torch.no_grad():
-            targets = [m if bn is None else bn(m) for bn, m in zip(self._teacher_norms, self.read_teacher(x).maps)]
+            targets = [m if bn is None else self.teacher_norm(bn, m)
+                       for bn, m in zip(self._teacher_norms, self.read_teacher(x).maps)]
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
         ofd = cfg.feat_weight * ofd_loss(connected, targets, self.margins())
         return {"loss": ce + ofd, "logits": logits, "ce": ce, "ofd": ofd}
+
+    def teacher_norm(self, bn: nn.BatchNorm2d, m: torch.Tensor) -> torch.Tensor:
+        """The teacher's BatchNorm ``bn`` after a pre-activation stage, with the statistics of ``teacher_bn``."""
+        with batch_statistics(bn) if self.request.batch_stats else contextlib.nullcontext():
+            return bn(m)
