@@ -27,8 +27,13 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, covariance_spectra
 from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
+from kdcollapse.runs import run_lock_for, write_text
 
 logger = logging.getLogger(__name__)
+
+FIGURES = ("spectra.png", "margins.png", "tsne.png", "logit_matrices.png")
+# What an analysis records about the weights it measured (its provenance; Run.analysis checks it).
+SOURCE_KEYS = ("run_dir", "weights", "weights_file", "epoch", "weights_sha256")
 
 # One line per key for analysis.md: every metric's from the catalogue (definitions and papers:
 # docs/metrics.md), plus the numbers the analysis pass itself adds.
@@ -59,7 +64,14 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
         logger.warning(f"analyze: no figures (matplotlib is not installed: {install_hint('matplotlib')}); "
                        "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock_for(out_dir):  # an analysis written into a run directory: never beside its trainer
+        report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on)
+    return report
+
+
+def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOptions, precision, tsne_classes,
+             figures_on: bool) -> dict:
+    device = next(model.parameters()).device
     channels_last = options.channels_last and len(dataset.input_shape) == 3
     if channels_last:
         for module in (model, *subject.heads.values(), subject.teacher):
@@ -90,29 +102,33 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
         "spectra": spectra,
     }  # fmt: skip
     title = f"{report.get('model')} ({report.get('method')}) · {report.get('dataset')} {subject.split}"
+    source = {k: report[k] for k in SOURCE_KEYS if k in report} | {"split": subject.split}
+    out_dir.mkdir(parents=True, exist_ok=True)  # after the pass: a failed pass leaves no folder
     figures = {}
     if figures_on:
         figures["spectra"] = _plots.plot_spectra(spectra, int(report["metrics"]["vci_rank"]), out_dir / "spectra.png",
-                                                 title)
+                                                 title, source)
         figures["margins"] = _plots.plot_margins(result.margins.numpy(), result.labels.numpy(), dataset.classes,
-                                                 out_dir / "margins.png", title)
+                                                 out_dir / "margins.png", title, source)
     if tsne_classes:
         index = result.sample.first(options.tsne_per_class, tsne_classes)
         with stage(f"t-SNE of {index.numel()} points", options.progress):
             embedding = tsne(result.sample.columns["features"][index].numpy(), options.seed)
         labels = result.sample.labels[index].numpy()
         if figures_on:
-            figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title)
+            figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title, source)
         report["tsne"] = {"classes": tsne_classes, "points": int(index.numel())}
     if report["logit_matrices"] and figures_on:
         figures["logit_matrices"] = _plots.plot_logit_matrices(
             {k: np.array(v["matrix"]) for k, v in report["logit_matrices"].items()},
-            out_dir / "logit_matrices.png", f"|M_teacher − M_student| per head · {title}",
+            out_dir / "logit_matrices.png", f"|M_teacher − M_student| per head · {title}", source,
         )  # fmt: skip
     report["figures"] = figures
     report["seconds"] = round(time.perf_counter() - start, 2)
-    (out_dir / "analysis.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out_dir / "analysis.md").write_text(markdown_report(report))
+    for name in set(FIGURES) - set(figures.values()):  # a figure of an earlier analysis would describe other data
+        (out_dir / name).unlink(missing_ok=True)
+    write_text(out_dir / "analysis.json", json.dumps(report, indent=1) + "\n")
+    write_text(out_dir / "analysis.md", markdown_report(report))
     return report
 
 
@@ -185,7 +201,9 @@ def markdown_report(report: dict) -> str:
         f"# Collapse analysis: {report.get('model')} ({report.get('method')}) on {report.get('dataset')} "
         f"{report['split']}",
         "",
-        f"`{where}`, epoch {report.get('epoch')}: {report['num_samples']} samples, K = {report['num_classes']} "
+        f"`{where}`, epoch {report.get('epoch')}" + (f" (weights sha256 `{report['weights_sha256'][:16]}`)" if
+                                                     report.get("weights_sha256") else "") +
+        f": {report['num_samples']} samples, K = {report['num_classes']} "
         f"classes, d = {report['feature_dim']} features" + (f", teacher `{report['teacher']}`" if
                                                             report.get("teacher") else "") + ".",
         "",

@@ -9,16 +9,20 @@ import numpy as np
 
 from kdcollapse._optional import pyplot as plt
 from kdcollapse._optional import ticker
+from kdcollapse.runs import save_figure
 
 
-def _save(fig, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def _save(fig, path: Path, source: dict | None, **savefig) -> str:
+    """Write ``fig`` atomically with ``source`` (what it was computed from) in its metadata; returns the name."""
+    if "bbox_inches" not in savefig:
+        fig.tight_layout()
+    save_figure(fig, path, source, dpi=110, **savefig)
     plt.close(fig)
     return path.name
 
 
-def plot_spectra(spectra: Mapping[str, Sequence[float]], rank: int, path: Path, title: str) -> str:
+def plot_spectra(spectra: Mapping[str, Sequence[float]], rank: int, path: Path, title: str,
+                 source: dict | None = None) -> str:
     """Eigenvalues of Sigma_T, Sigma_B and Sigma_W, largest first, on a log scale (VCI paper Fig. 2).
 
     Eigenvalues below 1e-12 of the largest are left out: zeros, the eigensolver's rounding noise, and
@@ -40,10 +44,11 @@ def plot_spectra(spectra: Mapping[str, Sequence[float]], rank: int, path: Path, 
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, source)
 
 
-def plot_margins(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str) -> str:
+def plot_margins(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str,
+                 source: dict | None = None) -> str:
     """Per-class box plots of the logit margins z_y − max_{j≠y} z_j (whiskers at the 5th/95th
     percentiles); below the zero line a sample is misclassified."""
     k = len(classes)
@@ -55,10 +60,11 @@ def plot_margins(margins: np.ndarray, labels: np.ndarray, classes: Sequence[str]
     ax.set_ylabel(r"logit margin $z_y - \max_{j\neq y} z_j$")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return _save(fig, path, source)
 
 
-def plot_tsne(embedding: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str) -> str:
+def plot_tsne(embedding: np.ndarray, labels: np.ndarray, classes: Sequence[str], path: Path, title: str,
+              source: dict | None = None) -> str:
     """Scatter of a 2-D t-SNE embedding of features, one colour per class (DHKD App. G)."""
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     colours = plt.get_cmap("tab10" if len(set(labels.tolist())) <= 10 else "tab20")
@@ -69,10 +75,11 @@ def plot_tsne(embedding: np.ndarray, labels: np.ndarray, classes: Sequence[str],
     ax.set_yticks([])
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, markerscale=3, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    return _save(fig, path)
+    return _save(fig, path, source)
 
 
-def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: str) -> str:
+def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: str,
+                        source: dict | None = None) -> str:
     """Heat maps of |M^t − M^s| per head, diagonal set to 0, on one shared colour scale (DHKD App. H)."""
     shown = {}
     for name, matrix in matrices.items():
@@ -91,9 +98,7 @@ def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: s
         ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85)
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path.name
+    return _save(fig, path, source, bbox_inches="tight")
 
 
 def _short(name: str, width: int = 12) -> str:

@@ -13,7 +13,7 @@ from kdcollapse.analysis._pass import user_split
 from kdcollapse.data import load_dataset
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models import FeatureSpec
-from kdcollapse.runs import Run, check_split, committed_path, file_digest, load_model_file
+from kdcollapse.runs import Run, check_split, committed_path, file_digest, load_model_file, source_of
 
 
 @dataclass
@@ -81,8 +81,7 @@ def load_run(
     subject = Subject(model, dataset, split, heads=run.heads(model, meta, device), info={
         "run_dir": str(run.dir), "model": meta.get("model"), "method": cfg.method.name, "dataset": cfg.data.name,
         "epoch": meta.get("epoch"), "seed": cfg.seed, "per_class": per_class,
-        "weights_sha256": file_digest(committed_path(run.dir, "model.safetensors")),
-    })  # fmt: skip
+    } | source_of(run.dir))  # fmt: skip
     if teacher is not None:
         subject.teacher = load_model_file(teacher, dataset, device)[0]
         subject.info["teacher"] = str(teacher)
@@ -105,7 +104,9 @@ def load_weights(
         dataset = dataset.subset(per_class, seed=seed)
     network, meta = load_model_file(weights, dataset, device, model, model_kwargs)
     info = {"weights": str(weights), "model": model, "method": meta.get("method"), "dataset": data,
-            "epoch": meta.get("epoch"), "seed": seed, "per_class": per_class}
+            "epoch": meta.get("epoch"), "seed": seed, "per_class": per_class,
+            "weights_sha256": file_digest(committed_path(Path(weights), "model.safetensors") if Path(weights).is_dir()
+                                          else Path(weights))}
     subject = Subject(network, dataset, split, info=info)
     if teacher is not None:
         subject.teacher = load_model_file(teacher, dataset, device)[0]

@@ -156,7 +156,7 @@ def _report(result) -> None:
 def _summarise(run_dir: Path, seeds: list[int], results) -> None:
     import statistics  # loads decimal and fractions: kept out of `kdcollapse --help`
 
-    from kdcollapse.runs import check_same_config
+    from kdcollapse.runs import check_same_config, metrics_source, write_text
 
     check_same_config([r.run_dir for r in results])
     best = [r.best_acc for r in results]
@@ -168,6 +168,7 @@ def _summarise(run_dir: Path, seeds: list[int], results) -> None:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = {"seeds": seeds, "best_acc": best, "last_acc": last,
-               "best_mean_std": fmt(best), "last_mean_std": fmt(last)}
-    (run_dir / "seeds.json").write_text(json.dumps(summary, indent=2) + "\n")
+               "best_mean_std": fmt(best), "last_mean_std": fmt(last),
+               "runs": [metrics_source(r.run_dir) for r in results]}  # what each number was read from
+    write_text(run_dir / "seeds.json", json.dumps(summary, indent=2) + "\n")
     print(f"{len(seeds)} seeds: best {fmt(best)}%, last {fmt(last)}% (mean ± std) -> {run_dir / 'seeds.json'}")

@@ -16,7 +16,7 @@ from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, 
                                     get_attack, list_attacks, parse_eps)
 from kdcollapse.data import TensorDataset, load_dataset
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
-from kdcollapse.runs import Run, RunLock, committed_path, file_digest, write_text
+from kdcollapse.runs import Run, RunLock, committed_path, file_digest, stale_reason, write_text
 
 DEFAULT_ATTACKS = ("standard", "pgd")
 WEIGHTS = {"last": "model", "best": "best"}
@@ -159,11 +159,7 @@ def _check_writable(run_dir: Path) -> None:
 def stale(entry: dict, run_dir: Path) -> bool:
     """Whether ``entry`` measured other weights than the run's committed model file it names (an entry
     from before ``--overwrite`` or a resume, or one written before entries recorded the checksum)."""
-    try:
-        path = committed_path(run_dir, entry["model_file"])
-    except (KdcollapseError, KeyError):
-        return True
-    return entry.get("weights_sha256") != file_digest(path)
+    return stale_reason(entry, run_dir) is not None
 
 
 def _write(run_dir: Path, entries: dict[str, dict]) -> None:

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
 def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: str | Path,
-                title: str | None = None, columns: int = 4) -> Path:
+                title: str | None = None, columns: int = 4, save: Callable | None = None) -> Path:
     """One panel per metric key (``columns`` panels per row), one line per run; records are
     ``metrics.jsonl`` rows (with ``epoch``).
 
     Records lacking a key are skipped, so test accuracy evaluated every few epochs plots as points
-    joined by lines.
+    joined by lines. ``save(fig, path, dpi=...)`` writes the figure (default: ``fig.savefig``; the CLI's
+    writes atomically and records the runs' provenance).
     """
     import matplotlib  # here, not at import: `kdcollapse.report.markdown_table` users need no matplotlib
 
@@ -37,6 +38,6 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: s
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    (save or type(fig).savefig)(fig, path, dpi=120)
     plt.close(fig)
     return path

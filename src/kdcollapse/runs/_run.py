@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from kdcollapse.models import evaluating
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path, load_model
+from kdcollapse.runs._derived import stale_reason
 from kdcollapse.runs._lock import is_locked
-from kdcollapse.runs._data import UserData, check_split, run_dataset
+from kdcollapse.runs._data import RUN_SPLITS, UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
 from kdcollapse.runs._teacher import load_teacher
 
@@ -69,6 +71,49 @@ class Run:
         path = path or self.dir / "metrics.jsonl"
         records = read_metrics(path or self.dir)
         return records if state is None else [r for r in records if r.get("epoch", 0) <= state["epoch"]]
+
+    def analysis(self, split: str = "test", *, stale_ok: bool = False) -> dict:
+        """The report ``kdcollapse analyze`` wrote into ``analysis_<split>/analysis.json``. One computed from
+        other weights than the committed ``model.safetensors`` (before ``--resume`` trained further, or
+        copied from another run) is a ``CheckpointError`` naming the command that renews it; with
+        ``stale_ok`` it is returned with the reason under ``"stale"``."""
+        path = self.dir / f"analysis_{check_split(split)}" / "analysis.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path} not found; run `kdcollapse analyze {self.dir} --split {split}`")
+        try:
+            report = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{path} is damaged ({err}); run `kdcollapse analyze {self.dir} --split {split}` "
+                                  "again") from None
+        reason = stale_reason(report, self.dir) if isinstance(report, dict) else "it is not a JSON object"
+        if reason is not None and not stale_ok:
+            raise CheckpointError(f"{path} is stale: {reason}; run `kdcollapse analyze {self.dir} --split {split}` "
+                                  "again")
+        return report if reason is None else {**report, "stale": reason}
+
+    def stale_outputs(self) -> dict[str, str]:
+        """The derived outputs in the run directory (``analysis_*/analysis.json``, ``robust_eval.json``
+        entries) that no longer describe its committed weights: ``{output: reason}``."""
+        found = {}
+        for path in sorted(self.dir.glob("analysis_*/analysis.json")):
+            split = path.parent.name.removeprefix("analysis_")
+            if split in RUN_SPLITS:
+                reason = self.analysis(split, stale_ok=True).get("stale")
+                if reason:
+                    found[str(path.relative_to(self.dir))] = reason
+        path = self.dir / "robust_eval.json"
+        if path.is_file():
+            try:
+                entries = json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                entries = None
+            if not isinstance(entries, dict):
+                found[path.name] = "it is damaged (not a JSON object)"
+            for key, entry in (entries or {}).items():
+                reason = stale_reason(entry, self.dir) if isinstance(entry, dict) else "not a JSON object"
+                if reason:
+                    found[f"{path.name}: {key}"] = reason
+        return found
 
     def finished(self) -> bool:
         """Whether the run recorded its last epoch (``train.epochs``); a model file alone is also written by

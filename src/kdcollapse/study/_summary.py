@@ -13,12 +13,13 @@ import fnmatch
 import json
 import math
 import statistics
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.report import holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, verdict
-from kdcollapse.runs import read_metrics, run_state
+from kdcollapse.runs import Run, metrics_source, run_state, write_text
 from kdcollapse.study._spec import Study
 
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "alpha", "correction", "sections")
@@ -81,12 +82,13 @@ def measures(spec: dict) -> list[Measure]:
 
 
 def run_record(run_dir: Path, spec: dict) -> dict:
-    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch."""
-    records = read_metrics(run_dir)
+    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch, and
+    ``source``: the committed epoch and the digests of the metrics and weights they were read from."""
+    records = Run(run_dir).metrics()  # checked against the SHA-256 that state.json records
     keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric, spec["select"]}
     best = max(records, key=lambda r: r[spec["select"]])  # the first epoch of the highest value
     return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}}
-            for at, r in (("best", best), ("last", records[-1]))}
+            for at, r in (("best", best), ("last", records[-1]))} | {"source": metrics_source(run_dir)}
 
 
 def collect(study: Study) -> dict[str, dict]:
@@ -99,7 +101,19 @@ def collect(study: Study) -> dict[str, dict]:
     for name, run in study.runs.items():
         if run.group in groups and run_state(run.run_dir) == "finished":
             records[name] = run_record(run.run_dir, spec)
+        elif name in records and _moved_on(records[name], Path(run.run_dir)):
+            warnings.warn(f"study {study.name}: left out the record of run {name}: {run.run_dir} no longer holds the "
+                          "weights it was read from (overwritten, or trained further); it returns when that run "
+                          "finishes", stacklevel=2)
+            del records[name]
     return {name: records[name] for name in study.runs if name in records}
+
+
+def _moved_on(record: dict, run_dir: Path) -> bool:
+    """Whether ``run_dir`` exists and holds other weights than the committed ``record`` was read from (records
+    written before they named their source are kept)."""
+    recorded = (record.get("source") or {}).get("weights_sha256")
+    return recorded is not None and run_dir.is_dir() and metrics_source(run_dir)["weights_sha256"] != recorded
 
 
 def _cells(study: Study, records: dict, section: dict) -> tuple[dict[str, dict[int, dict]], dict[str, str]]:
@@ -225,5 +239,5 @@ def write_page(study: Study, check: bool = False) -> list[Path]:
     changed = [p for p, content in files.items() if not p.is_file() or p.read_text() != content]
     if not check:
         for path in changed:
-            path.write_text(files[path])
+            write_text(path, files[path])
     return changed
