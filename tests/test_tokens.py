@@ -135,6 +135,13 @@ def test_every_layer_in_one_pass_equals_the_metrics_of_gathered_features(build, 
     assert result["tokens_scored"] == scored > result["classes"]["tokens"] - result["classes"]["tokens_excluded"]
     assert result["cross_entropy"] == pytest.approx(nll / scored, rel=1e-6)
     assert result["perplexity"] == pytest.approx(math.exp(nll / scored), rel=1e-6)
+    # float32 class sums (what "auto" picks for a large model) agree with float64 to the stated 1e-4.
+    assert result["accumulate"] == "float64"  # "auto" at this size
+    single = analyze_tokens(model, batches, layers="all", accumulate="float32", ncc=False)
+    assert single["accumulate"] == "float32"
+    for layer, values in single["layers"].items():
+        for key, value in values.items():
+            assert value == pytest.approx(result["layers"][layer][key], rel=1e-4, abs=1e-7, nan_ok=True), (layer, key)
     # Several models, seeds as bands, layers read back from JSON (str keys): one figure.
     assert plot_token_layers({"a": [result, written], "b": [written]}, tmp_path / "models.png") == "models.png"
 

@@ -1,7 +1,7 @@
 """The tables and the figure of results/lm_collapse/distilled.md from the per-model analyses
 (``kdcollapse analyze --lm ... --out DIR/<model>``, run by ``make lm-collapse``):
 
-    python results/lm_collapse/summarise.py results/lm_collapse/distilled_test_8k
+    python results/lm_collapse/summarise.py results/lm_collapse/distilled_test_16k
 
 Models: ``teacher`` (SmolLM2-135M), and per seed ``forward_kl_s<seed>``, ``reverse_kl_s<seed>``,
 ``ce_only_s<seed>`` (the students of results/lm_distillation) and ``untrained_s<seed>`` (the student's

@@ -37,7 +37,7 @@ from kdcollapse._optional import available
 from kdcollapse.analysis._plots import plot_token_layers
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses import IGNORE_INDEX
-from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
+from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, accumulation_dtype, collapse_metrics
 
 Batch = Mapping[str, Tensor]  # input_ids (B, T), optional attention_mask (B, T) and labels (B, T)
 
@@ -140,11 +140,13 @@ def _forward(model: nn.Module, batch: Batch) -> tuple[tuple[Tensor, ...], Tensor
 
 @torch.no_grad()
 def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses, layers: list[int], *,
-               ignore_index: int = IGNORE_INDEX,
+               ignore_index: int = IGNORE_INDEX, accumulate: str = "auto",
                progress: bool = False) -> tuple[dict[int, FeatureStatistics], dict[str, float]]:
     """One pass: a ``FeatureStatistics`` of the kept positions for each hidden-state index in ``layers``,
     and the model's next-token cross-entropy over every labelled position (excluded classes included):
-    ``{"cross_entropy": nats per token, "perplexity": exp of it, "tokens_scored": positions}``."""
+    ``{"cross_entropy": nats per token, "perplexity": exp of it, "tokens_scored": positions}``.
+    ``accumulate`` as ``FeatureStatistics``' for every layer; ``"auto"`` decides on the class sums of all
+    the layers together (float32 once their float64 total would pass ``ACCUMULATION_BOUND``)."""
     stats: dict[int, FeatureStatistics] = {}
     nll, scored = torch.zeros((), dtype=torch.float64), 0
     for batch in tqdm(batches, desc="token features", disable=not progress, leave=False):
@@ -158,8 +160,9 @@ def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses
         for layer in layers:
             features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
             if layer not in stats:
-                stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1],
-                                                 sync_on_compute=False).to(features.device)
+                dtype = accumulation_dtype(classes.num_classes * len(layers), features.shape[1], accumulate)
+                stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1], sync_on_compute=False,
+                                                 accumulate=str(dtype).removeprefix("torch.")).to(features.device)
             stats[layer].update(features, targets.to(features.device))
     if not stats:
         raise KdcollapseError("no token batches to analyse")
@@ -216,6 +219,7 @@ def analyze_tokens(
     ignore_index: int = IGNORE_INDEX,
     ncc: bool = True,
     gnc_convention: str = "paper",
+    accumulate: str = "auto",
     out_dir: str | Path | None = None,
     progress: bool = False,
     source: str | None = None,
@@ -224,7 +228,7 @@ def analyze_tokens(
 
     ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
     output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
-    classifier). ``gnc_convention`` as in ``collapse_metrics``; ``source`` (where the model came from) is
+    classifier). ``gnc_convention`` as in ``collapse_metrics``, ``accumulate`` as in ``token_pass``; ``source`` (where the model came from) is
     recorded in the result as it is given.
     Returns ``{"classes": ..., "layers": {index: metrics}, "cross_entropy", "perplexity", "tokens_scored",
     "seconds": ...}`` (the loss over every labelled position, ``token_pass``); with ``out_dir``
@@ -241,7 +245,8 @@ def analyze_tokens(
     was_training = model.training
     model.eval()
     try:
-        stats, loss = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, progress=progress)
+        stats, loss = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, accumulate=accumulate,
+                                 progress=progress)
         nearest = ncc_pass(model, batches, classes, stats, ignore_index=ignore_index, progress=progress) if ncc else {}
     finally:
         model.train(was_training)
@@ -252,7 +257,7 @@ def analyze_tokens(
         values = collapse_metrics(s, w, gnc_convention=gnc_convention) | nearest.get(layer, {})
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
     result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden, **loss,
-              "gnc_convention": gnc_convention, "ncc": ncc, "source": source, "seconds": time.perf_counter() - start}
+              "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc, "source": source, "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result

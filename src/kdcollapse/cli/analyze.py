@@ -82,6 +82,8 @@ def register(subparsers) -> None:
     p.add_argument("--gnc-convention", choices=("paper", "official"), default="paper",
                    help="GNC1/GNC3 centring: the paper's formulas or the official code's (docs/metrics.md)")
     p.add_argument("--no-ncc", action="store_true", help="skip NC4's second pass over the tokens")
+    p.add_argument("--accumulate", choices=("auto", "float64", "float32"), default="auto",
+                   help="dtype of the K x d class sums of every layer (auto: float32 once float64 would pass 4 GiB)")
     lm("--random-init", type=non_negative_int, metavar="SEED",
        help="the --lm model's architecture and tokenizer with freshly initialised weights (seed SEED): the "
             "untrained control")
@@ -181,7 +183,7 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
     result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
                             ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
-                            progress=not args.no_progress, source=source)
+                            accumulate=args.accumulate, progress=not args.no_progress, source=source)
     c, last = result["classes"], result["layers"][max(result["layers"])]
     print(f"{source} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
           f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")
