@@ -32,6 +32,13 @@ def test_a_config_builds_a_seeded_random_model_and_a_directory_reloads_it(tmp_pa
     ids = torch.tensor([tokenizer.encode(TEXT[0])])
     torch.testing.assert_close(c.model(ids).logits, a.model(ids).logits, rtol=0, atol=0)
     assert c.tokenizer.get_vocab() == tokenizer.get_vocab()
+    # pretrained=False: the directory's architecture, weights drawn afresh with the seed (the untrained control)
+    fresh = lm.load_language_model(tmp_path, pretrained=False, seed=3)
+    other = lm.load_language_model(tmp_path, pretrained=False, seed=4)
+    assert fresh.tokenizer.get_vocab() == tokenizer.get_vocab() and not fresh.model.training
+    for (name, p), q, r in zip(a.model.named_parameters(), fresh.model.parameters(), other.model.parameters()):
+        assert torch.equal(p, q), name
+        assert p.numel() == 1 or p.std() == 0 or not torch.equal(p, r), name
 
 
 def test_bad_sources_are_one_line_errors(tmp_path, tokenizer):

@@ -5,11 +5,13 @@ per-layer statistics equal to the metrics of the hidden states gathered by hand.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
-from kdcollapse.analysis import analyze_tokens, next_token_targets, resolve_layers, token_classes
+from kdcollapse.analysis import (analyze_tokens, next_token_targets, plot_token_layers, resolve_layers,
+                                 token_classes)
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses import IGNORE_INDEX, shift_for_causal_lm
 from kdcollapse.metrics import ncc_accuracy
@@ -120,7 +122,28 @@ def test_every_layer_in_one_pass_equals_the_metrics_of_gathered_features(build, 
     assert written["classes"] == result["classes"] and set(written["layers"]) == {"0", "1", "2"}
     counts = json.loads((tmp_path / "token_counts.json").read_text())
     assert sum(c for _, c in counts["id_count"]) == result["classes"]["tokens"]
-    assert (tmp_path / "analysis.md").exists()
+    assert (tmp_path / "analysis.md").exists() and (tmp_path / "layers.png").exists()
+    # The perplexity: exp of the mean next-token cross-entropy over every labelled position (excluded classes too).
+    nll, scored = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            shifted = shift_for_causal_lm(logits, None, batch["labels"], batch["attention_mask"])
+            nll += float(torch.nn.functional.cross_entropy(shifted.student[shifted.mask].double(),
+                                                           shifted.labels[shifted.mask], reduction="sum"))
+            scored += int(shifted.mask.sum())
+    assert result["tokens_scored"] == scored > result["classes"]["tokens"] - result["classes"]["tokens_excluded"]
+    assert result["cross_entropy"] == pytest.approx(nll / scored, rel=1e-6)
+    assert result["perplexity"] == pytest.approx(math.exp(nll / scored), rel=1e-6)
+    # float32 class sums (what "auto" picks for a large model) agree with float64 to the stated 1e-4.
+    assert result["accumulate"] == "float64"  # "auto" at this size
+    single = analyze_tokens(model, batches, layers="all", accumulate="float32", ncc=False)
+    assert single["accumulate"] == "float32"
+    for layer, values in single["layers"].items():
+        for key, value in values.items():
+            assert value == pytest.approx(result["layers"][layer][key], rel=1e-4, abs=1e-7, nan_ok=True), (layer, key)
+    # Several models, seeds as bands, layers read back from JSON (str keys): one figure.
+    assert plot_token_layers({"a": [result, written], "b": [written]}, tmp_path / "models.png") == "models.png"
 
 
 def test_layer_choice():
@@ -152,5 +175,10 @@ def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkey
     assert set(result["layers"]) == {"0", "2"} and result["gnc_convention"] == "official"
     assert result["classes"]["min_count"] == 3 and "gnc2" in result["layers"]["2"]
     assert "-> " in capsys.readouterr().out
+    # --random-init: the directory's architecture, weights drawn afresh; seed 0 redraws the saved model exactly.
+    assert main([*argv[:-3], "--random-init", "0", "--out", str(tmp_path / "fresh"), "--no-progress"]) == 0
+    fresh = json.loads((tmp_path / "fresh" / "analysis.json").read_text())
+    assert fresh["source"] == f"{model_dir} (random initialisation, seed 0)" and result["source"] == str(model_dir)
+    assert fresh["layers"] == result["layers"] and fresh["perplexity"] == result["perplexity"]
     assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
     assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err

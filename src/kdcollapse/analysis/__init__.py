@@ -17,7 +17,7 @@ _HOME = {
     "_epoch": ("EPOCH_KEYS", "analysis_due", "epoch_collapse_metrics"),
     "_logits": ("ClassLogitMatrix", "logit_margins", "logit_matrix_difference", "off_diagonal_mean_abs"),
     "_options": ("AnalyzeOptions",),
-    "_plots": ("plot_logit_matrices", "plot_margins", "plot_spectra", "plot_tsne"),
+    "_plots": ("plot_logit_matrices", "plot_margins", "plot_spectra", "plot_token_layers", "plot_tsne"),
     "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics", "user_split"),
     "_sample": ("ClassReservoir",),
     "_source": ("Subject", "load_run", "load_weights"),

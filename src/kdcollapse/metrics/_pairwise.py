@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics._linalg import cross_gram
 
 TILE = 2048  # rows and columns of one pairwise tile
 
@@ -74,8 +75,8 @@ def cdnv(class_means: Tensor, variances: Tensor, tile: int = TILE) -> Tensor:
     Distances come from ``|a|^2 + |b|^2 - 2 a.b`` about the mean of the class means (float64: the relative
     error is about eps * |mu_k - mu_bar|^2 / |mu_k - mu_k'|^2). Two equal class means give inf.
     """
-    centred = class_means - class_means.mean(0)
-    bundled = torch.cat([centred, centred.square().sum(1, keepdim=True), variances[:, None]], dim=1)
+    centred = class_means - class_means.mean(0, dtype=torch.float64).to(class_means.dtype)
+    bundled = torch.cat([centred, centred.square().sum(1, keepdim=True), variances[:, None].to(centred.dtype)], dim=1)
 
     def kernel(a: Tensor, b: Tensor) -> Tensor:
         squared = (a[:, -2, None] + b[None, :, -2] - 2 * a[:, :-2] @ b[:, :-2].mT).clamp_min(0)
@@ -100,12 +101,12 @@ def etf_error(A: Tensor, B: Tensor | None = None) -> Tensor:
     """
     num, dim = A.shape
     if B is None:
-        eigenvalues = torch.linalg.eigvalsh(A.mT @ A).flip(0)[: min(dim, num - 1)].clamp_min(0)
+        eigenvalues = torch.linalg.eigvalsh(cross_gram(A)).flip(0)[: min(dim, num - 1)].clamp_min(0)
         level = eigenvalues.square().sum().sqrt() / math.sqrt(num - 1)
         spread = (eigenvalues - level).square().sum() + (num - 1 - eigenvalues.numel()) * level.square()
         return spread.sqrt() / (level * math.sqrt(num - 1))
-    norm = (A.mT @ A * (B.mT @ B)).sum().clamp_min(0).sqrt()
-    trace = (A * B).sum()
-    total = A.sum(0) @ B.sum(0)
+    norm = (cross_gram(A) * cross_gram(B)).sum().clamp_min(0).sqrt()
+    trace = (A * B).sum(dtype=torch.float64)
+    total = A.sum(0, dtype=torch.float64) @ B.sum(0, dtype=torch.float64)
     inner = (trace - total / num) / math.sqrt(num - 1)
     return (2 - 2 * inner / norm).clamp_min(0).sqrt()

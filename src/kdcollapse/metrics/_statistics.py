@@ -24,6 +24,22 @@ from kdcollapse.metrics._pairwise import TILE
 # (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
 _GROUPS = (("shift", "class_sums", "moment"), ("unit_shift", "unit_class_sums", "unit_moment"))
 
+ACCUMULATIONS = ("float64", "float32", "auto")
+# accumulate="auto": float32 class sums once the two float64 K x d class sums (16 K d bytes) would exceed this
+# (4 GiB: K = 49,152 at d = 4,096 still fits, 3.2 GB; K = 128,256 at d = 4,096 does not, 8.4 GB).
+ACCUMULATION_BOUND = 4 * 2**30
+
+
+def accumulation_dtype(num_classes: int, feature_dim: int, accumulate: str = "float64",
+                       bound: int = ACCUMULATION_BOUND) -> torch.dtype:
+    """The dtype of ``FeatureStatistics``' K x d class sums: ``accumulate`` itself, or for ``"auto"`` float64
+    while the two float64 K x d class sums take at most ``bound`` bytes, float32 beyond."""
+    if accumulate not in ACCUMULATIONS:
+        raise KdcollapseError(f"unknown accumulate {accumulate!r}; choose one of {', '.join(ACCUMULATIONS)}")
+    if accumulate == "auto":
+        return torch.float32 if 2 * num_classes * feature_dim * 8 > bound else torch.float64
+    return torch.float32 if accumulate == "float32" else torch.float64
+
 
 def check_batch(features: Tensor, labels: Tensor, num_classes: int, feature_dim: int | None) -> None:
     """Raise a ``KdcollapseError`` unless ``features`` is a finite ``(B, feature_dim)`` float tensor and
@@ -73,10 +89,22 @@ def _add_gram(moment: Tensor, z: Tensor) -> None:
         moment.addmm_(z.mT, z)
 
 
+def _add_class_sums(class_sums: Tensor, labels: Tensor, z: Tensor) -> None:
+    """``class_sums[labels] += z`` row by row; into float32 sums, each class's batch sum is formed in float64
+    (``z``'s dtype) first and rounded once, so the rounding error grows with batches, not samples."""
+    if class_sums.dtype == z.dtype:
+        class_sums.index_add_(0, labels, z)
+        return
+    present, inverse = labels.unique(return_inverse=True)
+    batch = z.new_zeros(present.numel(), z.shape[1]).index_add_(0, inverse, z)
+    class_sums.index_add_(0, present, batch.to(class_sums.dtype))
+
+
 def _recentred_squares(counts: Tensor, shift: Tensor, class_sums: Tensor, squares: Tensor, new_shift: Tensor):
     """Per-class sums of |h - new_shift|^2 from those about ``shift``: squares - 2 S_k.delta + n_k |delta|^2."""
     delta = (new_shift - shift).to(squares)
-    return squares - 2 * class_sums @ delta + counts.to(squares) * delta.square().sum()
+    dots = (class_sums @ delta.to(class_sums.dtype)).to(squares)
+    return squares - 2 * dots + counts.to(squares) * delta.square().sum()
 
 
 def _recentred(counts: Tensor, shift: Tensor, class_sums: Tensor, moment: Tensor, new_shift: Tensor):
@@ -88,9 +116,9 @@ def _recentred(counts: Tensor, shift: Tensor, class_sums: Tensor, moment: Tensor
     """
     delta = (new_shift - shift).to(moment)
     n = counts.to(moment)
-    total = class_sums.sum(0)
+    total = class_sums.sum(0, dtype=moment.dtype)
     correction = n.sum() * torch.outer(delta, delta) - torch.outer(total, delta) - torch.outer(delta, total)
-    return class_sums - n[:, None] * delta, moment + correction
+    return class_sums - n.to(class_sums)[:, None] * delta.to(class_sums), moment + correction
 
 
 class FeatureStatistics(Metric, States):
@@ -129,6 +157,12 @@ class FeatureStatistics(Metric, States):
             and GNC1 (module docstring of ``kdcollapse.metrics._collapse``; docs/metrics.md).
         gnc_convention: ``"paper"`` (default: GNC1 and GNC3 as the GNC paper writes them) or
             ``"official"`` (centred on the global mean of the unit features, as the official GNC code).
+        accumulate: dtype of the two K x d class sums, the only states that grow with K: ``"float64"``
+            (default), ``"float32"`` (half the memory; each batch's sums are formed in float64 and rounded
+            once into the state, the d x d moments, counts and per-class squares stay float64, and the
+            metric phase keeps its K x d matrices and pairwise tiles in float32 with float64 sums; tested
+            against float64 to 1e-4 relative, docs/metrics.md), or ``"auto"`` (float32 only when float64
+            would exceed ``ACCUMULATION_BOUND`` = 4 GiB, ``accumulation_dtype``).
         kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
 
     >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
@@ -153,6 +187,7 @@ class FeatureStatistics(Metric, States):
         rtol: float | None = None,
         convention: str = "papyan",
         gnc_convention: str = "paper",
+        accumulate: str = "float64",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -166,13 +201,15 @@ class FeatureStatistics(Metric, States):
         self.convention = check_convention(convention)
         self.gnc_convention = check_gnc_convention(gnc_convention)
         k, d, f64 = num_classes, feature_dim, torch.float64
+        sums = accumulation_dtype(k, d, accumulate)
+        self.accumulate = "float32" if sums == torch.float32 else "float64"
         self.add_state("class_counts", torch.zeros(k, dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
-        self.add_state("class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("class_sums", torch.zeros(k, d, dtype=sums), dist_reduce_fx="sum")
         self.add_state("class_square_sums", torch.zeros(k, dtype=f64), dist_reduce_fx="sum")
         self.add_state("moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
         self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
-        self.add_state("unit_class_sums", torch.zeros(k, d, dtype=f64), dist_reduce_fx="sum")
+        self.add_state("unit_class_sums", torch.zeros(k, d, dtype=sums), dist_reduce_fx="sum")
         self.add_state("unit_moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
 
     def update(self, features: Tensor, labels: Tensor) -> None:
@@ -190,7 +227,7 @@ class FeatureStatistics(Metric, States):
             z -= getattr(self, shift)  # in place: both are this call's own copies
             if shift == "shift":
                 self.class_square_sums.index_add_(0, labels, z.square().sum(1))
-            getattr(self, class_sums).index_add_(0, labels, z)
+            _add_class_sums(getattr(self, class_sums), labels, z)
             _add_gram(getattr(self, moment), z)
 
     def _apply(self, fn: Any, exclude_state: Any = "") -> FeatureStatistics:
@@ -240,7 +277,7 @@ class FeatureStatistics(Metric, States):
             sums, second = _recentred(
                 other["class_counts"], other[shift], other[class_sums], other[moment], getattr(self, shift)
             )
-            setattr(self, class_sums, getattr(self, class_sums) + sums)
+            setattr(self, class_sums, getattr(self, class_sums) + sums.to(getattr(self, class_sums).dtype))
             setattr(self, moment, getattr(self, moment) + second)
         self.class_counts = self.class_counts + other["class_counts"]
         self._computed = None  # torchmetrics' cached compute() result is stale now
