@@ -19,6 +19,7 @@ from pathlib import Path
 from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.report import holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, verdict
 from kdcollapse.runs import read_metrics, run_state
+from kdcollapse.study._execute import DIVERGED_FILE
 from kdcollapse.study._spec import Study
 
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "alpha", "correction", "sections")
@@ -80,25 +81,37 @@ def measures(spec: dict) -> list[Measure]:
     return [Measure.parse(c, spec["select"]) for c in spec.get("columns") or [spec["metric"]]]
 
 
-def run_record(run_dir: Path, spec: dict) -> dict:
-    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch."""
+def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
+    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch;
+    the numbers of its JSON post steps (``post``: their files) count as last-epoch metrics. A diverged run's
+    record is ``{"diverged": {"epoch": E}}`` (E: the epoch it broke in) with its last good epoch as "last"."""
     records = read_metrics(run_dir)
     keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric, spec["select"]}
-    best = max(records, key=lambda r: r[spec["select"]])  # the first epoch of the highest value
-    return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}}
+    extra = {k: v for f in post if f.endswith(".json") and (run_dir / f).is_file()
+             for k, v in json.loads((run_dir / f).read_text()).items() if k in keys}
+    if (run_dir / DIVERGED_FILE).is_file() and run_state(run_dir) != "finished":
+        broke = {"epoch": json.loads((run_dir / DIVERGED_FILE).read_text())["epoch"]}
+        last = {"epoch": records[-1]["epoch"], **{k: records[-1][k] for k in sorted(keys) if k in records[-1]}} \
+            if records else {}
+        return {"diverged": broke, **({"last": {**last, **extra}} if records else {})}
+    evaluated = [r for r in records if spec["select"] in r]  # every epoch, or every train.eval_every-th and the last
+    best = max(evaluated, key=lambda r: r[spec["select"]])  # the first epoch of the highest value
+    return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}, **(extra if at == "last" else {})}
             for at, r in (("best", best), ("last", records[-1]))}
 
 
 def collect(study: Study) -> dict[str, dict]:
-    """The committed records (``runs.json`` beside the study file), refreshed from every finished run of the
-    summary's groups present under the study's ``runs_dir``; runs not named by the study are dropped."""
+    """The committed records (``runs.json`` beside the study file), refreshed from every finished (or
+    diverged) run of the summary's groups present under the study's ``runs_dir``; runs not named by the study
+    are dropped."""
     spec = check_summary(study.summary)
     path = study.path.parent / RECORDS_FILE
     records = json.loads(path.read_text()) if path.is_file() else {}
     groups = {cell["group"] for section in spec.get("sections") or [] for cell in section.get("cells") or []}
     for name, run in study.runs.items():
-        if run.group in groups and run_state(run.run_dir) == "finished":
-            records[name] = run_record(run.run_dir, spec)
+        if run.group in groups and (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
+                state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
+            records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))
     return {name: records[name] for name in study.runs if name in records}
 
 
@@ -142,7 +155,9 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
         c["verdict"] = verdict(c["mean"], p, alpha=spec["alpha"], noise_floor=spec["noise_floor"])
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
     for title, rows, section in sections:
-        text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns)], rows))
+        diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
+        text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns), *diverged],
+                                                         rows))
         if section:
             text.append(markdown_table(
                 [f"difference ({metric.label})", "seeds", "per seed (pp)", "mean (pp)", "95 % CI (pp)",
@@ -155,14 +170,19 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
 def _section(study: Study, records: dict, section: dict, columns: list[Measure], metric: Measure):
     """``(title, cell rows, comparisons)`` of one section, the choice (on validation) made first."""
     cells, shorts = _cells(study, records, section)
+    broke = {label: {s: r["diverged"]["epoch"] for s, r in runs.items() if "diverged" in r}
+             for label, runs in cells.items()}
+    cells = {label: {s: r for s, r in runs.items() if "diverged" not in r} for label, runs in cells.items()}
     short = {label: name for name, label in shorts.items()}
     chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
     title = section.get("title", "")
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(mean_std([m.of(runs[s]) for s in sorted(runs)]) for m in columns)]
-            for label, runs in cells.items() if runs]
+             *(mean_std([m.of(runs[s]) for s in sorted(runs)]) if runs else "–" for m in columns)]
+            + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
+               if any(broke.values()) else [])
+            for label, runs in cells.items() if runs or broke[label]]
     pairs = []
     for a, b in section.get("compare") or []:
         a, b = (shorts.get(x, x) for x in (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b)))
