@@ -4,6 +4,7 @@ confidence interval, and the verdict word chosen by rule (``kdcollapse.report.ve
 
 The records (``runs.json`` beside the study file) are the study's committed outputs: for each finished run,
 the summary's metrics at its selected epoch ("best": the highest validation metric ``select``) and its last
+(``select: null`` for runs without a validation split: the last epoch only, no epoch is selected)
 epoch. ``collect`` refreshes them from the run directories that are present; the summary reads only them.
 """
 
@@ -38,12 +39,15 @@ class Measure:
     label: str
 
     @classmethod
-    def parse(cls, spec, select: str) -> Measure:
+    def parse(cls, spec, select: str | None) -> Measure:
         if not isinstance(spec, dict) or set(spec) - {"metric", "at", "label"} or "metric" not in spec:
             raise ConfigError(f"a summary column is {{metric: NAME, at: best | last, label: TEXT}}, got {spec!r}")
-        at = spec.get("at", "best")
+        at = spec.get("at", "best" if select else "last")
         if at not in ("best", "last"):
             raise ConfigError(unknown_choice("summary column 'at'", at, ("best", "last")))
+        if at == "best" and select is None:
+            raise ConfigError(f"summary column {spec['metric']!r} is read 'at: best', but the summary selects no epoch "
+                              "(select: null, no validation split); read it 'at: last'")
         where = "last epoch" if at == "last" else f"best {select.removeprefix('val_').replace('_', ' ')} on val"
         return cls(spec["metric"], at, spec.get("label", f"{spec['metric']} at {where}"))
 
@@ -59,7 +63,8 @@ def check_summary(spec: dict) -> dict:
         if key not in SUMMARY_KEYS:
             raise ConfigError(unknown_choice("key of summary", key, SUMMARY_KEYS))
     spec = {"select": "val_acc", "noise_floor": 0.0, "alpha": 0.05, "correction": "holm", **spec}
-    _validation_only(spec["select"], "selects each run's epoch on")
+    if spec["select"] is not None:
+        _validation_only(spec["select"], "selects each run's epoch on")
     if spec["correction"] != "holm":
         raise ConfigError(unknown_choice("summary correction", spec["correction"], ("holm",)))
     for section in spec.get("sections") or []:
@@ -67,6 +72,9 @@ def check_summary(spec: dict) -> dict:
             if key not in SECTION_KEYS:
                 raise ConfigError(unknown_choice("key of a summary section", key, SECTION_KEYS))
         if "choose" in section:
+            if spec["select"] is None:
+                raise ConfigError("a summary section chooses among cells, but the summary has no validation split "
+                                  "(select: null); a choice may read validation metrics only")
             _validation_only(section["choose"].get("by", ""), "chooses among cells on")
     return spec
 
@@ -86,7 +94,8 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
     the numbers of its JSON post steps (``post``: their files) count as last-epoch metrics. A diverged run's
     record is ``{"diverged": {"epoch": E}}`` (E: the epoch it broke in) with its last good epoch as "last"."""
     records = read_metrics(run_dir)
-    keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric, spec["select"]}
+    keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric} | (
+        {spec["select"]} if spec["select"] else set())
     extra = {k: v for f in post if f.endswith(".json") and (run_dir / f).is_file()
              for k, v in json.loads((run_dir / f).read_text()).items() if k in keys}
     if (run_dir / DIVERGED_FILE).is_file() and run_state(run_dir) != "finished":
@@ -94,10 +103,12 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
         last = {"epoch": records[-1]["epoch"], **{k: records[-1][k] for k in sorted(keys) if k in records[-1]}} \
             if records else {}
         return {"diverged": broke, **({"last": {**last, **extra}} if records else {})}
-    evaluated = [r for r in records if spec["select"] in r]  # every epoch, or every train.eval_every-th and the last
-    best = max(evaluated, key=lambda r: r[spec["select"]])  # the first epoch of the highest value
+    chosen = [("last", records[-1])]
+    if spec["select"]:
+        evaluated = [r for r in records if spec["select"] in r]  # every epoch, or every eval_every-th and the last
+        chosen.insert(0, ("best", max(evaluated, key=lambda r: r[spec["select"]])))  # the first highest epoch
     return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}, **(extra if at == "last" else {})}
-            for at, r in (("best", best), ("last", records[-1]))}
+            for at, r in chosen}
 
 
 def collect(study: Study) -> dict[str, dict]:
@@ -210,10 +221,11 @@ def _row(c: dict) -> list[str]:
 
 
 def _caption(spec: dict, metric: Measure, tests: int) -> str:
-    return (f"Accuracies in %, mean ± std over the seeds listed; each run read at its epoch of highest "
-            f"{spec['select']} (validation). Differences: paired t-tests over the seeds both cells share; Holm's "
-            f"correction across this page's {tests} tests; the verdict is **better** / **worse** only when the "
-            f"Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise floor of "
+    read = (f"each run read at its epoch of highest {spec['select']} (validation)" if spec["select"] else
+            "each run read at its last epoch (no validation split, so no epoch is selected)")
+    return (f"Accuracies in %, mean ± std over the seeds listed; {read}. Differences: paired t-tests over the "
+            f"seeds both cells share; Holm's correction across this page's {tests} tests; the verdict is **better** / "
+            f"**worse** only when the Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise floor of "
             f"{spec['noise_floor']} pp, otherwise **no difference shown** (not a claim of equality).\n")
 
 
