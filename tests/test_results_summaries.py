@@ -1,7 +1,7 @@
 """The decisions inside the results pages' summaries, on records or run directories written here: where a front
 is interpolated (and where it refuses to extrapolate), which seeds a matched comparison pairs, which τ the DHKD
 Tables 8–9 study file chooses (on validation, never on test, over the seeds every τ has), and the paired
-differences of the collapse pages."""
+differences of the geometry pages."""
 
 from __future__ import annotations
 
@@ -39,11 +39,6 @@ def script(path: str, name: str):
 def fronts():
     pytest.importorskip("matplotlib")
     return script("adversarial/fronts/summarise.py", "fronts_summarise")
-
-
-@pytest.fixture(scope="module")
-def collapse_k():
-    return script("distillation/collapse_k/summarise.py", "collapse_k_summarise")
 
 
 def test_front_interpolates_between_neighbours_and_never_extrapolates(fronts):
@@ -130,18 +125,6 @@ def test_best_tau_compares_only_seeds_every_tau_has():
     records["dhkd_ablation/k100/dual_align_bkl_t1/seed2"]["best"]["val_acc"] = 170  # τ = 8 lacks seed 2
     text, _ = summarise(DHKD, records)
     assert "(val_acc, seeds 0,1): BinaryKL τ = 0.25" in text  # seed 2's 170 of τ = 1 is not counted
-
-
-def test_paired_tests_skip_unfinished_seeds_and_match_scipy(collapse_k):
-    runs = {"a": {0: {"last_acc": 80.0, "val_selected_acc": 81.0}, 1: {"last_acc": 82.0, "val_selected_acc": 83.0},
-                  2: {"last_acc": 79.0, "val_selected_acc": 80.0}, 3: {"last_acc": None}},  # seed 3 diverged
-            "b": {0: {"last_acc": 78.0, "val_selected_acc": 80.0}, 1: {"last_acc": 81.0, "val_selected_acc": 81.0},
-                  2: {"last_acc": 76.0, "val_selected_acc": 79.5}, 3: {"last_acc": 70.0}}}
-    rows = collapse_k.paired_tests(runs, [("a", "b"), ("a", "missing")], {"a": "A", "b": "B"})
-    assert [r[:4] for r in rows] == [["A − B", "last epoch", "0,1,2", "+2.00, +1.00, +3.00"],
-                                     ["A − B", "best val epoch", "0,1,2", "+1.00, +2.00, +0.50"]]
-    p = stats.ttest_rel([80.0, 82.0, 79.0], [78.0, 81.0, 76.0]).pvalue
-    assert rows[0][4] == "+2.00" and float(rows[0][5]) == pytest.approx(p, abs=5e-4)
 
 
 def test_gnc_2d_paired_differences_match_seeds_and_scipy():

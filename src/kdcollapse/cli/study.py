@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
     run.add_argument("--only", nargs="+", metavar="GLOB", help="only the runs whose name matches one of these")
-    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished",
+    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished, diverged",
                         formatter_class=HelpFormatter)
     st.add_argument("file", metavar="FILE")
     rep = sub.add_parser("report", help="collect the finished runs' records and write the page's tables",
@@ -71,7 +71,7 @@ def _study_run(args) -> int:
     if study.summary and not args.only:
         for path in write_page(study):
             print(f"wrote {path}")
-    return 0 if all(o.status == "finished" for o in outcomes) else 1
+    return 0 if all(o.status in ("finished", "diverged") for o in outcomes) else 1  # a divergence is a result
 
 
 def _status(args) -> int:

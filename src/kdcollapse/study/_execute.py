@@ -3,12 +3,16 @@ executor (a process pool, N at a time, teachers before their students) and the s
 
 "Done" has one rule, :func:`kdcollapse.runs.run_state` (the committed last epoch); a finished run is skipped,
 an interrupted one resumed from its committed epoch, and a run whose directory another process holds (its
-lock) is left to that process.
+lock) is left to that process. A run whose loss diverged is a result, not an error: ``diverged.json`` in its
+run directory records the epoch it broke in, the summary reports it, and later launches leave it alone (delete
+the file to try it again).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,11 +24,13 @@ import torch
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.recipes import config_file
-from kdcollapse.runs import Run, run_state
+from kdcollapse.runs import Run, read_metrics, run_state
 from kdcollapse.study._spec import RunSpec, Study
+from kdcollapse.study._steps import STEPS
 from kdcollapse.train import TrainingDiverged, fit
 
 OUTCOMES = ("finished", "diverged", "failed", "running elsewhere", "blocked")
+DIVERGED_FILE = "diverged.json"
 
 
 @dataclass(frozen=True)
@@ -38,31 +44,48 @@ class Outcome:
 
 def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     """Train ``run`` unless it is finished (resuming an interrupted one), then its post steps. A diverged run
-    is an outcome, not an error; a teacher that is not finished blocks its students."""
+    is an outcome, not an error (recorded in ``diverged.json``, and its post steps run on its last good epoch);
+    a teacher that is not finished blocks its students."""
     if threads:
         torch.set_num_threads(threads)
     state = state_of(run)
     if state == "running":
         return Outcome(run.name, "running elsewhere", "another process holds its run directory")
-    if state != "finished":
+    outcome = Outcome(run.name, state)
+    if state not in ("finished", "diverged"):
         if run.teacher_dir is not None and run_state(run.teacher_dir) != "finished":
             return Outcome(run.name, "blocked", f"its teacher {run.teacher_dir} is not finished")
         cfg = run_config(run)
         try:
             fit(cfg, resume=state == "interrupted", overwrite=state == "new" and (run.run_dir / "config.yaml").exists())
+            outcome = Outcome(run.name, "finished")
         except TrainingDiverged as err:
-            return Outcome(run.name, "diverged", str(err))
+            _write_json(run.run_dir / DIVERGED_FILE, {"epoch": len(read_metrics(run.run_dir)) + 1, "message": str(err)})
+            outcome = Outcome(run.name, "diverged", str(err))
         except CheckpointError as err:
             if "in use by another process" in str(err):
                 return Outcome(run.name, "running elsewhere", str(err))
             raise
+    if outcome.status == "diverged" and not (run.run_dir / "model.safetensors").is_file():
+        return outcome  # no epoch to measure
     for step in run.post:
-        if not (run.run_dir / step.creates).exists():
-            done = subprocess.run([sys.executable, "-m", "kdcollapse", step.command, str(run.run_dir), *step.args],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                return Outcome(run.name, "failed", f"{step.command}: {done.stderr.strip()[-500:]}")
-    return Outcome(run.name, "finished")
+        if (run.run_dir / step.creates).exists():
+            continue
+        if step.step is not None:
+            _write_json(run.run_dir / step.creates, STEPS[step.step](run.run_dir))
+            continue
+        done = subprocess.run([sys.executable, "-m", "kdcollapse", step.command, str(run.run_dir), *step.args],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return Outcome(run.name, "failed", f"{step.command}: {done.stderr.strip()[-500:]}")
+    return outcome
+
+
+def _write_json(path, value: dict) -> None:
+    """``value`` as JSON in ``path``, whole or not at all (written beside it, then renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def run_config(run: RunSpec):
@@ -72,22 +95,27 @@ def run_config(run: RunSpec):
 
 def state_of(run: RunSpec) -> str:
     """:func:`kdcollapse.runs.run_state`, except that a run finished at fewer epochs than the study now asks
-    for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume)."""
+    for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume), and one whose loss
+    diverged (``diverged.json``, not finished) is "diverged"."""
     state = run_state(run.run_dir)
     if state == "finished" and Run(run.run_dir).config.train.epochs < run_config(run).train.epochs:
         return "interrupted"
+    if state in ("new", "interrupted") and (run.run_dir / DIVERGED_FILE).is_file():
+        return "diverged"
     return state
 
 
 def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
-    """The runs (of ``names``, else all) that still have something to do: training or a post step."""
+    """The runs (of ``names``, else all) that still have something to do: training, or a post step (of a
+    finished run, or a diverged one with a saved epoch)."""
     runs = [study.runs[n] for n in names] if names else list(study.runs.values())
-    return [r for r in runs if state_of(r) != "finished" or any(
-        not (r.run_dir / s.creates).exists() for s in r.post)]
+    return [r for r in runs if (state := state_of(r)) not in ("finished", "diverged") or any(
+        not (r.run_dir / s.creates).exists() for s in r.post)
+        and (state == "finished" or (r.run_dir / "model.safetensors").is_file())]
 
 
 def status(study: Study) -> dict[str, str]:
-    """Run name → its state (``kdcollapse.runs.RUN_STATES``)."""
+    """Run name → its state (``kdcollapse.runs.RUN_STATES`` or "diverged")."""
     return {name: state_of(run) for name, run in study.runs.items()}
 
 

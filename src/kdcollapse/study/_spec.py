@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from kdcollapse.errors import ConfigError, unknown_choice
+from kdcollapse.study._steps import STEPS
 
 STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary", "tracking")
 GROUP_KEYS = ("group", "run", "config", "grid", "seeds", "teacher", "overrides", "post", "resources")
@@ -20,12 +21,13 @@ _FIELD = re.compile(r"\{(\w+)\}")
 
 @dataclass(frozen=True)
 class PostStep:
-    """A command run on a finished run: ``kdcollapse COMMAND RUN_DIR ARGS``, done once ``creates`` exists in the
-    run directory."""
+    """A step on a finished (or diverged) run, done once ``creates`` exists in the run directory: the command
+    ``kdcollapse COMMAND RUN_DIR ARGS``, or the registered step ``step`` (``kdcollapse.study._steps.STEPS``)."""
 
-    command: str
+    command: str | None
     args: tuple[str, ...]
     creates: str
+    step: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,17 @@ def _fill(template: str, values: dict, group: str) -> str:
 
 
 def _post_step(step, group: str) -> PostStep:
-    if not isinstance(step, dict) or set(step) - {"command", "args", "creates"} or not {"command", "creates"} <= set(step):
+    if (not isinstance(step, dict) or set(step) - {"command", "step", "args", "creates"} or "creates" not in step
+            or ("command" in step) == ("step" in step) or ("step" in step and "args" in step)):
         raise ConfigError(f"group {group!r}: a post step is {{command: analyze | robust-eval, args: [...], creates: "
-                          f"FILE}}, got {step!r}")
+                          f"FILE}} or {{step: {' | '.join(STEPS)}, creates: FILE.json}}, got {step!r}")
+    if "step" in step:
+        if step["step"] not in STEPS:
+            raise ConfigError(unknown_choice(f"post step of group {group!r}", step["step"], tuple(STEPS)))
+        if not str(step["creates"]).endswith(".json"):
+            raise ConfigError(f"group {group!r}: post step {step['step']!r} writes JSON; 'creates' must end in .json, "
+                              f"got {step['creates']!r}")
+        return PostStep(None, (), str(step["creates"]), step=str(step["step"]))
     if step["command"] not in ("analyze", "robust-eval"):
         raise ConfigError(unknown_choice(f"post command of group {group!r}", step["command"], ("analyze", "robust-eval")))
     return PostStep(str(step["command"]), tuple(str(a) for a in step.get("args") or []), str(step["creates"]))

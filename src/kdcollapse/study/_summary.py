@@ -4,6 +4,7 @@ confidence interval, and the verdict word chosen by rule (``kdcollapse.report.ve
 
 The records (``runs.json`` beside the study file) are the study's committed outputs: for each finished run,
 the summary's metrics at its selected epoch ("best": the highest validation metric ``select``) and its last
+(``select: null`` for runs without a validation split: the last epoch only, no epoch is selected)
 epoch. ``collect`` refreshes them from the run directories that are present; the summary reads only them.
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.report import holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, verdict
-from kdcollapse.runs import Run, metrics_source, run_state, write_text
+from kdcollapse.runs import Run, metrics_source, read_metrics, run_state, write_text
+from kdcollapse.study._execute import DIVERGED_FILE
 from kdcollapse.study._spec import Study
 
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "alpha", "correction", "sections")
@@ -38,12 +40,15 @@ class Measure:
     label: str
 
     @classmethod
-    def parse(cls, spec, select: str) -> Measure:
+    def parse(cls, spec, select: str | None) -> Measure:
         if not isinstance(spec, dict) or set(spec) - {"metric", "at", "label"} or "metric" not in spec:
             raise ConfigError(f"a summary column is {{metric: NAME, at: best | last, label: TEXT}}, got {spec!r}")
-        at = spec.get("at", "best")
+        at = spec.get("at", "best" if select else "last")
         if at not in ("best", "last"):
             raise ConfigError(unknown_choice("summary column 'at'", at, ("best", "last")))
+        if at == "best" and select is None:
+            raise ConfigError(f"summary column {spec['metric']!r} is read 'at: best', but the summary selects no epoch "
+                              "(select: null, no validation split); read it 'at: last'")
         where = "last epoch" if at == "last" else f"best {select.removeprefix('val_').replace('_', ' ')} on val"
         return cls(spec["metric"], at, spec.get("label", f"{spec['metric']} at {where}"))
 
@@ -59,7 +64,8 @@ def check_summary(spec: dict) -> dict:
         if key not in SUMMARY_KEYS:
             raise ConfigError(unknown_choice("key of summary", key, SUMMARY_KEYS))
     spec = {"select": "val_acc", "noise_floor": 0.0, "alpha": 0.05, "correction": "holm", **spec}
-    _validation_only(spec["select"], "selects each run's epoch on")
+    if spec["select"] is not None:
+        _validation_only(spec["select"], "selects each run's epoch on")
     if spec["correction"] != "holm":
         raise ConfigError(unknown_choice("summary correction", spec["correction"], ("holm",)))
     for section in spec.get("sections") or []:
@@ -67,6 +73,9 @@ def check_summary(spec: dict) -> dict:
             if key not in SECTION_KEYS:
                 raise ConfigError(unknown_choice("key of a summary section", key, SECTION_KEYS))
         if "choose" in section:
+            if spec["select"] is None:
+                raise ConfigError("a summary section chooses among cells, but the summary has no validation split "
+                                  "(select: null); a choice may read validation metrics only")
             _validation_only(section["choose"].get("by", ""), "chooses among cells on")
     return spec
 
@@ -81,26 +90,43 @@ def measures(spec: dict) -> list[Measure]:
     return [Measure.parse(c, spec["select"]) for c in spec.get("columns") or [spec["metric"]]]
 
 
-def run_record(run_dir: Path, spec: dict) -> dict:
-    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch, and
-    ``source``: the committed epoch and the digests of the metrics and weights they were read from."""
-    records = Run(run_dir).metrics()  # checked against the SHA-256 that state.json records
-    keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric, spec["select"]}
-    best = max(records, key=lambda r: r[spec["select"]])  # the first epoch of the highest value
-    return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}}
-            for at, r in (("best", best), ("last", records[-1]))} | {"source": metrics_source(run_dir)}
+def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
+    """The summary's numbers of one finished run: every column's metric at the selected and the last epoch;
+    the numbers of its JSON post steps (``post``: their files) count as last-epoch metrics; ``source``: the
+    committed epoch and the digests of the metrics and weights they were read from. A diverged run's record is
+    ``{"diverged": {"epoch": E}}`` (E: the epoch it broke in) with its last good epoch as "last"."""
+    diverged = (run_dir / DIVERGED_FILE).is_file() and run_state(run_dir) != "finished"
+    # a finished run's records are checked against the SHA-256 that state.json records
+    records = read_metrics(run_dir) if diverged else Run(run_dir).metrics()
+    keys = {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric} | (
+        {spec["select"]} if spec["select"] else set())
+    extra = {k: v for f in post if f.endswith(".json") and (run_dir / f).is_file()
+             for k, v in json.loads((run_dir / f).read_text()).items() if k in keys}
+    if diverged:
+        broke = {"epoch": json.loads((run_dir / DIVERGED_FILE).read_text())["epoch"]}
+        last = {"epoch": records[-1]["epoch"], **{k: records[-1][k] for k in sorted(keys) if k in records[-1]}} \
+            if records else {}
+        return {"diverged": broke, **({"last": {**last, **extra}} if records else {})}
+    chosen = [("last", records[-1])]
+    if spec["select"]:
+        evaluated = [r for r in records if spec["select"] in r]  # every epoch, or every eval_every-th and the last
+        chosen.insert(0, ("best", max(evaluated, key=lambda r: r[spec["select"]])))  # the first highest epoch
+    return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}, **(extra if at == "last" else {})}
+            for at, r in chosen} | {"source": metrics_source(run_dir)}
 
 
 def collect(study: Study) -> dict[str, dict]:
-    """The committed records (``runs.json`` beside the study file), refreshed from every finished run of the
-    summary's groups present under the study's ``runs_dir``; runs not named by the study are dropped."""
+    """The committed records (``runs.json`` beside the study file), refreshed from every finished (or
+    diverged) run of the summary's groups present under the study's ``runs_dir``; runs not named by the study
+    are dropped."""
     spec = check_summary(study.summary)
     path = study.path.parent / RECORDS_FILE
     records = json.loads(path.read_text()) if path.is_file() else {}
     groups = {cell["group"] for section in spec.get("sections") or [] for cell in section.get("cells") or []}
     for name, run in study.runs.items():
-        if run.group in groups and run_state(run.run_dir) == "finished":
-            records[name] = run_record(run.run_dir, spec)
+        if run.group in groups and (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
+                state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
+            records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))
         elif name in records and _moved_on(records[name], Path(run.run_dir)):
             warnings.warn(f"study {study.name}: left out the record of run {name}: {run.run_dir} no longer holds the "
                           "weights it was read from (overwritten, or trained further); it returns when that run "
@@ -156,7 +182,9 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
         c["verdict"] = verdict(c["mean"], p, alpha=spec["alpha"], noise_floor=spec["noise_floor"])
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
     for title, rows, section in sections:
-        text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns)], rows))
+        diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
+        text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns), *diverged],
+                                                         rows))
         if section:
             text.append(markdown_table(
                 [f"difference ({metric.label})", "seeds", "per seed (pp)", "mean (pp)", "95 % CI (pp)",
@@ -169,14 +197,19 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
 def _section(study: Study, records: dict, section: dict, columns: list[Measure], metric: Measure):
     """``(title, cell rows, comparisons)`` of one section, the choice (on validation) made first."""
     cells, shorts = _cells(study, records, section)
+    broke = {label: {s: r["diverged"]["epoch"] for s, r in runs.items() if "diverged" in r}
+             for label, runs in cells.items()}
+    cells = {label: {s: r for s, r in runs.items() if "diverged" not in r} for label, runs in cells.items()}
     short = {label: name for name, label in shorts.items()}
     chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
     title = section.get("title", "")
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(mean_std([m.of(runs[s]) for s in sorted(runs)]) for m in columns)]
-            for label, runs in cells.items() if runs]
+             *(mean_std([m.of(runs[s]) for s in sorted(runs)]) if runs else "–" for m in columns)]
+            + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
+               if any(broke.values()) else [])
+            for label, runs in cells.items() if runs or broke[label]]
     pairs = []
     for a, b in section.get("compare") or []:
         a, b = (shorts.get(x, x) for x in (str(x).replace("{chosen}", chosen or "{chosen}") for x in (a, b)))
@@ -204,10 +237,11 @@ def _row(c: dict) -> list[str]:
 
 
 def _caption(spec: dict, metric: Measure, tests: int) -> str:
-    return (f"Accuracies in %, mean ± std over the seeds listed; each run read at its epoch of highest "
-            f"{spec['select']} (validation). Differences: paired t-tests over the seeds both cells share; Holm's "
-            f"correction across this page's {tests} tests; the verdict is **better** / **worse** only when the "
-            f"Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise floor of "
+    read = (f"each run read at its epoch of highest {spec['select']} (validation)" if spec["select"] else
+            "each run read at its last epoch (no validation split, so no epoch is selected)")
+    return (f"Accuracies in %, mean ± std over the seeds listed; {read}. Differences: paired t-tests over the "
+            f"seeds both cells share; Holm's correction across this page's {tests} tests; the verdict is **better** / "
+            f"**worse** only when the Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise floor of "
             f"{spec['noise_floor']} pp, otherwise **no difference shown** (not a claim of equality).\n")
 
 

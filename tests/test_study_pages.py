@@ -1,0 +1,73 @@
+"""The ported results pages: each study file expands to the runs that the scripts it replaced trained, key for
+key (the old command lines are transcribed here from the removed jobs.sh / protocol.sh / teachers.sh at
+b091a42), so the committed records are those of the study's runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kdcollapse.config import config_to_dict, load_config
+from kdcollapse.recipes import config_file
+from kdcollapse.study import load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+K10 = "data.train_per_class=200 data.val_per_class=30 data.test_per_class=100"
+K100 = "data.train_per_class=20 data.val_per_class=5 data.test_per_class=10"
+COMMON = "data.batch_size=64 schedule.name=constant schedule.warmup_epochs=0 train.epochs=8"
+LONG = "data.batch_size=64 schedule.name=constant schedule.warmup_epochs=0 train.epochs=128 train.eval_every=8 " \
+       "optim.lr=0.01"
+# study file -> run name -> (config, the old job line's overrides, its teacher or None)
+OLD = {
+    "collapse_k": {
+        "collapse/k10/ce_lr0.1/seed1": ("fashion_mnist/student", f"seed=1 {K10} {COMMON} optim.lr=0.1", None),
+        "collapse/k100/ce_bkl_official_a1_lr0.1_clip0.5/seed0": (
+            "fashion_mnist_pairs/ce_binarykl", f"seed=0 {K100} {COMMON} optim.lr=0.1 method.alpha=1 "
+            "method.binary_kl_form=official optim.grad_clip=0.5", "teacher_k100"),
+        "collapse/k100/dhkd_lr0.1/seed2": ("fashion_mnist_pairs/dhkd", f"seed=2 {K100} {COMMON} optim.lr=0.1",
+                                           "teacher_k100"),
+    },
+    "collapse_grid": {
+        "collapse_grid/k10/ce_bkl_a0.3_lr0.05/seed2": (
+            "fashion_mnist/ce_binarykl", f"seed=2 {K10} {COMMON} optim.lr=0.05 method.alpha=0.3", "teacher_k10"),
+        "collapse_grid/k100/bkl_only_lr0.01/seed0": ("fashion_mnist_pairs/binarykl_only",
+                                                     f"seed=0 {K100} {COMMON} optim.lr=0.01", "teacher_k100"),
+    },
+    "collapse_clip": {
+        "collapse_clip/k10/ce_bkl_a10_lr0.1_clip1.0/seed1": (
+            "fashion_mnist/ce_binarykl", f"seed=1 {K10} {COMMON} optim.lr=0.1 method.alpha=10 optim.grad_clip=1.0",
+            "teacher_k10"),
+        "collapse_clip/k100/ce_lr0.1_clip0.1/seed2": ("fashion_mnist_pairs/student",
+                                                      f"seed=2 {K100} {COMMON} optim.lr=0.1 optim.grad_clip=0.1", None),
+        "collapse_clip/k100/bkl_only_a30_lr0.05/seed0": (
+            "fashion_mnist_pairs/binarykl_only", f"seed=0 {K100} {COMMON} optim.lr=0.05 method.alpha=30",
+            "teacher_k100"),
+    },
+    "collapse_long": {
+        "collapse_long/k100/ce_bkl_official/seed1": (
+            "fashion_mnist_pairs/ce_binarykl", f"seed=1 {K100} {LONG} method.alpha=1 method.binary_kl_form=official",
+            "teacher_k100"),
+        "collapse_long/k10/ce/seed0": ("fashion_mnist/student", f"seed=0 {K10} {LONG}", None),
+    },
+}
+TEACHERS = {  # teachers.sh
+    "teacher_k10": ("fashion_mnist/teacher", "model.name=convnet_small seed=0 data.train_per_class=300 "
+                    "data.val_per_class=30 data.test_per_class=100 data.batch_size=64 train.epochs=5"),
+    "teacher_k100": ("fashion_mnist_pairs/teacher", "model.name=convnet_small seed=0 data.train_per_class=50 "
+                     "data.val_per_class=5 data.test_per_class=10 data.batch_size=64 train.epochs=5"),
+}
+
+
+@pytest.mark.parametrize("page", sorted(OLD))
+def test_collapse_studies_train_the_runs_of_the_replaced_job_lists(page, tmp_path):
+    study = load_study(ROOT / f"results/distillation/{page}/study.yaml", runs_dir=tmp_path)
+    runs = {**OLD[page], **{name: (*TEACHERS[name], None) for name in TEACHERS}}
+    for name, (config, overrides, teacher) in runs.items():
+        run = study.runs[name]
+        # run_queue.py added train.progress=false; the runs' layout was channels_last=false (then the default)
+        extra = [f"teacher.checkpoint={tmp_path / teacher}"] if teacher else []
+        expected = load_config(config_file(config), [*overrides.split(), *extra, f"run_dir={tmp_path / name}",
+                                                     "train.progress=false", "train.channels_last=false"])
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+        assert [s.step for s in run.post] == ([] if name in TEACHERS else ["max_logit"])

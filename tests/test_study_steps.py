@@ -1,0 +1,93 @@
+"""Study runs beyond "finished": a diverged run is a recorded result (its state, its record, the page's
+column, the comparisons that leave it out, later launches that leave it alone), and registered post steps
+(the largest logit) whose numbers join a run's last-epoch record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_RUN
+from kdcollapse.errors import ConfigError
+from kdcollapse.runs import Run
+from kdcollapse.study import collect, load_study, pending, run_local, state_of, status, summarise
+
+TINY = "[" + ", ".join(json.dumps(o) for o in TINY_RUN) + "]"
+STUDY = """
+name: steps
+seeds: [0, 1]
+groups:
+  - group: plain
+    run: lr{lr}/seed{seed}
+    config: CONFIGS/plain.yaml
+    grid: {lr: [0.05, 1.0e+30]}
+    overrides: [TINY, data.val_per_class=5, train.epochs=2, "optim.lr={lr}"]
+    post: [{step: max_logit, creates: max_logit.json}]
+summary:
+  metric: {metric: test_acc, at: best}
+  columns: [{metric: test_acc, at: best}, {metric: max_logit, at: last, label: largest logit}]
+  sections:
+    - title: lr
+      cells: [{label: "lr {lr}", group: plain}]
+      compare: [["lr 0.05", "lr 1e+30"]]
+"""
+
+
+def write_study(tmp_path: Path, text: str = STUDY) -> Path:
+    (tmp_path / "plain.yaml").write_text("method: {name: vanilla}\n")
+    path = tmp_path / "page" / "study.yaml"
+    path.parent.mkdir()
+    path.write_text(text.replace("TINY", TINY).replace("CONFIGS", str(tmp_path)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("steps")
+    study = load_study(write_study(tmp), runs_dir=tmp / "runs")
+    return study, run_local(study, pending(study), workers=2)
+
+
+def test_a_diverged_run_is_recorded_reported_and_left_alone(ran):
+    study, outcomes = ran
+    by_name = {o.name: o.status for o in outcomes}
+    assert by_name == {"lr0.05/seed0": "finished", "lr0.05/seed1": "finished",
+                       "lr1e+30/seed0": "diverged", "lr1e+30/seed1": "diverged"}
+    broke = study.runs["lr1e+30/seed0"]
+    assert json.loads((broke.run_dir / "diverged.json").read_text())["epoch"] == 1  # nothing was committed
+    assert state_of(broke) == "diverged" and status(study)["lr1e+30/seed1"] == "diverged"
+    assert pending(study) == []  # a later launch does not train it again
+    records = collect(study)
+    assert records["lr1e+30/seed0"] == {"diverged": {"epoch": 1}}
+    text, summary = summarise(study, records)
+    assert "| lr 1e+30 |  | – | – | seed 0: N.A.(1), seed 1: N.A.(1) |" in text
+    (c,) = summary["comparisons"]
+    assert c["seeds"] == [] and c["verdict"] == "not tested"  # no seed finished in both cells
+
+
+@torch.no_grad()
+def test_the_max_logit_step_joins_the_last_epoch_record(ran):
+    study, _ = ran
+    run = study.runs["lr0.05/seed1"]
+    model, _ = Run(run.run_dir).model()
+    model.eval()
+    val = Run(run.run_dir).dataset("val")  # digits: uint8 vectors, scaled to [0, 1] then normalised
+    x = (val.inputs.float() / 255 - torch.tensor(val.mean)) / torch.tensor(val.std)
+    expected = model(x).max().item()
+    record = collect(study)["lr0.05/seed1"]
+    assert record["last"]["max_logit"] == pytest.approx(expected, rel=1e-6)
+    assert "max_logit" not in record["best"]
+
+
+@pytest.mark.parametrize("post, message", [
+    ("[{step: nothing, creates: x.json}]", "nothing"),
+    ("[{step: max_logit, creates: x.txt}]", "must end in .json"),
+    ("[{step: max_logit, command: analyze, creates: x.json}]", "a post step is"),
+])
+def test_bad_post_steps_are_refused(tmp_path, post, message):
+    text = STUDY.replace("[{step: max_logit, creates: max_logit.json}]", post)
+    with pytest.raises(ConfigError, match=message):
+        load_study(write_study(tmp_path, text))
