@@ -5,9 +5,11 @@
         --out results/benchmarks/kd_methods_cost.md
 
 Settings: resnet32x4 -> resnet8x4 on 3x32x32 inputs, 100 classes (the DHKD paper's Table 10 pair, batch 64),
-and ResNet34 -> ResNet18 on 3x224x224 inputs, 1000 classes (the DKL paper's Table 3 pair). Each method is
+ResNet34 -> ResNet18 on 3x224x224 inputs, 1000 classes (the DKL paper's Table 3 pair), and convnet ->
+convnet_small on 1x28x28 inputs, 10 classes (the Fashion-MNIST recipes, batch 64: the method table of
+results/distillation/method_table/). Each method is
 built from its committed recipe for that pair (configs/cifar100/<method>/resnet32x4_resnet8x4.yaml,
-configs/imagenet/<method>/resnet34_resnet18.yaml), so it runs with the official hyper-parameters (CRD with a
+configs/imagenet/<method>/resnet34_resnet18.yaml, configs/fashion_mnist/<method>.yaml), so it runs with the official hyper-parameters (CRD with a
 memory bank of the training set's size: 50,000 or 1,281,167 rows), with randomly initialised networks. A step
 is what the trainer does: the forward with the teacher pass, the method's ``backward``, one SGD step. Methods
 are interleaved: every round times one step of each, in a shuffled order, so a change of machine load hits
@@ -44,16 +46,20 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SETTINGS = {  # teacher, student, image size, classes, training-set size, recipe area and stem, default batch
     "cifar": ("resnet32x4", "resnet8x4", 32, 100, 50_000, "cifar100", "resnet32x4_resnet8x4", 64),
     "imagenet": ("resnet34", "resnet18", 224, 1000, 1_281_167, "imagenet", "resnet34_resnet18", 8),
+    "fashion_mnist": ("convnet", "convnet_small", 28, 10, 60_000, "fashion_mnist", None, 64),  # recipe: area/<name>.yaml
 }
+CHANNELS = {"fashion_mnist": 1}  # else 3
 LABELS = {"kd": "KD", "dkd": "DKD", "ikl_kd": "IKL-KD", "dhkd": "DHKD", "rkd": "RKD", "fitnet": "FitNet",
           "at": "AT", "ofd": "OFD", "dist": "DIST", "crd": "CRD", "reviewkd": "ReviewKD", "vid": "VID",
-          "nst": "NST", "sp": "SP", "pkt": "PKT"}
+          "nst": "NST", "sp": "SP", "pkt": "PKT", "ce_binarykl": "BinaryKL", "nkd": "NKD", "wttm": "WTTM",
+          "ctkd": "CTKD", "mlkd": "MLKD", "kd_ls": "KD + LS", "dkd_ls": "DKD + LS", "ctkd_ls": "CTKD + LS",
+          "mlkd_ls": "MLKD + LS"}  # the *_ls names are recipes only (logit standardization on), timed where present
 # Published costs. DHKD Table 10 (ms per batch of 64, RTX 3090, resnet32x4 -> resnet8x4); DKL Table 3 (s per
 # iteration, 4 RTX 3090, batch 512, ResNet34 -> ResNet18).
 PAPER = {"cifar": {"KD": 11, "RKD (defaults)": 25, "FitNet": 14, "OFD": 19, "CRD": 41, "ReviewKD": 26, "DKD": 11,
                    "DHKD (no alignment)": 14, "DHKD": 21},
-         "imagenet": {"IKL-KD": 197, "ReviewKD": 319}}
-PAPER_BASE = {"cifar": "KD", "imagenet": "IKL-KD"}  # the DKL paper gives no KD time
+         "imagenet": {"IKL-KD": 197, "ReviewKD": 319}, "fashion_mnist": {}}
+PAPER_BASE = {"cifar": "KD", "imagenet": "IKL-KD", "fashion_mnist": "KD"}  # the DKL paper gives no KD time
 
 
 def sections(area: str, stem: str) -> dict[str, dict]:
@@ -62,7 +68,7 @@ def sections(area: str, stem: str) -> dict[str, dict]:
     out = {}
     registered = set(list_methods())
     for name, label in LABELS.items():
-        recipe = CONFIGS / area / name / f"{stem}.yaml"
+        recipe = CONFIGS / area / (f"{name}.yaml" if stem is None else f"{name}/{stem}.yaml")
         if recipe.is_file():
             out[label] = yaml.safe_load(recipe.read_text())["method"]
         elif name in registered:
@@ -73,16 +79,24 @@ def sections(area: str, stem: str) -> dict[str, dict]:
 
 
 def build(section: dict, setting: tuple, teacher: FrozenTeacher, labels: torch.Tensor):
-    _, student_name, _, k, *_ = setting
+    _, student_name, _, k, n, area, *_ = setting
     torch.manual_seed(0)
-    method = build_method(method_config(section), create_model(student_name, k), num_classes=k, teacher=teacher,
-                          train_labels=labels)
+    student = create_model(student_name, k, CHANNELS.get(area, 3))
+    method = build_method(method_config(section), student, num_classes=k, teacher=teacher,
+                          num_samples=n, train_labels=labels)
     method.on_epoch_start(30)  # past every warm-up (20 epochs at most), before DHKD's ImageNet cut-off at 50
     optimizer = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
     return method.train(), optimizer
 
 
+def views(method, x: torch.Tensor) -> torch.Tensor:
+    """The batch as the trainer's loader gives it to ``method``: (B, 2, ...) for a two-view method (MLKD's
+    weak and strong views; here the same images twice: the strong augmentation runs in the loader, untimed)."""
+    return x.unsqueeze(1).expand(-1, 2, *x.shape[1:]).contiguous() if getattr(method, "views", 1) == 2 else x
+
+
 def step(method, optimizer, x, y, index) -> None:
+    x = views(method, x)
     optimizer.zero_grad(set_to_none=True)
     out = method(x, y, index=index) if getattr(method, "needs_index", False) else method(x, y)
     method.backward(out, lambda loss: loss)
@@ -100,6 +114,7 @@ def saved_bytes(method, x, y, index) -> int:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
+    x = views(method, x)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = method(x, y, index=index) if getattr(method, "needs_index", False) else method(x, y)
     del out
@@ -119,8 +134,9 @@ def run_setting(name: str, args) -> dict:
     teacher_name, _, size, k, n, area, stem, default_batch = setting
     batch = (args.imagenet_batch_size if name == "imagenet" else None) or args.batch_size or default_batch
     torch.manual_seed(0)
-    teacher = FrozenTeacher(create_model(teacher_name, k))
-    x = torch.randn(batch, 3, size, size)
+    channels = CHANNELS.get(name, 3)
+    teacher = FrozenTeacher(create_model(teacher_name, k, channels))
+    x = torch.randn(batch, channels, size, size)
     labels = torch.randint(0, k, (n,))  # the training set's labels (CRD's sampler draws by them)
     index = torch.randperm(n)[:batch]
     y = labels[index]
@@ -153,7 +169,7 @@ def render_setting(name: str, r: dict, args) -> list[str]:
     teacher, student, size, k, n, *_ = SETTINGS[name]
     wall, cpu, memory, sizes = r["wall"], r["cpu"], r["memory"], r["sizes"]
     paper, base = PAPER[name], PAPER_BASE[name]
-    lines = [f"## {teacher} -> {student}, batch {r['batch']}, 3x{size}x{size}, {k} classes",
+    lines = [f"## {teacher} -> {student}, batch {r['batch']}, {CHANNELS.get(name, 3)}x{size}x{size}, {k} classes",
              "",
              "| method | ms / step (median) | time vs KD | CPU time vs KD | saved activations (MB) | memory vs KD "
              f"| extra params | extra buffers | paper: time vs {base} |",
@@ -175,7 +191,7 @@ def render_setting(name: str, r: dict, args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", default="cifar,imagenet", help="comma-separated: cifar, imagenet")
+    parser.add_argument("--settings", default="cifar,imagenet", help="comma-separated: cifar, imagenet, fashion_mnist")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median over them)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--batch-size", type=int, default=None, help="default: 64 (cifar), 8 (imagenet)")
