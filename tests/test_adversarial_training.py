@@ -309,6 +309,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from safetensors.torch import save_file
 
+    torch.set_num_threads(1)  # a forked child must not start OpenMP's thread pool (see the caller)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     with distributed_teardown():
@@ -337,7 +338,8 @@ def test_class_means_and_awp_are_synchronised_across_processes(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    # fork, not spawn: the children start without importing torch again (a few seconds each)
+    torch.multiprocessing.start_processes(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="fork")
     results = [load_file(tmp_path / f"rank{r}.safetensors") for r in range(2)]
     inputs = [_ddp_inputs(r) for r in range(2)]
     # class means over the union of both processes' samples

@@ -186,13 +186,15 @@ def test_a_weight_file_that_is_not_the_committed_one_is_refused_until_resume(one
 
 
 # The checkpoint also holds AdamW's moments, a torch schedule's state and the weight average; accumulation
-# changes where optimizer steps fall. A kill -9 must lose none of it.
+# changes where optimizer steps fall. A kill -9 must lose none of it. (Plain SGD's resume after a crash at
+# every write point is test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_identically;
+# the kill, the lock and the commit do not depend on the optimizer, so one kill -9 run covers them.)
 OPTIMISERS = ["optim.name=adamw", "optim.lr=0.01", "optim.accumulate=2", "train.ema=0.9", "schedule.name=StepLR",
               "schedule.kwargs={step_size: 1, gamma: 0.9}"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], OPTIMISERS], ids=["sgd", "adamw-steplr-accumulate-ema"])
+@pytest.mark.parametrize("extra", [OPTIMISERS], ids=["adamw-steplr-accumulate-ema"])
 def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty_yaml, extra):
     """A real SIGKILL at an arbitrary moment after the first epoch; meanwhile (the first process frozen with
     SIGSTOP, holding its lock) a second process is refused. The killed process's lock does not block the

@@ -82,6 +82,34 @@ def test_pre_activation_maps_are_before_the_relu():
     assert all((p < 0).any() for p in pre)  # OFD's features keep their negative part
 
 
+def test_shufflev2_and_mobilenetv2_pre_activation_maps_against_mdistiller():
+    """mdistiller (a08d46f, models/cifar/ShuffleNetv2.py BasicBlock.forward): the last unit of a stage returns
+    preact = cat([x1, bn3(conv3(...))]), concatenated but *not* shuffled, while its output is shuffled. Ours is
+    the same map shuffled like the output (its channels line up with the post-activation map, relu(pre) ==
+    post): a fixed channel permutation of mdistiller's. MobileNetV2's stages end linearly (pw-linear BN, then
+    the residual sum), so pre and post maps are equal (mdistiller defines no preact_feats for it)."""
+    m = model("shufflev2").eval()
+    x = inputs("shufflev2")
+    with torch.no_grad():
+        _, pre = m.forward_intermediates(x, [1], pre_act=True)
+        _, post = m.forward_intermediates(x, [1])
+        end = m.feature_info[1].module.split(".")[1]
+        unit_input = m.body[: int(end)](x)
+        unit = m.body[int(end)]
+        x1, x2 = unit_input.chunk(2, dim=1)
+        branch = unit.branch
+        h = branch[1][0](branch[0](x2))  # 1×1 conv-BN-ReLU, depthwise conv-BN
+        bn3 = branch[1][1][1](branch[1][1][0](h))  # the last 1×1 conv and its BN, before the ReLU
+        official = torch.cat([x1, bn3], 1)
+        torch.testing.assert_close(pre[0], unit.shuffle(official))
+        torch.testing.assert_close(torch.relu(pre[0]), post[0])
+        assert not torch.allclose(pre[0], official)
+        m2 = model("mobilenetv2").eval()
+        _, pre2 = m2.forward_intermediates(inputs("mobilenetv2"), [1, 2, 3, 4], pre_act=True)
+        _, post2 = m2.forward_intermediates(inputs("mobilenetv2"), [1, 2, 3, 4])
+    assert all(torch.equal(a, b) for a, b in zip(pre2, post2))
+
+
 def test_bad_stage_indices_name_the_range():
     m = model("resnet8")
     with pytest.raises(KdcollapseError, match="has 4 stages"):

@@ -13,7 +13,7 @@ from kdcollapse.analysis._pass import user_split
 from kdcollapse.data import load_dataset
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models import FeatureSpec
-from kdcollapse.runs import Run, check_split, committed_path, file_digest, load_model_file, source_of
+from kdcollapse.runs import Run, check_split, committed_path, file_digest, load_model, source_of
 
 
 @dataclass
@@ -83,7 +83,7 @@ def load_run(
         "epoch": meta.get("epoch"), "seed": cfg.seed, "per_class": per_class,
     } | source_of(run.dir))  # fmt: skip
     if teacher is not None:
-        subject.teacher = load_model_file(teacher, dataset, device)[0]
+        subject.teacher = load_model(teacher, device, dataset=dataset)[0]
         subject.info["teacher"] = str(teacher)
     else:
         subject.teacher = run.teacher(dataset, device)
@@ -102,13 +102,13 @@ def load_weights(
     dataset = load_dataset(data, check_split(split), root=root)
     if per_class:
         dataset = dataset.subset(per_class, seed=seed)
-    network, meta = load_model_file(weights, dataset, device, model, model_kwargs)
+    network, meta = load_model(weights, device, model_name=model, model_kwargs=model_kwargs, dataset=dataset)
     info = {"weights": str(weights), "model": model, "method": meta.get("method"), "dataset": data,
             "epoch": meta.get("epoch"), "seed": seed, "per_class": per_class,
             "weights_sha256": file_digest(committed_path(Path(weights), "model.safetensors") if Path(weights).is_dir()
                                           else Path(weights))}
     subject = Subject(network, dataset, split, info=info)
     if teacher is not None:
-        subject.teacher = load_model_file(teacher, dataset, device)[0]
+        subject.teacher = load_model(teacher, device, dataset=dataset)[0]
         subject.info["teacher"] = str(teacher)
     return subject

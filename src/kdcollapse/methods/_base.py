@@ -59,8 +59,13 @@ class Method(nn.Module):
         construction: the trainer loads ``teacher:`` only when it is not ``None`` (and refuses one
         otherwise), serves a logits-only request from stored logits when ``teacher.cache=logits``, and
         stores top-k logits only when the request names the temperature it reads them at. The method reads
-        its teacher with ``self.read_teacher(x)`` (a :class:`TeacherOutput`)."""
-        return None
+        its teacher with ``self.read_teacher(x)`` (a :class:`TeacherOutput`). By default
+        :attr:`teacher_reads`; a method whose request depends on its config overrides this."""
+        return cls.teacher_reads
+
+    teacher_reads: ClassVar[TeacherRequest | None] = None
+    """The teacher request of a method whose request does not depend on its config, declared as a value
+    (e.g. ``TeacherRequest(features=True)``); what the default :meth:`teacher_request` returns."""
 
     needs_index: ClassVar[bool] = False
     """Whether ``forward`` takes the dataset indices of the batch's samples, ``forward(x, y, index=...)``

@@ -16,13 +16,10 @@ class Distiller(Method):
     """A :class:`Method` that learns from a :class:`FrozenTeacher` over the same ``num_classes`` labels.
 
     The trainer already refuses a teacher trained on another dataset or label space
-    (``runs/_teacher.py``); this check covers methods built directly with ``build_method``.
+    (``runs/_load.py``); this check covers methods built directly with ``build_method``.
     """
 
-    @classmethod
-    def teacher_request(cls, config) -> TeacherRequest | None:
-        """The teacher's logits (a subclass asks for more, or names its softmax temperature)."""
-        return TeacherRequest()
+    teacher_reads = TeacherRequest()  # the teacher's logits (a subclass asks for more, or names its τ)
 
     def __init__(self, student: nn.Module, config, *, num_classes: int, teacher: FrozenTeacher | None = None,
                  label_smoothing: float = 0.0, num_samples: int | None = None,

@@ -54,9 +54,7 @@ class CRD(Distiller):
 
     needs_index = True
 
-    @classmethod
-    def teacher_request(cls, config):
-        return TeacherRequest(features=True)
+    teacher_reads = TeacherRequest(features=True)
 
     @dataclass
     class Config:

@@ -64,9 +64,7 @@ class CTKD(Distiller):
     ``temperature`` (the learned τ; not part of the loss).
     """
 
-    @classmethod
-    def teacher_request(cls, config):
-        return TeacherRequest()  # the whole logit row: τ is learned, so no fixed softmax temperature
+    teacher_reads = TeacherRequest()  # the whole logit row: τ is learned, so no fixed softmax temperature
 
     @dataclass
     class Config:

@@ -50,9 +50,7 @@ class MLKD(Distiller):
     views = 2
     strong_views = True
 
-    @classmethod
-    def teacher_request(cls, config):
-        return TeacherRequest()  # every logit, at several temperatures, and the teacher's confidences
+    teacher_reads = TeacherRequest()  # every logit, at several temperatures, and the teacher's confidences
 
     @dataclass
     class Config:

@@ -20,9 +20,7 @@ class PKT(Distiller):
     the student. Logged parts: ``ce`` and ``pkt``, weighted (they sum to ``loss``).
     """
 
-    @classmethod
-    def teacher_request(cls, config):
-        return TeacherRequest(features=True)
+    teacher_reads = TeacherRequest(features=True)
 
     @dataclass
     class Config:

@@ -23,9 +23,7 @@ from kdcollapse.methods._distill import Distiller, check_config
 class RKD(Distiller):
     """ce_weight·CE + distance_weight·RKD-D + angle_weight·RKD-A on penultimate features."""
 
-    @classmethod
-    def teacher_request(cls, config):
-        return TeacherRequest(features=True)
+    teacher_reads = TeacherRequest(features=True)
 
     @dataclass
     class Config:

@@ -17,7 +17,7 @@ import torch
 
 from kdcollapse.errors import CheckpointError
 from kdcollapse.runs._atomic import remove_temporaries, rename, write_text, writing
-from kdcollapse.runs._checkpoint import read_header, read_model, write_tensors
+from kdcollapse.runs._checkpoint import read_header, write_tensors
 
 STATE_FILE = "state.json"
 
@@ -122,14 +122,6 @@ def committed_path(run_dir: Path, name: str) -> Path:
             "checkpoint"
         )
     return path
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu", **kwargs):
-    """``(model, meta)`` from a ``model.safetensors`` file, or from a run directory at its last commit (the
-    weights ``state.json`` records, also between a commit and its renames; a file that is not the committed
-    one is refused, naming ``--resume``). Keywords as :func:`kdcollapse.runs._checkpoint.read_model`."""
-    path = Path(path)
-    return read_model(committed_path(path, "model.safetensors") if path.is_dir() else path, device, **kwargs)
 
 
 def file_digest(path: Path) -> str | None:

@@ -11,18 +11,16 @@ import torch
 from torch import nn
 
 from kdcollapse.config import RunConfig, load_config
-from kdcollapse.data import make_loader
-from kdcollapse.errors import CheckpointError, DataError, KdcollapseError
+from kdcollapse.errors import CheckpointError, KdcollapseError
 from kdcollapse.methods import get_method
-from kdcollapse.models import evaluating
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path, load_model
+from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path
 from kdcollapse.runs._derived import stale_reason
 from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import RUN_SPLITS, UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_metrics
-from kdcollapse.runs._teacher import load_teacher
+from kdcollapse.runs._load import load_model, load_teacher
 
 MODEL_FILES = {"model": "model.safetensors", "best": "best.safetensors"}
 
@@ -181,33 +179,7 @@ def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
     return hashlib.sha256(head).hexdigest() == entry["sha256"]
 
 
-def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):
-    """``(model, meta)`` from a run directory or safetensors file, checked against ``dataset``'s label space
-    and input shape. Files written by kdcollapse carry the model name and options; a bare file needs
-    ``name``."""
-    path = Path(path)
-    file = committed_path(path, "model.safetensors") if path.is_dir() else path
-    network, meta = ckpt.read_model(file, device, model_name=name, num_classes=dataset.num_classes,
-                                    in_channels=dataset.in_channels, model_kwargs=kwargs)
-    check_inputs(network, dataset, name or meta["model"])
-    return network, meta
-
-
-def check_inputs(model: nn.Module, dataset, name: str) -> None:
-    """Raise a clear error if ``model`` cannot take the dataset's inputs (tried on one sample)."""
-    device = next(model.parameters()).device
-    x, _ = next(iter(make_loader(dataset.subset(indices=[0]), 1, train=False, device=device, seed=0)))
-    try:
-        with evaluating([model]):
-            model(x)
-    except (RuntimeError, KdcollapseError) as err:
-        raise DataError(
-            f"model '{name}' cannot take the inputs of dataset '{dataset.name}' (shape "
-            f"{tuple(dataset.input_shape)}): {str(err).splitlines()[0]}"
-        ) from None
-
-
-__all__ = ["Run", "check_inputs", "check_split", "load_model_file", "run_dataset"]
+__all__ = ["Run", "check_split", "run_dataset"]
 
 
 RUN_STATES = ("new", "interrupted", "running", "finished")
