@@ -2,8 +2,10 @@
 provenance, one JSON line per epoch.
 
 A run directory is taken in two steps. :func:`claim_run_dir` locks it and checks that it may be used
-(nothing is changed but the lock file); the trainer then builds its data, teacher, model and method, and
-only when all of that worked does :func:`start_run_dir` clear an overwritten run and write the config.
+(nothing is changed but the lock file; a directory that does not exist yet is only checked to be creatable,
+and is neither created nor locked); the trainer then builds its data, teacher, model and method, and only
+when all of that worked does :func:`start_run_dir` create and lock a new directory, clear an overwritten run
+and write the config.
 """
 
 from __future__ import annotations
@@ -72,8 +74,7 @@ class RunDir:
 
     def __init__(self, path: Path, *, is_main: bool, resume: bool):
         self.path, self.is_main, self.resume, self.clear = path, is_main, resume, False
-        # the topmost folder this claim will create (None: run_dir exists): a refused command removes them
-        self.created = next((p for p in [*reversed(path.parents), path] if not p.exists()), None)
+        self.created: Path | None = None  # the topmost folder start_run_dir created (None: run_dir existed)
         self.started = False  # set by start_run_dir: from then on the directory is the run's
         self.lock: RunLock | None = None
         self.state: dict | None = None
@@ -101,8 +102,9 @@ class RunDir:
             return None
 
     def release(self) -> None:
-        """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file and a
-        folder this claim created are removed, so a refused command leaves the disk as it was."""
+        """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file it created
+        is removed (and the folders, if start_run_dir failed right after creating them), so a refused command
+        leaves the disk as it was."""
         if self.lock is not None:
             self.lock.release(undo=not self.started)
             self.lock = None
@@ -125,6 +127,10 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
     claim = RunDir(run_dir, is_main=is_main, resume=resume)
 
     def take() -> None:
+        if not run_dir.exists():  # nothing to lock or clear: checked now, created by start_run_dir
+            _check_creatable(run_dir)
+            _check_use(cfg, run_dir, holds_run=False, resume=resume, overwrite=overwrite)
+            return
         _make_writable(run_dir)
         claim.lock = RunLock(run_dir, owner=False)
         try:
@@ -165,6 +171,12 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
     """After everything was validated: clear an overwritten run, remove stray temporaries, write the config
     (on resume: with its permitted changes) and, for a new run, ``run.json``."""
     def write() -> None:
+        if claim.lock is None:  # a new directory: created and locked only now
+            claim.created = next((p for p in [*reversed(claim.path.parents), claim.path] if not p.exists()), None)
+            _make_writable(claim.path)
+            claim.lock = RunLock(claim.path, owner=False)
+            if (claim.path / "config.yaml").exists():  # another process started a run here meanwhile
+                _check_use(cfg, claim.path, holds_run=True, resume=False, overwrite=False)
         claim.lock.write_owner()
         claim.started = True
         if claim.clear:
@@ -198,6 +210,16 @@ def _make_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
+
+
+def _check_creatable(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created (its nearest existing folder is a file or is not
+    writable), without creating anything."""
+    existing = next(p for p in [run_dir, *run_dir.parents] if p.exists())
+    if not existing.is_dir():
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not writable")
 
 
 def _read_run_json(run_dir: Path) -> dict | None:
