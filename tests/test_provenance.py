@@ -157,3 +157,17 @@ def test_a_study_record_of_weights_no_longer_there_is_left_out(analysed, tmp_pat
     _trained_further(run_dir)
     assert _moved_on(record, run_dir) and not _moved_on(record, tmp_path / "absent")
     assert stale_reason({"weights_sha256": record["source"]["weights_sha256"]}, run_dir)
+
+
+def test_resume_verifies_the_metrics_it_continues(analysed, tmp_path, capsys):
+    run_dir = _copy(analysed, tmp_path)
+    path = run_dir / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"epoch": 1', '"epoch": 1, "test_acc_edited": 99.9'))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl is not the file of epoch 1 that state.json records" in err and "remove it" in err
+    assert "test_acc_edited" in path.read_text()  # refused: nothing re-committed
+    path.unlink()  # the way out the message names: continue without the earlier records
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 0
+    assert [r["epoch"] for r in Run(run_dir).metrics()] == [2]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import cached_property
 from pathlib import Path
@@ -17,11 +16,11 @@ from kdcollapse.methods import get_method
 from kdcollapse.models import evaluating
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path, load_model
+from kdcollapse.runs._commit import STATE_FILE, committed_path, load_model
 from kdcollapse.runs._derived import stale_reason
 from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import RUN_SPLITS, UserData, check_split, run_dataset
-from kdcollapse.runs._run_dir import read_metrics
+from kdcollapse.runs._run_dir import read_committed_metrics
 from kdcollapse.runs._teacher import load_teacher
 
 MODEL_FILES = {"model": "model.safetensors", "best": "best.safetensors"}
@@ -63,14 +62,9 @@ class Run:
     def metrics(self) -> list[dict]:
         """The per-epoch records of ``metrics.jsonl`` up to the last committed epoch (``state.json``), also
         between a crash and its ``--resume``; a file whose SHA-256 is not the one ``state.json`` records (edited
-        or damaged) is a ``CheckpointError`` naming ``--resume``; only a torn last line after the committed
-        bytes (an older version's interrupted append) is dropped, with a warning."""
-        path, state = committed_file(self.dir, "metrics.jsonl")
-        if path is None and not _committed_plus_torn_line(self.dir / "metrics.jsonl", state):
-            committed_path(self.dir, "metrics.jsonl")  # not the bytes state.json records: refused
-        path = path or self.dir / "metrics.jsonl"
-        records = read_metrics(path or self.dir)
-        return records if state is None else [r for r in records if r.get("epoch", 0) <= state["epoch"]]
+        or damaged) is a ``CheckpointError``; only a torn last line after the committed bytes (an older
+        version's interrupted append) is dropped, with a warning."""
+        return read_committed_metrics(self.dir)
 
     def analysis(self, split: str = "test", *, stale_ok: bool = False) -> dict:
         """The report ``kdcollapse analyze`` wrote into ``analysis_<split>/analysis.json``. One computed from
@@ -167,18 +161,6 @@ class Run:
                 spec = [{"type": "Linear", "in": in_features, "out": out_features, "bias": True}]
                 heads[label] = layers_from_spec(spec, state)
         return heads
-
-
-def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
-    """Whether ``path`` is the file ``state.json`` records followed by one unterminated line."""
-    entry = (state or {}).get("files", {}).get(path.name)
-    if entry is None or not path.is_file():
-        return False
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
-        return False
-    head = data[:data.rfind(b"\n") + 1]
-    return hashlib.sha256(head).hexdigest() == entry["sha256"]
 
 
 def load_model_file(path, dataset, device, name: str | None = None, kwargs: dict | None = None):

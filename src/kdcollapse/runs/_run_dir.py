@@ -33,7 +33,7 @@ from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
-from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
+from kdcollapse.runs._commit import STATE_FILE, commit_epoch, committed_file, recover
 from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._lock import RunLock
 from kdcollapse.runs._tracking import open_trackers
@@ -410,6 +410,37 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
+def read_committed_metrics(run_dir: Path, epoch: int | None = None) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
+    file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
+    A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the committed bytes (an
+    older version's interrupted append) is dropped with a warning. Runs without ``state.json``: as they are."""
+    run_dir = Path(run_dir)
+    path, state = committed_file(run_dir, "metrics.jsonl")
+    if path is None and not (run_dir / "metrics.jsonl").exists():
+        return []  # removed (after an edit): no records
+    if path is None and not _committed_plus_torn_line(run_dir / "metrics.jsonl", state):
+        raise CheckpointError(
+            f"{run_dir / 'metrics.jsonl'} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
+            "(edited, or damaged); restore it, or remove it (a `--resume` then continues without the records of "
+            "the earlier epochs)")
+    records = read_metrics(path or run_dir / "metrics.jsonl")
+    last = epoch if epoch is not None else state["epoch"] if state else None
+    return records if last is None else [r for r in records if r.get("epoch", 0) <= last]
+
+
+def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
+    """Whether ``path`` is the file ``state.json`` records followed by one unterminated line."""
+    entry = (state or {}).get("files", {}).get(path.name)
+    if entry is None or not path.is_file():
+        return False
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return False
+    head = data[:data.rfind(b"\n") + 1]
+    return hashlib.sha256(head).hexdigest() == entry["sha256"]
+
+
 def metrics_jsonl(records: list[dict]) -> str:
     """``records`` as JSON lines, one per record."""
     return "".join(json.dumps(r) + "\n" for r in records)
@@ -449,7 +480,7 @@ class MetricsLog:
         if not enabled:
             return
         if start_epoch > 0:
-            self.records = [r for r in read_metrics(run_dir) if r.get("epoch", 0) <= start_epoch]
+            self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
         if self.path.exists():
             for name, text in self.files().items():
                 write_text(run_dir / name, text)
