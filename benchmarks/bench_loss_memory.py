@@ -146,12 +146,15 @@ def render(rows: list[dict], runs: int, load: tuple[float, float], cases: str | 
         "",
         *lines,
         "",
+        "`F.kl_div` is computed in the inputs' dtype (bfloat16 for bfloat16 inputs); kdcollapse's losses "
+        "accumulate bfloat16 in float32. With a teacher without gradient, unchunked `kd_loss` keeps one "
+        "float32 (N, V) tensor, p_s − p_t, filled block by block of rows, and writes the gradient in the "
+        "student's dtype; unchunked `dkd_loss` keeps only its inputs and recomputes both non-target "
+        "softmaxes in place in the backward pass (custom autograd functions with the exact gradient). "
         "The chunked forms compute the per-row values chunk by chunk without keeping intermediates "
         "and recompute each chunk in the backward pass, writing its gradient into one preallocated "
-        "tensor; what is left at the peak is the gradient and one chunk's temporaries. bfloat16 "
-        "inputs are upcast to float32 inside each chunk (unchunked: whole), so their peak includes "
-        "float32 copies of the logits. The other jobs on the shared machine inflate absolute "
-        "times; ratios compare calls in one process.",
+        "tensor; what is left at the peak is the gradient and one chunk's temporaries. The other jobs "
+        "on the shared machine inflate absolute times; ratios compare calls in one process.",
         "",
     ])
 
