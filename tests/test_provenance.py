@@ -30,6 +30,7 @@ def analysed(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("prov") / "run"
     fit(load_config(None, [*TINY, f"run_dir={run_dir}"]))
     assert main(["analyze", str(run_dir), "--no-progress"]) == 0
+    assert main(["analyze", str(run_dir), "--out", str(run_dir / "mine"), "--no-progress"]) == 0  # another folder
     assert main(["robust-eval", str(run_dir), *ROBUST]) == 0
     return run_dir
 
@@ -97,6 +98,8 @@ def test_each_stale_or_tampered_output_is_refused_or_flagged(analysed, tmp_path,
         assert reason in run.analysis(stale_ok=True)["stale"]
         assert reason in stale["analysis_test/analysis.json"]
     assert any(k.startswith("robust_eval.json: ") for k in stale) == robust_stale
+    weights_changed = change in (_trained_further, _weights_replaced_by_hand)
+    assert ("mine/analysis.json" in stale) == weights_changed  # an analysis in any folder of the run
     if case != "weights replaced by hand":  # robust-eval's report marks entries of other weights
         from kdcollapse.experiments.robust_eval import markdown_report
         entries = json.loads((run_dir / "robust_eval.json").read_text())

@@ -19,7 +19,7 @@ from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._commit import STATE_FILE, committed_path, load_model
 from kdcollapse.runs._derived import stale_reason
 from kdcollapse.runs._lock import is_locked
-from kdcollapse.runs._data import RUN_SPLITS, UserData, check_split, run_dataset
+from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_committed_metrics
 from kdcollapse.runs._teacher import load_teacher
 
@@ -74,27 +74,34 @@ class Run:
         path = self.dir / f"analysis_{check_split(split)}" / "analysis.json"
         if not path.is_file():
             raise CheckpointError(f"{path} not found; run `kdcollapse analyze {self.dir} --split {split}`")
-        try:
-            report = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{path} is damaged ({err}); run `kdcollapse analyze {self.dir} --split {split}` "
-                                  "again") from None
-        reason = stale_reason(report, self.dir) if isinstance(report, dict) else "it is not a JSON object"
+        report, reason = self._report(path)
+        if report is None:
+            raise CheckpointError(f"{path} is damaged ({reason}); run `kdcollapse analyze {self.dir} --split "
+                                  f"{split}` again")
         if reason is not None and not stale_ok:
             raise CheckpointError(f"{path} is stale: {reason}; run `kdcollapse analyze {self.dir} --split {split}` "
                                   "again")
         return report if reason is None else {**report, "stale": reason}
 
+    def _report(self, path: Path) -> tuple[dict | None, str | None]:
+        """``(analysis.json, why it is stale or None)``; ``(None, why it cannot be read)`` if damaged."""
+        try:
+            report = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            return None, str(err)
+        if not isinstance(report, dict):
+            return None, "not a JSON object"
+        return report, stale_reason(report, self.dir)
+
     def stale_outputs(self) -> dict[str, str]:
-        """The derived outputs in the run directory (``analysis_*/analysis.json``, ``robust_eval.json``
-        entries) that no longer describe its committed weights: ``{output: reason}``."""
+        """The derived outputs in the run directory (``analysis.json`` of ``analysis_<split>/`` or any other
+        folder there, ``robust_eval.json`` entries) that no longer describe its committed weights, or are
+        damaged: ``{output: reason}``."""
         found = {}
-        for path in sorted(self.dir.glob("analysis_*/analysis.json")):
-            split = path.parent.name.removeprefix("analysis_")
-            if split in RUN_SPLITS:
-                reason = self.analysis(split, stale_ok=True).get("stale")
-                if reason:
-                    found[str(path.relative_to(self.dir))] = reason
+        for path in sorted(self.dir.glob("*/analysis.json")):  # analysis_<split>/ and any other --out folder
+            report, reason = self._report(path)
+            if reason:
+                found[str(path.relative_to(self.dir))] = reason if report else f"it is damaged ({reason})"
         path = self.dir / "robust_eval.json"
         if path.is_file():
             try:
