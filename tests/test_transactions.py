@@ -133,3 +133,18 @@ def test_a_refused_command_never_creates_its_folder(tmp_path, monkeypatch):
     trainer = Trainer(tiny(tmp_path / "a" / "run"))  # the corrected command creates and locks it
     assert (tmp_path / "a" / "run" / ".lock").exists() and (tmp_path / "a" / "run" / "config.yaml").exists()
     trainer.release_run_dir()
+
+
+def test_a_corrected_command_restarts_a_run_that_never_committed(tmp_path, capsys):
+    """Stopped before its first commit (killed, diverged): nothing trained is there, so a corrected config
+    starts again without --overwrite; a config.yaml that kdcollapse did not write is never replaced."""
+    run_dir = tmp_path / "run"
+    Trainer(tiny(run_dir, "train.epochs=1")).release_run_dir()  # config.yaml and run.json, no epoch committed
+    result = fit(tiny(run_dir, "train.epochs=1", "optim.lr=0.02"))  # corrected: another learning rate
+    assert result.epochs == 1 and load_config(run_dir / "config.yaml").optim.lr == 0.02
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("seed: 3\n")  # the user's own file, no run.json
+    assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={mine}", "--quiet"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (mine / "config.yaml").read_text() == "seed: 3\n"

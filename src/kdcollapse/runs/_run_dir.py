@@ -135,8 +135,9 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
         claim.lock = RunLock(run_dir, owner=False)
         try:
             holds_run = (run_dir / "config.yaml").exists()  # looked at under the lock
-            # a run of this config that died before its first commit starts again cleanly
-            restart = holds_run and not resume and not _committed(run_dir) and not _other_config(run_dir, cfg)
+            # a run that stopped before its first commit (killed, diverged, a full disk) holds nothing trained:
+            # the same or a corrected command starts it again cleanly
+            restart = holds_run and not resume and _uncommitted_run(run_dir)
             claim.clear = holds_run and (overwrite or restart) and not resume
             _check_use(cfg, run_dir, holds_run=holds_run and not restart, resume=resume, overwrite=overwrite)
             if resume:
@@ -248,6 +249,19 @@ def check_config_unedited(run_dir: Path) -> None:
                               f"{run_dir} train.epochs=N")
 
 
+def _uncommitted_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a kdcollapse run (its ``config.yaml`` unedited, as ``run.json`` records) that
+    committed no epoch. A ``config.yaml`` that kdcollapse did not write is never one."""
+    if _committed(run_dir):
+        return False
+    try:
+        facts = _read_run_json(run_dir) or {}
+    except CheckpointError:
+        return False
+    config = run_dir / "config.yaml"
+    return config.is_file() and facts.get("config_sha256") == hashlib.sha256(config.read_bytes()).hexdigest()
+
+
 def _committed(run_dir: Path) -> bool:
     """Whether the run in ``run_dir`` committed at least one epoch."""
     return (run_dir / "checkpoint.safetensors").exists() or (run_dir / STATE_FILE).exists()
@@ -287,8 +301,8 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
                 continue
             lock = RunLock(run_dir, owner=False)
             try:
-                _check_use(cfg, run_dir, holds_run=(run_dir / "config.yaml").exists(), resume=False,
-                           overwrite=overwrite)
+                holds_run = (run_dir / "config.yaml").exists() and not _uncommitted_run(run_dir)
+                _check_use(cfg, run_dir, holds_run=holds_run, resume=False, overwrite=overwrite)
             finally:
                 lock.release(undo=True)
 
