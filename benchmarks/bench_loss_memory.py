@@ -10,7 +10,9 @@ granularity or other threads' memory — and unlike ``tracemalloc`` it sees the 
 torch makes. The
 inputs are allocated before the block, so they are not counted; the student's gradient
 (N × V in the input dtype, kept after backward) is. Every case runs in this one process, the
-teacher has no gradient, and ratios are against ``kd_loss`` on the same inputs.
+teacher has no gradient, and ratios are against ``F.kl_div`` on ``log_softmax`` / ``softmax`` of the same
+inputs (torch's plain KL, computed in the inputs' dtype), the baseline of issue 28. ``--cases`` picks cases
+by label (the baseline always runs).
 
 Times are medians over --runs calls after one warm-up, in the same process.
 
@@ -29,13 +31,17 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from _timing import shared_machine  # benchmarks/_timing.py
 from kdcollapse.losses import dkd_loss, ikl_loss, kd_loss
 
 ROWS, VOCAB, CHUNK = 1024, 32000, 128  # N positions (e.g. 8 sequences × 128 tokens), V, chunk rows
+BASELINE = "F.kl_div(log_softmax, softmax)"  # the plain KL of torch, which every ratio divides by
 CASES = {  # label -> loss(student, teacher, target)
+    BASELINE: lambda s, t, y: 4.0 * F.kl_div(F.log_softmax(s / 2.0, dim=-1), F.softmax(t / 2.0, dim=-1),
+                                             reduction="batchmean"),
     "kd_loss": lambda s, t, y: kd_loss(s, t, 2.0),
     "dkd_loss": lambda s, t, y: dkd_loss(s, t, y, 1.0, 8.0, 2.0),
     f"dkd_loss, chunk_size={CHUNK}": lambda s, t, y: dkd_loss(s, t, y, 1.0, 8.0, 2.0,
@@ -91,39 +97,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--cases", help=f"comma-separated labels (default: all): {', '.join(CASES)}")
     args = parser.parse_args()
+    chosen = [BASELINE, *(c for c in args.cases.split(",") if c != BASELINE)] if args.cases else list(CASES)
+    unknown = [c for c in chosen if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
     load_before = os.getloadavg()[0]
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         tensors = inputs(dtype)
-        for label, loss_fn in CASES.items():
+        for label in chosen:
+            loss_fn = CASES[label]
             row = {"case": label, "dtype": str(dtype).removeprefix("torch."),
                    "peak": peak_mib(loss_fn, *tensors),
                    "seconds": median_seconds(loss_fn, *tensors, args.runs)}
             rows.append(row)
-            base = next(r for r in rows if r["dtype"] == row["dtype"] and r["case"] == "kd_loss")
-            print(f"{row['dtype']:>8} {label:<28} peak {row['peak']:7.1f} MiB "
-                  f"({row['peak'] / base['peak']:.2f}x kd_loss), {1e3 * row['seconds']:7.1f} ms "
+            base = next(r for r in rows if r["dtype"] == row["dtype"] and r["case"] == BASELINE)
+            print(f"{row['dtype']:>8} {label:<32} peak {row['peak']:7.1f} MiB "
+                  f"({row['peak'] / base['peak']:.2f}x F.kl_div), {1e3 * row['seconds']:7.1f} ms "
                   f"({row['seconds'] / base['seconds']:.2f}x)", flush=True)
         del tensors
     if args.markdown:
-        args.markdown.write_text(render(rows, args.runs, (load_before, os.getloadavg()[0])))
+        args.markdown.write_text(render(rows, args.runs, (load_before, os.getloadavg()[0]), args.cases))
 
 
-def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
-    lines = ["| inputs | loss | peak beyond the inputs | vs kd_loss | time | vs kd_loss |",
+def render(rows: list[dict], runs: int, load: tuple[float, float], cases: str | None) -> str:
+    lines = ["| inputs | loss | peak beyond the inputs | vs F.kl_div | time | vs F.kl_div |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        base = next(b for b in rows if b["dtype"] == r["dtype"] and b["case"] == "kd_loss")
+        base = next(b for b in rows if b["dtype"] == r["dtype"] and b["case"] == BASELINE)
         lines.append(f"| {r['dtype']} | `{r['case']}` | {r['peak']:.0f} MiB | "
                      f"**{r['peak'] / base['peak']:.2f}×** | {1e3 * r['seconds']:.0f} ms | "
                      f"{r['seconds'] / base['seconds']:.2f}× |")
     return "\n".join([
-        "# Loss memory: chunked DKD and IKL against plain KD (N = 1024, V = 32,000)",
+        "# Loss memory: KD, DKD and IKL against torch's plain KL, `F.kl_div` (N = 1024, V = 32,000)",
         "",
         shared_machine(load) + ".",
         f"Command: `OMP_NUM_THREADS={torch.get_num_threads()} PYTHONPATH=src python "
-        f"benchmarks/bench_loss_memory.py --runs {runs} --markdown results/benchmarks/bench_loss_memory.md`",
+        f"benchmarks/bench_loss_memory.py --runs {runs}" + (f" --cases '{cases}'" if cases else "") +
+        " --markdown results/benchmarks/bench_loss_memory.md`",
         f"One forward + backward per cell, student logits requiring grad, teacher without; "
         f"N = {ROWS} rows, V = {VOCAB}, τ = 2, DKD α = 1, β = 8, IKL mse_weight 8 with sample-wise "
         f"weights. Peak = the largest running total of PyTorch CPU-allocator bytes during the call "
@@ -133,12 +146,15 @@ def render(rows: list[dict], runs: int, load: tuple[float, float]) -> str:
         "",
         *lines,
         "",
+        "`F.kl_div` is computed in the inputs' dtype (bfloat16 for bfloat16 inputs); kdcollapse's losses "
+        "accumulate bfloat16 in float32. With a teacher without gradient, unchunked `kd_loss` keeps one "
+        "float32 (N, V) tensor, p_s − p_t, filled block by block of rows, and writes the gradient in the "
+        "student's dtype; unchunked `dkd_loss` keeps only its inputs and recomputes both non-target "
+        "softmaxes in place in the backward pass (custom autograd functions with the exact gradient). "
         "The chunked forms compute the per-row values chunk by chunk without keeping intermediates "
         "and recompute each chunk in the backward pass, writing its gradient into one preallocated "
-        "tensor; what is left at the peak is the gradient and one chunk's temporaries. bfloat16 "
-        "inputs are upcast to float32 inside each chunk (unchunked: whole), so their peak includes "
-        "float32 copies of the logits. The other jobs on the shared machine inflate absolute "
-        "times; ratios compare calls in one process.",
+        "tensor; what is left at the peak is the gradient and one chunk's temporaries. The other jobs "
+        "on the shared machine inflate absolute times; ratios compare calls in one process.",
         "",
     ])
 

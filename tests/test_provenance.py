@@ -30,6 +30,7 @@ def analysed(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("prov") / "run"
     fit(load_config(None, [*TINY, f"run_dir={run_dir}"]))
     assert main(["analyze", str(run_dir), "--no-progress"]) == 0
+    assert main(["analyze", str(run_dir), "--out", str(run_dir / "mine"), "--no-progress"]) == 0  # another folder
     assert main(["robust-eval", str(run_dir), *ROBUST]) == 0
     return run_dir
 
@@ -97,6 +98,8 @@ def test_each_stale_or_tampered_output_is_refused_or_flagged(analysed, tmp_path,
         assert reason in run.analysis(stale_ok=True)["stale"]
         assert reason in stale["analysis_test/analysis.json"]
     assert any(k.startswith("robust_eval.json: ") for k in stale) == robust_stale
+    weights_changed = change in (_trained_further, _weights_replaced_by_hand)
+    assert ("mine/analysis.json" in stale) == weights_changed  # an analysis in any folder of the run
     if case != "weights replaced by hand":  # robust-eval's report marks entries of other weights
         from kdcollapse.experiments.robust_eval import markdown_report
         entries = json.loads((run_dir / "robust_eval.json").read_text())
@@ -157,3 +160,17 @@ def test_a_study_record_of_weights_no_longer_there_is_left_out(analysed, tmp_pat
     _trained_further(run_dir)
     assert _moved_on(record, run_dir) and not _moved_on(record, tmp_path / "absent")
     assert stale_reason({"weights_sha256": record["source"]["weights_sha256"]}, run_dir)
+
+
+def test_resume_verifies_the_metrics_it_continues(analysed, tmp_path, capsys):
+    run_dir = _copy(analysed, tmp_path)
+    path = run_dir / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"epoch": 1', '"epoch": 1, "test_acc_edited": 99.9'))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl is not the file of epoch 1 that state.json records" in err and "remove it" in err
+    assert "test_acc_edited" in path.read_text()  # refused: nothing re-committed
+    path.unlink()  # the way out the message names: continue without the earlier records
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 0
+    assert [r["epoch"] for r in Run(run_dir).metrics()] == [2]

@@ -115,3 +115,36 @@ def test_a_run_that_died_before_its_first_commit_starts_again(tmp_path, capsys):
     assert main(["train", "--resume", str(run_dir)]) == 2
     assert "start it again with the same command without --resume" in capsys.readouterr().err
     assert fit(tiny(run_dir, "train.epochs=1")).epochs == 1  # the same command starts it cleanly
+
+
+def test_a_refused_command_never_creates_its_folder(tmp_path, monkeypatch):
+    """Not created and then removed: a folder that does not exist is only checked until the run starts."""
+    import os
+
+    made = []
+    real = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda path, *a, **kw: made.append(str(path)) or real(path, *a, **kw))
+    with pytest.raises(ConfigError, match="first training batch"):
+        Trainer(tiny(tmp_path / "a" / "run", "model.kwargs={input_size: 9}"))
+    assert not [p for p in made if p.startswith(str(tmp_path / "a"))]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match="cannot write to run directory .*file is not a directory"):
+        Trainer(tiny(tmp_path / "file" / "run"))
+    trainer = Trainer(tiny(tmp_path / "a" / "run"))  # the corrected command creates and locks it
+    assert (tmp_path / "a" / "run" / ".lock").exists() and (tmp_path / "a" / "run" / "config.yaml").exists()
+    trainer.release_run_dir()
+
+
+def test_a_corrected_command_restarts_a_run_that_never_committed(tmp_path, capsys):
+    """Stopped before its first commit (killed, diverged): nothing trained is there, so a corrected config
+    starts again without --overwrite; a config.yaml that kdcollapse did not write is never replaced."""
+    run_dir = tmp_path / "run"
+    Trainer(tiny(run_dir, "train.epochs=1")).release_run_dir()  # config.yaml and run.json, no epoch committed
+    result = fit(tiny(run_dir, "train.epochs=1", "optim.lr=0.02"))  # corrected: another learning rate
+    assert result.epochs == 1 and load_config(run_dir / "config.yaml").optim.lr == 0.02
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("seed: 3\n")  # the user's own file, no run.json
+    assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={mine}", "--quiet"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (mine / "config.yaml").read_text() == "seed: 3\n"

@@ -77,6 +77,16 @@ def slice_vocab(named: Mapping[str, Tensor], vocab_size: int | None) -> dict[str
     return {name: x[..., :vocab_size] for name, x in named.items()}
 
 
+def constants(*values: object) -> bool:
+    """Whether every one of ``values`` is a plain number (not a tensor: a learned or per-row temperature)."""
+    return all(isinstance(v, (int, float)) for v in values)
+
+
+def scaled_logits(x: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """``x / temperature`` in ``dtype``, as one new tensor (an upcast copy is divided in place)."""
+    return x.to(dtype).div_(temperature) if x.dtype != dtype else x / temperature
+
+
 def check_mask(mask: object, lead: tuple[int, ...]) -> Tensor:
     if (not isinstance(mask, Tensor) or tuple(mask.shape) != lead
             or mask.dtype.is_floating_point or mask.dtype.is_complex):

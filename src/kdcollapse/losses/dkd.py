@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
-from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
+from kdcollapse.losses._reduce import IGNORE_INDEX, constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
 
 
@@ -61,5 +62,68 @@ def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.
         nckd = (log_nt_t.exp() * (log_nt_t - log_nt_s)).sum(-1)
         return alpha * tckd + beta * nckd
 
-    values = samples.per_row(rows, samples.target, chunk_size=chunk_size)
+    def frozen_rows(s: Tensor, t: Tensor, y: Tensor) -> Tensor:  # a chunk, upcast by per_row
+        return _StudentDKD.apply(s, t, y, alpha, beta, temperature, s.dtype)
+
+    student, teacher = samples.logits
+    if teacher.requires_grad or not constants(alpha, beta, temperature):  # other gradients, or tensor weights
+        values = samples.per_row(rows, samples.target, chunk_size=chunk_size)
+    elif chunk_size is None:  # a frozen teacher: the lean exact gradient, upcast inside
+        values = _StudentDKD.apply(student, teacher, samples.target, alpha, beta, temperature, samples.dtype)
+    else:
+        values = samples.per_row(frozen_rows, samples.target, chunk_size=chunk_size)
     return temperature**2 * samples.reduce(values, reduction)
+
+
+def _log_split(x: Tensor, y: Tensor, dtype: torch.dtype, temperature: float) -> tuple[Tensor, Tensor]:
+    """``(log p̂, log b)`` of softmax(x/τ) as :func:`target_split`, with log p̂ in one new (N, K) tensor
+    whose target column is −inf (p̂ = 0 there)."""
+    z = scaled_logits(x, dtype, temperature)
+    z_target = z.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    z.scatter_(-1, y.unsqueeze(-1), -torch.inf)
+    lse_non_target = torch.logsumexp(z, dim=-1)
+    lse = torch.logaddexp(lse_non_target, z_target)
+    return z.sub_(lse_non_target.unsqueeze(-1)), torch.stack([z_target - lse, lse_non_target - lse], dim=-1)
+
+
+class _StudentDKD(torch.autograd.Function):
+    """α·TCKD + β·NCKD per row for a teacher without gradient, with the exact gradient in the student.
+
+    With z = s/τ, p = softmax(z), b = [p_y, 1 − p_y] and p̂ the non-target softmax, the gradient in z is
+    α·m·(e_y − p) + β·(p̂_S − p̂_T) off the target, m = b^T_2·b^S_1 − b^T_1·b^S_2 (the TCKD factor
+    (b^T_2·p_y/(1 − p_y) − b^T_1) times 1 − p_y), i.e. p̂_S·(β − α·m) − β·p̂_T off the target and α·m on it.
+    Only the inputs (which the caller holds) and the (N, 2) splits are kept; the backward pass recomputes
+    both non-target softmaxes in place, so forward + backward peak at about three (N, K) tensors where
+    autograd keeps every intermediate of :func:`target_split` (results/benchmarks/bench_loss_memory.md).
+    """
+
+    @staticmethod
+    def forward(ctx, student: Tensor, teacher: Tensor, target: Tensor, alpha: float, beta: float,
+                temperature: float, dtype: torch.dtype) -> Tensor:
+        log_nt_s, log_b_s = _log_split(student, target, dtype, temperature)
+        log_nt_t, log_b_t = _log_split(teacher, target, dtype, temperature)
+        tckd = (log_b_t.exp() * (log_b_t - log_b_s)).sum(-1)
+        p_nt_t = log_nt_t.exp()
+        for log_nt in (log_nt_s, log_nt_t):  # the target column: 0 · (−inf − −inf) would be NaN
+            log_nt.scatter_(-1, target.unsqueeze(-1), 0.0)
+        nckd = torch.einsum("nk,nk->n", p_nt_t, log_nt_t.sub_(log_nt_s))  # no (N, K) product
+        ctx.save_for_backward(student, teacher, target, log_b_s, log_b_t)
+        ctx.alpha, ctx.beta, ctx.temperature, ctx.dtype = alpha, beta, temperature, dtype
+        return alpha * tckd + beta * nckd
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        student, teacher, target, log_b_s, log_b_t = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 7
+        alpha, beta = ctx.alpha, ctx.beta
+        b_s, b_t = log_b_s.exp(), log_b_t.exp()
+        m = b_t[:, 1] * b_s[:, 0] - b_t[:, 0] * b_s[:, 1]
+        p_nt_s = _log_split(student, target, ctx.dtype, ctx.temperature)[0].exp_()
+        p_nt_t = _log_split(teacher, target, ctx.dtype, ctx.temperature)[0].exp_()
+        dz = p_nt_s.mul_((beta - alpha * m).unsqueeze(-1)).sub_(p_nt_t, alpha=beta)
+        del p_nt_t
+        dz.scatter_(-1, target.unsqueeze(-1), (alpha * m).unsqueeze(-1))
+        dz.mul_((grad / ctx.temperature).unsqueeze(-1))
+        return dz.to(student.dtype), None, None, None, None, None, None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import cached_property
 from pathlib import Path
@@ -15,11 +14,11 @@ from kdcollapse.errors import CheckpointError, KdcollapseError
 from kdcollapse.methods import get_method
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
-from kdcollapse.runs._commit import STATE_FILE, committed_file, committed_path
+from kdcollapse.runs._commit import STATE_FILE, committed_path
 from kdcollapse.runs._derived import stale_reason
 from kdcollapse.runs._lock import is_locked
-from kdcollapse.runs._data import RUN_SPLITS, UserData, check_split, run_dataset
-from kdcollapse.runs._run_dir import read_metrics
+from kdcollapse.runs._data import UserData, check_split, run_dataset
+from kdcollapse.runs._run_dir import read_committed_metrics
 from kdcollapse.runs._load import load_model, load_teacher
 
 MODEL_FILES = {"model": "model.safetensors", "best": "best.safetensors"}
@@ -61,14 +60,9 @@ class Run:
     def metrics(self) -> list[dict]:
         """The per-epoch records of ``metrics.jsonl`` up to the last committed epoch (``state.json``), also
         between a crash and its ``--resume``; a file whose SHA-256 is not the one ``state.json`` records (edited
-        or damaged) is a ``CheckpointError`` naming ``--resume``; only a torn last line after the committed
-        bytes (an older version's interrupted append) is dropped, with a warning."""
-        path, state = committed_file(self.dir, "metrics.jsonl")
-        if path is None and not _committed_plus_torn_line(self.dir / "metrics.jsonl", state):
-            committed_path(self.dir, "metrics.jsonl")  # not the bytes state.json records: refused
-        path = path or self.dir / "metrics.jsonl"
-        records = read_metrics(path or self.dir)
-        return records if state is None else [r for r in records if r.get("epoch", 0) <= state["epoch"]]
+        or damaged) is a ``CheckpointError``; only a torn last line after the committed bytes (an older
+        version's interrupted append) is dropped, with a warning."""
+        return read_committed_metrics(self.dir)
 
     def analysis(self, split: str = "test", *, stale_ok: bool = False) -> dict:
         """The report ``kdcollapse analyze`` wrote into ``analysis_<split>/analysis.json``. One computed from
@@ -78,27 +72,34 @@ class Run:
         path = self.dir / f"analysis_{check_split(split)}" / "analysis.json"
         if not path.is_file():
             raise CheckpointError(f"{path} not found; run `kdcollapse analyze {self.dir} --split {split}`")
-        try:
-            report = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{path} is damaged ({err}); run `kdcollapse analyze {self.dir} --split {split}` "
-                                  "again") from None
-        reason = stale_reason(report, self.dir) if isinstance(report, dict) else "it is not a JSON object"
+        report, reason = self._report(path)
+        if report is None:
+            raise CheckpointError(f"{path} is damaged ({reason}); run `kdcollapse analyze {self.dir} --split "
+                                  f"{split}` again")
         if reason is not None and not stale_ok:
             raise CheckpointError(f"{path} is stale: {reason}; run `kdcollapse analyze {self.dir} --split {split}` "
                                   "again")
         return report if reason is None else {**report, "stale": reason}
 
+    def _report(self, path: Path) -> tuple[dict | None, str | None]:
+        """``(analysis.json, why it is stale or None)``; ``(None, why it cannot be read)`` if damaged."""
+        try:
+            report = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            return None, str(err)
+        if not isinstance(report, dict):
+            return None, "not a JSON object"
+        return report, stale_reason(report, self.dir)
+
     def stale_outputs(self) -> dict[str, str]:
-        """The derived outputs in the run directory (``analysis_*/analysis.json``, ``robust_eval.json``
-        entries) that no longer describe its committed weights: ``{output: reason}``."""
+        """The derived outputs in the run directory (``analysis.json`` of ``analysis_<split>/`` or any other
+        folder there, ``robust_eval.json`` entries) that no longer describe its committed weights, or are
+        damaged: ``{output: reason}``."""
         found = {}
-        for path in sorted(self.dir.glob("analysis_*/analysis.json")):
-            split = path.parent.name.removeprefix("analysis_")
-            if split in RUN_SPLITS:
-                reason = self.analysis(split, stale_ok=True).get("stale")
-                if reason:
-                    found[str(path.relative_to(self.dir))] = reason
+        for path in sorted(self.dir.glob("*/analysis.json")):  # analysis_<split>/ and any other --out folder
+            report, reason = self._report(path)
+            if reason:
+                found[str(path.relative_to(self.dir))] = reason if report else f"it is damaged ({reason})"
         path = self.dir / "robust_eval.json"
         if path.is_file():
             try:
@@ -165,18 +166,6 @@ class Run:
                 spec = [{"type": "Linear", "in": in_features, "out": out_features, "bias": True}]
                 heads[label] = layers_from_spec(spec, state)
         return heads
-
-
-def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
-    """Whether ``path`` is the file ``state.json`` records followed by one unterminated line."""
-    entry = (state or {}).get("files", {}).get(path.name)
-    if entry is None or not path.is_file():
-        return False
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
-        return False
-    head = data[:data.rfind(b"\n") + 1]
-    return hashlib.sha256(head).hexdigest() == entry["sha256"]
 
 
 __all__ = ["Run", "check_split", "run_dataset"]

@@ -2,8 +2,10 @@
 provenance, one JSON line per epoch.
 
 A run directory is taken in two steps. :func:`claim_run_dir` locks it and checks that it may be used
-(nothing is changed but the lock file); the trainer then builds its data, teacher, model and method, and
-only when all of that worked does :func:`start_run_dir` clear an overwritten run and write the config.
+(nothing is changed but the lock file; a directory that does not exist yet is only checked to be creatable,
+and is neither created nor locked); the trainer then builds its data, teacher, model and method, and only
+when all of that worked does :func:`start_run_dir` create and lock a new directory, clear an overwritten run
+and write the config.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
-from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
+from kdcollapse.runs._commit import STATE_FILE, commit_epoch, committed_file, recover
 from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._lock import RunLock
 from kdcollapse.runs._tracking import open_trackers
@@ -72,8 +74,7 @@ class RunDir:
 
     def __init__(self, path: Path, *, is_main: bool, resume: bool):
         self.path, self.is_main, self.resume, self.clear = path, is_main, resume, False
-        # the topmost folder this claim will create (None: run_dir exists): a refused command removes them
-        self.created = next((p for p in [*reversed(path.parents), path] if not p.exists()), None)
+        self.created: Path | None = None  # the topmost folder start_run_dir created (None: run_dir existed)
         self.started = False  # set by start_run_dir: from then on the directory is the run's
         self.lock: RunLock | None = None
         self.state: dict | None = None
@@ -101,8 +102,9 @@ class RunDir:
             return None
 
     def release(self) -> None:
-        """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file and a
-        folder this claim created are removed, so a refused command leaves the disk as it was."""
+        """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file it created
+        is removed (and the folders, if start_run_dir failed right after creating them), so a refused command
+        leaves the disk as it was."""
         if self.lock is not None:
             self.lock.release(undo=not self.started)
             self.lock = None
@@ -125,12 +127,17 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
     claim = RunDir(run_dir, is_main=is_main, resume=resume)
 
     def take() -> None:
+        if not run_dir.exists():  # nothing to lock or clear: checked now, created by start_run_dir
+            _check_creatable(run_dir)
+            _check_use(cfg, run_dir, holds_run=False, resume=resume, overwrite=overwrite)
+            return
         _make_writable(run_dir)
         claim.lock = RunLock(run_dir, owner=False)
         try:
             holds_run = (run_dir / "config.yaml").exists()  # looked at under the lock
-            # a run of this config that died before its first commit starts again cleanly
-            restart = holds_run and not resume and not _committed(run_dir) and not _other_config(run_dir, cfg)
+            # a run that stopped before its first commit (killed, diverged, a full disk) holds nothing trained:
+            # the same or a corrected command starts it again cleanly
+            restart = holds_run and not resume and _uncommitted_run(run_dir)
             claim.clear = holds_run and (overwrite or restart) and not resume
             _check_use(cfg, run_dir, holds_run=holds_run and not restart, resume=resume, overwrite=overwrite)
             if resume:
@@ -165,6 +172,12 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
     """After everything was validated: clear an overwritten run, remove stray temporaries, write the config
     (on resume: with its permitted changes) and, for a new run, ``run.json``."""
     def write() -> None:
+        if claim.lock is None:  # a new directory: created and locked only now
+            claim.created = next((p for p in [*reversed(claim.path.parents), claim.path] if not p.exists()), None)
+            _make_writable(claim.path)
+            claim.lock = RunLock(claim.path, owner=False)
+            if (claim.path / "config.yaml").exists():  # another process started a run here meanwhile
+                _check_use(cfg, claim.path, holds_run=True, resume=False, overwrite=False)
         claim.lock.write_owner()
         claim.started = True
         if claim.clear:
@@ -200,6 +213,16 @@ def _make_writable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
+def _check_creatable(run_dir: Path) -> None:
+    """Refuse a run directory that cannot be created (its nearest existing folder is a file or is not
+    writable), without creating anything."""
+    existing = next(p for p in [run_dir, *run_dir.parents] if p.exists())
+    if not existing.is_dir():
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not writable")
+
+
 def _read_run_json(run_dir: Path) -> dict | None:
     """``run.json`` of ``run_dir`` (``None`` if absent); a damaged one is an error naming the file."""
     path = run_dir / "run.json"
@@ -224,6 +247,19 @@ def check_config_unedited(run_dir: Path) -> None:
         raise CheckpointError(f"{path} was edited after the run wrote it (its SHA-256 differs from run.json's "
                               "config_sha256); restore it, and change resumable keys with overrides: --resume "
                               f"{run_dir} train.epochs=N")
+
+
+def _uncommitted_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a kdcollapse run (its ``config.yaml`` unedited, as ``run.json`` records) that
+    committed no epoch. A ``config.yaml`` that kdcollapse did not write is never one."""
+    if _committed(run_dir):
+        return False
+    try:
+        facts = _read_run_json(run_dir) or {}
+    except CheckpointError:
+        return False
+    config = run_dir / "config.yaml"
+    return config.is_file() and facts.get("config_sha256") == hashlib.sha256(config.read_bytes()).hexdigest()
 
 
 def _committed(run_dir: Path) -> bool:
@@ -265,8 +301,8 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
                 continue
             lock = RunLock(run_dir, owner=False)
             try:
-                _check_use(cfg, run_dir, holds_run=(run_dir / "config.yaml").exists(), resume=False,
-                           overwrite=overwrite)
+                holds_run = (run_dir / "config.yaml").exists() and not _uncommitted_run(run_dir)
+                _check_use(cfg, run_dir, holds_run=holds_run, resume=False, overwrite=overwrite)
             finally:
                 lock.release(undo=True)
 
@@ -388,6 +424,37 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
+def read_committed_metrics(run_dir: Path, epoch: int | None = None) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
+    file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
+    A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the committed bytes (an
+    older version's interrupted append) is dropped with a warning. Runs without ``state.json``: as they are."""
+    run_dir = Path(run_dir)
+    path, state = committed_file(run_dir, "metrics.jsonl")
+    if path is None and not (run_dir / "metrics.jsonl").exists():
+        return []  # removed (after an edit): no records
+    if path is None and not _committed_plus_torn_line(run_dir / "metrics.jsonl", state):
+        raise CheckpointError(
+            f"{run_dir / 'metrics.jsonl'} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
+            "(edited, or damaged); restore it, or remove it (a `--resume` then continues without the records of "
+            "the earlier epochs)")
+    records = read_metrics(path or run_dir / "metrics.jsonl")
+    last = epoch if epoch is not None else state["epoch"] if state else None
+    return records if last is None else [r for r in records if r.get("epoch", 0) <= last]
+
+
+def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
+    """Whether ``path`` is the file ``state.json`` records followed by one unterminated line."""
+    entry = (state or {}).get("files", {}).get(path.name)
+    if entry is None or not path.is_file():
+        return False
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return False
+    head = data[:data.rfind(b"\n") + 1]
+    return hashlib.sha256(head).hexdigest() == entry["sha256"]
+
+
 def metrics_jsonl(records: list[dict]) -> str:
     """``records`` as JSON lines, one per record."""
     return "".join(json.dumps(r) + "\n" for r in records)
@@ -427,7 +494,7 @@ class MetricsLog:
         if not enabled:
             return
         if start_epoch > 0:
-            self.records = [r for r in read_metrics(run_dir) if r.get("epoch", 0) <= start_epoch]
+            self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
         if self.path.exists():
             for name, text in self.files().items():
                 write_text(run_dir / name, text)

@@ -451,7 +451,7 @@ class Trainer:
 
     def kept(self, epoch: int) -> str:
         return (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
-                else "no checkpoint had been written yet")
+                else "no epoch had been committed, so the corrected command starts it again (without --resume)")
 
     @torch.no_grad()
     def ranks_in_sync(self) -> bool:
