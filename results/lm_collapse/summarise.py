@@ -45,6 +45,11 @@ def load(directory: Path) -> tuple[dict, dict[str, list[dict]], list[int]]:
     return teacher, arms, seeds
 
 
+def cell(values: list[float], digits: int) -> str:
+    """mean ± std, or "nan" when a seed's value is nan (CDNV's 0/0 at the embeddings)."""
+    return "nan" if any(math.isnan(v) for v in values) else mean_std(values, digits)
+
+
 def last(result: dict) -> dict:
     return result["layers"][str(result["num_hidden_states"] - 1)]
 
@@ -65,14 +70,10 @@ def main() -> None:
                      *(mean_std([last(r)[k] for r in results], 3) for k in KEYS)])
     print(markdown_table(["model", "perplexity", *(f"{k} (last)" for k in KEYS)], rows))
 
-    per_layer = []
-    for layer in range(3):
-        per_layer.append([f"student hidden state {layer}",
-                          *(mean_std([r["layers"][str(layer)]["nc1"] for r in results], 2) for results in arms.values())])
-    for layer in range(3):
-        per_layer.append([f"cdnv, hidden state {layer}",
-                          *(mean_std([r["layers"][str(layer)]["cdnv"] for r in results], 3) for results in arms.values())])
-    print(markdown_table(["NC1 / CDNV per layer", *arms], per_layer))
+    per_layer = [[f"{key}, hidden state {layer}",
+                  *(cell([r["layers"][str(layer)][key] for r in results], 3) for results in arms.values())]
+                 for key in ("nc1", "cdnv", "vci", "gnc1") for layer in range(3)]
+    print(markdown_table(["students, per layer", *arms], per_layer))
 
     tests = []
     for a, b in PAIRS:
