@@ -122,3 +122,15 @@ def test_intra_class_studies_train_the_runs_of_the_replaced_scripts(page, tmp_pa
                                                "train.progress=false", "train.channels_last=false"])
         run = study.runs[name]
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
+def test_ufm_seeds_runs_the_settings_of_the_replaced_driver(tmp_path):
+    # the removed driver (run.py of results/geometry/ufm_seeds/ at b091a42): K, D, N = 30, 2, 2; weight_decay=5e-4, lr=0.1, log_every=steps
+    old = {"sphere_gd": ("sphere", 0.02, "gd", 5000), "wd_gd": ("weight_decay", 1.0, "gd", 5000),
+           "sphere_lbfgs": ("sphere", 0.02, "lbfgs", 3000), "wd_lbfgs": ("weight_decay", 1.0, "lbfgs", 3000)}
+    study = load_study(ROOT / "results/geometry/ufm_seeds/study.yaml", runs_dir=tmp_path)
+    assert sorted(study.runs) == sorted(f"{name}/seed{s}" for name in old for s in range(5))
+    for name, (reg, tau, opt, steps) in old.items():
+        assert study.runs[f"{name}/seed4"].params == {
+            "num_classes": 30, "dim": 2, "samples_per_class": 2, "regularization": reg, "temperature": tau,
+            "weight_decay": 5e-4, "optimizer": opt, "steps": steps, "lr": 0.1, "log_every": steps}

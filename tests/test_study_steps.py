@@ -134,3 +134,48 @@ def test_a_post_step_key_that_is_also_a_metric_is_refused(ran, tmp_path):
             run_record(run.run_dir, spec, ("max_logit.json",))
     finally:
         (run.run_dir / "max_logit.json").unlink()
+
+
+UFM_STUDY = """
+name: ufm
+seeds: [0, 1]
+groups:
+  - group: ufm
+    run: "{reg}/seed{seed}"
+    step: ufm
+    grid: {reg: [sphere, weight_decay]}
+    params: {num_classes: 4, dim: 2, regularization: "{reg}", temperature: 0.5, optimizer: gd, steps: 20,
+             log_every: 20}
+summary:
+  select: null
+  metric: {metric: gnc2, digits: 5}
+  unit: GNC2
+  sections: [{title: ufm, cells: [{label: "{reg}", group: ufm}], compare: [[sphere, weight_decay]]}]
+"""
+
+
+def test_a_run_step_computes_once_and_its_result_is_the_record(tmp_path):
+    from kdcollapse.experiments.ufm import train_ufm
+
+    path = write_study(tmp_path, UFM_STUDY)
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    assert study.runs["weight_decay/seed1"].params["regularization"] == "weight_decay"
+    outcomes = run_local(study, pending(study), workers=1)
+    assert [o.status for o in outcomes] == ["finished"] * 4 and pending(study) == []
+    assert set(status(study).values()) == {"finished"}
+    direct = train_ufm(4, 2, regularization="weight_decay", temperature=0.5, optimizer="gd", steps=20, log_every=20,
+                       seed=1)
+    records = collect(study)
+    assert records["weight_decay/seed1"] == {"last": {"gnc2": float(direct.final["gnc2"])}}
+    text, summary = summarise(study, records)
+    assert "| seeds | per seed (GNC2) | mean (GNC2) |" in text and summary["comparisons"][0]["seeds"] == [0, 1]
+
+
+@pytest.mark.parametrize("change, message", [
+    (("step: ufm", "step: nothing"), "nothing"),
+    (("step: ufm", "step: ufm\n    config: x.yaml"), "one of 'config'"),
+    (("step: ufm", "step: ufm\n    overrides: [seed=1]"), "takes 'params', not 'overrides'"),
+])
+def test_bad_run_steps_are_refused(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_study(write_study(tmp_path, UFM_STUDY.replace(*change)))

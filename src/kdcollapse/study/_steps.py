@@ -1,5 +1,6 @@
-"""Registered post steps: measurements of a run's last saved model that no ``kdcollapse`` command writes
-(``max_logit``, ``feature_geometry``). A
+"""Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
+command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
+runs instead of training (``ufm``), written to ``result.json`` in their run directory. A
 study names one as ``post: [{step: NAME, creates: FILE.json}]``; the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
 
@@ -55,3 +56,17 @@ def feature_geometry(run_dir: Path) -> dict:
 
 
 STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry}
+
+
+def ufm(seed: int, **params) -> dict:
+    """The unconstrained-features model (:func:`kdcollapse.experiments.ufm.train_ufm`, ``params`` its keyword
+    arguments, ``num_classes`` and ``dim`` included) from seed ``seed``: the final loss and GNC1-3, and the
+    classifier's largest over smallest row norm."""
+    from kdcollapse.experiments.ufm import train_ufm
+
+    result = train_ufm(**params, seed=seed)
+    norms = result.W.norm(dim=1)
+    return {**{k: float(v) for k, v in result.final.items()}, "norm_ratio": float(norms.max() / norms.min())}
+
+
+RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm}
