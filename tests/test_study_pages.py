@@ -71,3 +71,66 @@ def test_collapse_studies_train_the_runs_of_the_replaced_job_lists(page, tmp_pat
                                                      "train.progress=false", "train.channels_last=false"])
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
         assert [s.step for s in run.post] == ([] if name in TEACHERS else ["max_logit"])
+
+
+IC = "configs/intra_class/fashion_mnist"
+CONVNET = "results/intra_class/convnet/base.yaml"
+INTRA = ("method={name: intra_class_teacher, embedding: logits, normalize: true, temperature: 0.1, "
+         "margin_threshold: 0.5, cache_capacity: 64, cache_min_count: 16, intra_weight: LAM}")
+# study file -> run name -> (config, the old script's overrides, the run whose directory is its teacher or None)
+OLD_SCRIPTS = {  # run_fashion_mnist.sh and convnet/run.sh at b091a42
+    "intra_class/fashion_mnist": {
+        "teacher_l0.03/seed1": (f"{IC}/teacher.yaml", "seed=1 method.intra_weight=0.03", None),
+        "student_l1/seed2": (f"{IC}/student.yaml", "seed=2", "teacher_l1/seed2"),
+        "student_ce/seed0": (f"{IC}/student.yaml", "seed=0 method={name: vanilla} teacher.checkpoint=null", None),
+    },
+    "intra_class/convnet": {
+        "teacher_l0.3/seed2": (CONVNET, f"seed=2 model.name=convnet {INTRA.replace('LAM', '0.3')}", None),
+        "student_kd_l1/seed0": (CONVNET, "seed=0 model.name=convnet_small method={name: kd, ce_weight: 0.1, "
+                                "kd_weight: 0.9, temperature: 1.0}", "teacher_l1/seed0"),
+        "student_kdrkd_l0/seed1": (CONVNET, "seed=1 model.name=convnet_small method={name: kd_rkd}", "teacher_l0/seed1"),
+        "student_ce/seed2": (CONVNET, "seed=2 model.name=convnet_small method={name: vanilla}", None),
+    },
+    "intra_class/convnet/teacher3000": {
+        "teacher_l1/seed0": (CONVNET, f"seed=0 model.name=convnet {INTRA.replace('LAM', '1')} "
+                             "data.train_per_class=3000", None),
+        "student_kd_l0.1/seed2": (CONVNET, "seed=2 model.name=convnet_small method={name: kd, ce_weight: 0.1, "
+                                  "kd_weight: 0.9, temperature: 1.0}", "teacher_l0.1/seed2"),
+    },
+}
+
+
+def split_overrides(text: str) -> list[str]:
+    """``key=value`` items of a command line whose values may hold spaces inside braces."""
+    items, depth = [""], 0
+    for ch in text:
+        if ch == " " and depth == 0:
+            items.append("")
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        items[-1] += ch
+    return [i for i in items if i]
+
+
+@pytest.mark.parametrize("page", sorted(OLD_SCRIPTS))
+def test_intra_class_studies_train_the_runs_of_the_replaced_scripts(page, tmp_path):
+    study = load_study(ROOT / f"results/{page}/study.yaml", runs_dir=tmp_path)
+    for name, (config, overrides, teacher) in OLD_SCRIPTS[page].items():
+        extra = [f"teacher.checkpoint={tmp_path / teacher}"] if teacher else []
+        expected = load_config(ROOT / config, [*split_overrides(overrides), *extra, f"run_dir={tmp_path / name}",
+                                               "train.progress=false", "train.channels_last=false"])
+        run = study.runs[name]
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
+def test_ufm_seeds_runs_the_settings_of_the_replaced_driver(tmp_path):
+    # the removed driver (run.py of results/geometry/ufm_seeds/ at b091a42): K, D, N = 30, 2, 2; weight_decay=5e-4, lr=0.1, log_every=steps
+    old = {"sphere_gd": ("sphere", 0.02, "gd", 5000), "wd_gd": ("weight_decay", 1.0, "gd", 5000),
+           "sphere_lbfgs": ("sphere", 0.02, "lbfgs", 3000), "wd_lbfgs": ("weight_decay", 1.0, "lbfgs", 3000)}
+    study = load_study(ROOT / "results/geometry/ufm_seeds/study.yaml", runs_dir=tmp_path)
+    assert sorted(study.runs) == sorted(f"{name}/seed{s}" for name in old for s in range(5))
+    for name, (reg, tau, opt, steps) in old.items():
+        assert study.runs[f"{name}/seed4"].params == {
+            "num_classes": 30, "dim": 2, "samples_per_class": 2, "regularization": reg, "temperature": tau,
+            "weight_decay": 5e-4, "optimizer": opt, "steps": steps, "lr": 0.1, "log_every": steps}

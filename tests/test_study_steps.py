@@ -13,7 +13,8 @@ import torch
 from conftest import TINY_RUN
 from kdcollapse.errors import ConfigError
 from kdcollapse.runs import Run
-from kdcollapse.study import collect, load_study, pending, run_local, state_of, status, summarise
+from kdcollapse.study import (check_summary, collect, load_study, pending, run_local, run_record, state_of, status,
+                              summarise)
 
 TINY = "[" + ", ".join(json.dumps(o) for o in TINY_RUN) + "]"
 STUDY = """
@@ -91,3 +92,90 @@ def test_bad_post_steps_are_refused(tmp_path, post, message):
     text = STUDY.replace("[{step: max_logit, creates: max_logit.json}]", post)
     with pytest.raises(ConfigError, match=message):
         load_study(write_study(tmp_path, text))
+
+
+LAST_ONLY = STUDY.replace("""summary:
+  metric: {metric: test_acc, at: best}
+  columns: [{metric: test_acc, at: best}, {metric: max_logit, at: last, label: largest logit}]""", """summary:
+  select: null
+  metric: {metric: test_acc, at: last}
+  columns: [{metric: test_acc}]""").replace("""      cells: [{label: "lr {lr}", group: plain}]""", """      columns: [{metric: test_acc, label: acc}, {metric: max_logit, digits: 4, label: largest logit}]
+      cells: [{label: "lr {lr}", group: plain}]""")
+
+
+def test_a_summary_without_selection_reads_last_epochs_with_section_columns(tmp_path):
+    study = load_study(write_study(tmp_path, LAST_ONLY), runs_dir=tmp_path / "runs")
+    records = {f"lr0.05/seed{s}": {"last": {"test_acc": 80.0 + s, "max_logit": 3.14159 + s}} for s in (0, 1)}
+    records |= {f"lr1e+30/seed{s}": {"last": {"test_acc": 70.0 + 2 * s, "max_logit": 1.0}} for s in (0, 1)}
+    text, summary = summarise(study, records)
+    assert "each run read at its last epoch (no epoch is selected)" in text
+    assert "| setting | seeds | acc | largest logit |" in text and "| lr 0.05 | 0,1 | 80.50 ± 0.71 | 3.6416 ± 0.7071 |" in text
+    assert summary["comparisons"][0]["per_seed"] == [10.0, 9.0]
+
+
+@pytest.mark.parametrize("change, message", [
+    (("metric: {metric: test_acc, at: last}", "metric: {metric: test_acc, at: best}"), "selects no epoch"),
+    (("cells: [", "choose: {among: '*', by: val_acc}\n      cells: ["), "no validation split"),
+    (("digits: 4", "digits: 12"), "'digits' is an integer"),
+])
+def test_a_summary_without_selection_refuses_best_epochs_and_choices(tmp_path, change, message):
+    study = load_study(write_study(tmp_path, LAST_ONLY.replace(*change)), runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=message):
+        summarise(study, {})
+
+
+def test_a_post_step_key_that_is_also_a_metric_is_refused(ran, tmp_path):
+    study, _ = ran
+    run = study.runs["lr0.05/seed0"]
+    (run.run_dir / "max_logit.json").write_text(json.dumps({"max_logit": 1.0, "test_acc": 1.0}))
+    spec = check_summary(dict(study.summary, columns=[{"metric": "test_acc"}, {"metric": "max_logit", "at": "last"}]))
+    try:
+        with pytest.raises(ConfigError, match="test_acc is also a metrics.jsonl key"):
+            run_record(run.run_dir, spec, ("max_logit.json",))
+    finally:
+        (run.run_dir / "max_logit.json").unlink()
+
+
+UFM_STUDY = """
+name: ufm
+seeds: [0, 1]
+groups:
+  - group: ufm
+    run: "{reg}/seed{seed}"
+    step: ufm
+    grid: {reg: [sphere, weight_decay]}
+    params: {num_classes: 4, dim: 2, regularization: "{reg}", temperature: 0.5, optimizer: gd, steps: 20,
+             log_every: 20}
+summary:
+  select: null
+  metric: {metric: gnc2, digits: 5}
+  unit: GNC2
+  sections: [{title: ufm, cells: [{label: "{reg}", group: ufm}], compare: [[sphere, weight_decay]]}]
+"""
+
+
+def test_a_run_step_computes_once_and_its_result_is_the_record(tmp_path):
+    from kdcollapse.experiments.ufm import train_ufm
+
+    path = write_study(tmp_path, UFM_STUDY)
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    assert study.runs["weight_decay/seed1"].params["regularization"] == "weight_decay"
+    outcomes = run_local(study, pending(study), workers=1)
+    assert [o.status for o in outcomes] == ["finished"] * 4 and pending(study) == []
+    assert set(status(study).values()) == {"finished"}
+    direct = train_ufm(4, 2, regularization="weight_decay", temperature=0.5, optimizer="gd", steps=20, log_every=20,
+                       seed=1)
+    records = collect(study)
+    assert records["weight_decay/seed1"] == {"last": {"gnc2": float(direct.final["gnc2"])}}
+    text, summary = summarise(study, records)
+    assert "| seeds | per seed (GNC2) | mean (GNC2) |" in text and summary["comparisons"][0]["seeds"] == [0, 1]
+
+
+@pytest.mark.parametrize("change, message", [
+    (("step: ufm", "step: nothing"), "nothing"),
+    (("step: ufm", "step: ufm\n    config: x.yaml"), "one of 'config'"),
+    (("step: ufm", "step: ufm\n    overrides: [seed=1]"), "takes 'params', not 'overrides'"),
+])
+def test_bad_run_steps_are_refused(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_study(write_study(tmp_path, UFM_STUDY.replace(*change)))

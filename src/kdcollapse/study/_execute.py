@@ -24,13 +24,14 @@ import torch
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.recipes import config_file
-from kdcollapse.runs import Run, read_metrics, run_state
+from kdcollapse.runs import Run, RunLock, read_metrics, run_state
 from kdcollapse.study._spec import RunSpec, Study
-from kdcollapse.study._steps import STEPS
+from kdcollapse.study._steps import RUN_STEPS, STEPS
 from kdcollapse.train import TrainingDiverged, fit
 
 OUTCOMES = ("finished", "diverged", "failed", "running elsewhere", "blocked")
 DIVERGED_FILE = "diverged.json"
+RESULT_FILE = "result.json"  # the output of a run step; it exists only once the step finished
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     a teacher that is not finished blocks its students."""
     if threads:
         torch.set_num_threads(threads)
+    if run.step is not None:
+        return _run_step(run)
     state = state_of(run)
     if state == "running":
         return Outcome(run.name, "running elsewhere", "another process holds its run directory")
@@ -81,6 +84,25 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     return outcome
 
 
+def _run_step(run: RunSpec) -> Outcome:
+    """A registered computation instead of training: done once ``result.json`` exists; the run directory's lock
+    keeps two launches from computing it twice."""
+    if (run.run_dir / RESULT_FILE).is_file():
+        return Outcome(run.name, "finished")
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock(run.run_dir)
+    except CheckpointError as err:
+        return Outcome(run.name, "running elsewhere", str(err))
+    try:
+        torch.manual_seed(run.values["seed"])
+        _write_json(run.run_dir / RESULT_FILE, {"step": run.step, "params": run.params,
+                                                 **RUN_STEPS[run.step](seed=run.values["seed"], **run.params)})
+    finally:
+        lock.release()
+    return Outcome(run.name, "finished")
+
+
 def _write_json(path, value: dict) -> None:
     """``value`` as JSON in ``path``, whole or not at all (written beside it, then renamed)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -96,7 +118,11 @@ def run_config(run: RunSpec):
 def state_of(run: RunSpec) -> str:
     """:func:`kdcollapse.runs.run_state`, except that a run finished at fewer epochs than the study now asks
     for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume), and one whose loss
-    diverged (``diverged.json``, not finished) is "diverged"."""
+    diverged (``diverged.json``, not finished) is "diverged". A run step is "finished" once its ``result.json``
+    exists, "running" while a process holds its lock, else "new"."""
+    if run.step is not None:
+        return "finished" if (run.run_dir / RESULT_FILE).is_file() else "running" if run_state(run.run_dir) == "running" \
+            else "new"
     state = run_state(run.run_dir)
     if state == "finished" and Run(run.run_dir).config.train.epochs < run_config(run).train.epochs:
         return "interrupted"

@@ -11,10 +11,10 @@ from pathlib import Path
 import yaml
 
 from kdcollapse.errors import ConfigError, unknown_choice
-from kdcollapse.study._steps import STEPS
+from kdcollapse.study._steps import RUN_STEPS, STEPS
 
 STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary", "tracking")
-GROUP_KEYS = ("group", "run", "config", "grid", "seeds", "teacher", "overrides", "post", "resources")
+GROUP_KEYS = ("group", "run", "config", "step", "params", "grid", "seeds", "teacher", "overrides", "post", "resources")
 RESOURCE_KEYS = ("cpus", "gpus", "tasks", "mem_gb", "minutes", "partition", "threads")
 _FIELD = re.compile(r"\{(\w+)\}")
 
@@ -45,6 +45,8 @@ class RunSpec:
     teacher_dir: Path | None = None
     post: tuple[PostStep, ...] = ()
     resources: dict = field(default_factory=dict)
+    step: str | None = None  # a registered computation (kdcollapse.study._steps.RUN_STEPS) instead of training
+    params: dict = field(default_factory=dict)  # its keyword arguments
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,11 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
         raise ConfigError(f"groups[{index}] must be a mapping with keys {', '.join(GROUP_KEYS)}")
     label = str(group.get("group", f"groups[{index}]"))
     _known(group, GROUP_KEYS, f"group {label!r}")
-    for key in ("run", "config"):
-        if key not in group:
-            raise ConfigError(f"group {label!r} needs {key!r}")
+    if "run" not in group or ("config" in group) == ("step" in group):
+        raise ConfigError(f"group {label!r} needs 'run' and one of 'config' (a training run) or 'step' (a registered "
+                          f"computation: {', '.join(RUN_STEPS)})")
+    if "step" in group:
+        _step_group(group, label)
     resources = dict(group.get("resources") or {})
     _known(resources, RESOURCE_KEYS, f"resources of group {label!r}")
     post = tuple(_post_step(step, label) for step in group.get("post") or [])
@@ -129,12 +133,35 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
             values.update(value if isinstance(value, dict) else {key: value})  # a mapping sets several fields
         name = _fill(group["run"], values, label)
         overrides = tuple(_fill(str(o), values, label) for o in _flat(_splice(group.get("overrides") or [], values)))
+        if "step" in group:
+            runs.append(RunSpec(name=name, group=label, config="", overrides=(), values=values, run_dir=root / name,
+                                resources=resources, step=group["step"],
+                                params={k: _value(v, values, label) for k, v in (group.get("params") or {}).items()}))
+            continue
         runs.append(RunSpec(
             name=name, group=label, config=_fill(group["config"], values, label),
             overrides=(*overrides, *extra, f"seed={seed}", f"run_dir={root / name}"), values=values,
             run_dir=root / name, teacher=_fill(group["teacher"], values, label) if group.get("teacher") else None,
             post=post, resources=resources))
     return runs
+
+
+def _step_group(group: dict, label: str) -> None:
+    if group["step"] not in RUN_STEPS:
+        raise ConfigError(unknown_choice(f"step of group {label!r}", group["step"], tuple(RUN_STEPS)))
+    for key in ("teacher", "overrides", "post"):
+        if key in group:
+            raise ConfigError(f"group {label!r} runs step {group['step']!r}, which takes 'params', not {key!r}")
+    if not isinstance(group.get("params", {}), dict):
+        raise ConfigError(f"group {label!r}: 'params' maps the step's keyword arguments to values")
+
+
+def _value(value, values: dict, group: str):
+    """A step parameter: ``"{field}"`` is that field's value as it is (a number stays a number); other strings
+    have their fields filled in."""
+    if isinstance(value, str) and (m := _FIELD.fullmatch(value)) and m.group(1) in values:
+        return values[m.group(1)]
+    return _fill(value, values, group) if isinstance(value, str) else value
 
 
 def _splice(items: list, values: dict) -> list:

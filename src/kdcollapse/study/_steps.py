@@ -1,4 +1,6 @@
-"""Registered post steps: measurements of a run's last saved model that no ``kdcollapse`` command writes. A
+"""Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
+command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
+runs instead of training (``ufm``), written to ``result.json`` in their run directory. A
 study names one as ``post: [{step: NAME, creates: FILE.json}]``; the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
 
@@ -10,6 +12,8 @@ from pathlib import Path
 import torch
 
 from kdcollapse.data import make_loader
+from kdcollapse.metrics import intra_inter_distances
+from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.runs import Run
 
 
@@ -25,4 +29,44 @@ def max_logit(run_dir: Path) -> dict:
     return {"max_logit": max(float(model(x).max()) for x, _ in loader)}
 
 
-STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit}
+@torch.no_grad()
+def feature_geometry(run_dir: Path) -> dict:
+    """The geometry of the run's last saved model on its test split, in eval mode: ``feature_d_intra`` and
+    ``feature_d_inter`` (the intra-class teacher paper's §4.2, on the L2-normalised penultimate features),
+    their ratio, ``feature_vci`` and ``feature_nc1`` of the features, and ``soft_label_spread``, the
+    within-class spread of the soft labels, mean ‖p(x) − p̄_y‖² with p = softmax(logits) and p̄_y its class mean."""
+    run = Run(run_dir)
+    test = run.dataset("test")
+    model, _ = run.model()
+    model.eval()
+    features, logits = [], []
+    for x, _ in make_loader(test, 1000, train=False, device="cpu", seed=0):
+        h = model.forward_features(x)
+        features.append(h)
+        logits.append(model.forward_head(h))
+    h, z, y = torch.cat(features), torch.cat(logits), test.labels
+    d_intra, d_inter = intra_inter_distances(h, y)
+    collapse = collapse_metrics_from_features(h, y, test.num_classes)
+    p = z.softmax(1).double()
+    class_means = torch.zeros(test.num_classes, p.shape[1], dtype=torch.float64).index_add_(0, y, p)
+    class_means /= torch.bincount(y, minlength=test.num_classes)[:, None]
+    return {"feature_d_intra": d_intra, "feature_d_inter": d_inter, "feature_d_ratio": d_intra / d_inter,
+            "feature_vci": collapse["vci"].item(), "feature_nc1": collapse["nc1"].item(),
+            "soft_label_spread": (p - class_means[y]).square().sum(1).mean().item()}
+
+
+STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry}
+
+
+def ufm(seed: int, **params) -> dict:
+    """The unconstrained-features model (:func:`kdcollapse.experiments.ufm.train_ufm`, ``params`` its keyword
+    arguments, ``num_classes`` and ``dim`` included) from seed ``seed``: the final loss and GNC1-3, and the
+    classifier's largest over smallest row norm."""
+    from kdcollapse.experiments.ufm import train_ufm
+
+    result = train_ufm(**params, seed=seed)
+    norms = result.W.norm(dim=1)
+    return {**{k: float(v) for k, v in result.final.items()}, "norm_ratio": float(norms.max() / norms.min())}
+
+
+RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm}
