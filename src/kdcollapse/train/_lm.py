@@ -312,21 +312,22 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
         hidden = student.base_model(ids).last_hidden_state[:, :-1]
     weight = student.get_output_embeddings().weight.to(hidden.dtype)
     labels = ids[:, 1:]
+    scored = 0 if stored is None or gen.seq_kd else text  # the teacher runs on blocks scored[:] only
     online = None
-    if loss_cfg.divergence != "none" and (stored is None or gen.enabled):
+    if loss_cfg.divergence != "none" and scored < len(ids):
         with torch.no_grad():
-            online = teacher.model.base_model(ids).last_hidden_state[:, :-1]
+            online = teacher.model.base_model(ids[scored:]).last_hidden_state[:, :-1]
     parts = []  # (rows, teacher, ce_weight)
     if text:
         if loss_cfg.divergence == "none":
             source = None
-        elif stored is not None:
+        elif scored:
             source = stored.rows(micro[:text], slice(None, -1))
         else:
             source = _head(teacher, online[:text])
         parts.append((slice(0, text), source, loss_cfg.ce_weight))
     if on_policy:
-        parts.append((slice(text, None), _head(teacher, online[text:]), 0.0))
+        parts.append((slice(text, None), _head(teacher, online[text - scored:]), 0.0))
     losses, counts = [], []
     for rows, source, ce_weight in parts:
         h = hidden[rows]
