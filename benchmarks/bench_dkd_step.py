@@ -4,15 +4,17 @@
 method, backward, the optimizer step). "bare loop": the same student and teacher (copies, same weights), the
 same batches and an optimizer of the same type and settings, in eight lines of plain PyTorch::
 
-    with torch.no_grad(): t = teacher(x)
-    s = student(x)
-    loss = F.cross_entropy(s, y) + ramp * dkd_loss(s, t, y, alpha, beta, temperature)
+    with autocast:  # the run's precision (train.amp); x in the run's memory layout
+        with torch.no_grad(): t = teacher(x).float()
+        s = student(x)
+        loss = F.cross_entropy(s, y) + ramp * dkd_loss(s, t, y, alpha, beta, temperature)
     optimizer.zero_grad(set_to_none=True); loss.backward(); optimizer.step()
 
 "bare loop, official DKD formula": the same loop with the DKD loss written as the official code computes it
-(masks, ``softmax(z/τ − 1000·gt)`` for the non-target part; megvii-research/mdistiller, mdistiller/distillers/
-DKD.py), so the last column also compares kdcollapse's loss with the official computation. Every round times
-``--steps`` steps of each case in a shuffled order; the reported ratio is the median over rounds.
+(masks, ``softmax(z/τ − 1000·gt)`` for the non-target part; megvii-research/mdistiller at a08d46f,
+mdistiller/distillers/DKD.py), so the last column also compares kdcollapse's loss with the official
+computation. Every round times ``--steps`` steps of each case in a shuffled order; each case's step time is
+its median over the rounds, and the ratio is that of the medians.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_dkd_step.py --rounds 7
     PYTHONPATH=src python benchmarks/bench_dkd_step.py --pair resnet32x4-\\>resnet8x4 --rounds 5
@@ -62,10 +64,12 @@ def bare_loop(trainer, loss_fn):
     def steps(batches):
         start = time.perf_counter()
         for x, y in batches:
-            with torch.no_grad():
-                t = teacher(x)
-            s = student(x)
-            loss = F.cross_entropy(s, y) + ramp * loss_fn(s, t, y, cfg.alpha, cfg.beta, cfg.temperature)
+            x = trainer.to_layout(x)  # the run's memory layout and precision, as the trainer's step
+            with trainer.precision():  # the method's whole forward runs in it, losses included
+                with torch.no_grad():
+                    t = teacher(x).float()  # the trainer's teacher hands float32 logits to the method
+                s = student(x)
+                loss = F.cross_entropy(s, y) + ramp * loss_fn(s, t, y, cfg.alpha, cfg.beta, cfg.temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -105,7 +109,10 @@ def main() -> None:
     base = medians["bare loop"]
     print(f"Machine: {machine(torch.device('cpu'))}; 1-minute load average {load_before:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end.")
-    print(f"Pair {args.pair}, batch 64, {args.steps} steps per case per round, {args.rounds} interleaved rounds.\n")
+    precision = {None: "float32", torch.bfloat16: "bf16 autocast"}.get(trainer.amp_dtype, str(trainer.amp_dtype))
+    layout = "channels-last" if trainer.channels_last() else "contiguous"
+    print(f"Pair {args.pair}, batch 64, {args.steps} steps per case per round, {args.rounds} interleaved rounds; "
+          f"every case in the run's precision ({precision}, train.amp=auto) and layout ({layout}).\n")
     print("| case | step ms (median of rounds) | ratio to the bare loop |\n|---|---|---|")
     for name, seconds in medians.items():
         print(f"| {name} | {1e3 * seconds:.1f} | {seconds / base:.3f} |")

@@ -427,8 +427,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def read_committed_metrics(run_dir: Path, epoch: int | None = None) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
     file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
-    A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the committed bytes (an
-    older version's interrupted append) is dropped with a warning. Runs without ``state.json``: as they are."""
+    A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the
+    committed bytes (an older version's interrupted append) is dropped with a warning. Runs without
+    ``state.json``: as they are."""
     run_dir = Path(run_dir)
     path, state = committed_file(run_dir, "metrics.jsonl")
     if path is None and not (run_dir / "metrics.jsonl").exists():
