@@ -290,19 +290,14 @@ def test_plot_command_draws_several_runs(run, dual_head_run, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_epoch_metrics_under_torchrun_come_from_rank_0(tmp_path, tiny_overrides):
-    """Two gloo processes: rank 0 measures alone while rank 1 waits; the run finishes, both epochs carry the
-    keys, and the last equals an offline analysis of the saved model."""
-    import os
-    import subprocess
-    import sys
+    """Two gloo processes (torchrun's environment, tests/ranks.py): rank 0 measures alone while rank 1 waits;
+    the run finishes, both epochs carry the keys, and the last equals an offline analysis of the saved model."""
+    from ranks import run_ranks
 
     (tmp_path / "empty.yaml").write_text("{}\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "train", "--config", str(tmp_path / "empty.yaml"), *tiny_overrides, *RUN, "data.batch_size=32",
-           "train.epochs=2",
-           "analysis.every=1", f"analysis.train_per_class={PER_CLASS}", f"run_dir={tmp_path / 'ddp'}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_ranks(["train", "--config", str(tmp_path / "empty.yaml"), *tiny_overrides, *RUN, "data.batch_size=32",
+                      "train.epochs=2", "analysis.every=1", f"analysis.train_per_class={PER_CLASS}",
+                      f"run_dir={tmp_path / 'ddp'}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(tmp_path / "ddp")
     assert [r["epoch"] for r in records] == [1, 2] and all(r["ranks_in_sync"] for r in records)

@@ -11,37 +11,56 @@ import pytest
 HEAVY = ("matplotlib", "torchmetrics", "scipy", "sklearn")
 COMMANDS = ("", "demo", "train", "distill", "data", "models", "geometry", "analyze", "plot", "robust-eval")
 
-# One interpreter prints every command's help (stdout captured), then lists the heavy packages it loaded.
+# One interpreter prints every command's help (stdout captured) and lists the heavy packages it loaded; then
+# imports the package's modules (nothing heavy yet: plotting and t-SNE load on use) and lists them again;
+# then imports the analysis report, which loads them, and lists them a last time (so the check can fail).
 _PROBE = """
 import contextlib, io, sys
 from kdcollapse.cli import main
+def loaded():
+    return " ".join(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))
 helps = 0
 for command in {commands!r}:
     text = io.StringIO()
     with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
         main([command, "--help"] if command else ["--help"])
     helps += text.getvalue().startswith("usage: kdcollapse")
-print("HELPS", helps, "LOADED", *sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))
+print("HELPS", helps, "|", loaded())
+import kdcollapse.train, kdcollapse.analysis, kdcollapse.experiments, kdcollapse.cli, kdcollapse.data
+from kdcollapse._optional import pyplot, ticker
+print("PACKAGE", pyplot._module is None and ticker._module is None, "|", loaded())
+import kdcollapse.analysis._analyze
+print("REPORT |", loaded())
 """
 
 
-def _probe(prelude: str = "") -> tuple[int, list[str]]:
-    code = prelude + _PROBE.format(commands=COMMANDS, heavy=HEAVY)
+@pytest.fixture(scope="module")
+def probe() -> dict[str, list[str]]:
+    """What each stage of ``_PROBE`` printed: ``{stage: [its words before "|", "|", the heavy packages]}``."""
+    code = _PROBE.format(commands=COMMANDS, heavy=HEAVY)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    helps, loaded = out.rsplit("HELPS", 1)[1].split("LOADED")
-    return int(helps), loaded.split()
+    return {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()[:1] in
+            (["HELPS"], ["PACKAGE"], ["REPORT"])}
 
 
-def test_help_loads_no_heavy_library():
-    helps, loaded = _probe()
-    assert helps == len(COMMANDS)  # every help was printed, so the probe exercised the real commands
-    assert loaded == [], f"`kdcollapse COMMAND --help` imported {loaded}"
+def heavy(words: list[str]) -> list[str]:
+    return words[words.index("|") + 1:]
 
 
-def test_the_probe_sees_a_heavy_import():
+def test_help_loads_no_heavy_library(probe):
+    assert int(probe["HELPS"][0]) == len(COMMANDS)  # every help was printed: the probe ran the real commands
+    assert heavy(probe["HELPS"]) == [], f"`kdcollapse COMMAND --help` imported {heavy(probe['HELPS'])}"
+
+
+def test_the_package_imports_matplotlib_and_sklearn_only_on_use(probe):
+    """(torchmetrics imports matplotlib itself when it is installed, so our own references are checked.)"""
+    assert probe["PACKAGE"][0] == "True"  # kdcollapse._optional has not loaded pyplot
+    assert "sklearn" not in heavy(probe["PACKAGE"])
+
+
+def test_the_probe_sees_a_heavy_import(probe):
     """The check can fail: once the analysis report is imported, torchmetrics and matplotlib are loaded."""
-    helps, loaded = _probe("import kdcollapse.analysis._analyze\n")
-    assert helps == len(COMMANDS) and {"matplotlib", "torchmetrics"} <= set(loaded)
+    assert {"matplotlib", "torchmetrics"} <= set(heavy(probe["REPORT"]))
 
 
 def test_lazy_analysis_package_exports_every_name():

@@ -279,22 +279,17 @@ def test_torchrun_batches_carry_global_dataset_indices(tmp_path, tiny_overrides)
     """Under DDP over 2 gloo processes each batch carries its samples' indices in the (subset) training set:
     the two shares are disjoint and cover it once per epoch, and a bank updated with the gathered indices
     stays the same on every process."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from ranks import run_ranks
 
     from kdcollapse.runs import load_tensors, read_metrics
 
     (tmp_path / "index_probe.py").write_text(INDEX_PROBE)
     empty_yaml = tmp_path / "empty.yaml"
     empty_yaml.write_text("{}\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), str(tmp_path)])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "--import", "index_probe", "train", "--config", str(empty_yaml), *tiny_overrides, "method.name=_index_probe",
-           "train.epochs=2", "data.batch_size=20", "data.classes=[0, 2, 4, 6, 8]", f"run_dir={tmp_path / 'ddp'}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    args = ["--import", "index_probe", "train", "--config", str(empty_yaml), *tiny_overrides,
+            "method.name=_index_probe", "train.epochs=2", "data.batch_size=20", "data.classes=[0, 2, 4, 6, 8]",
+            f"run_dir={tmp_path / 'ddp'}"]
+    proc = run_ranks(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = load_tensors(tmp_path / "ddp" / "checkpoint.safetensors")[0]["method.seen"]
     assert len(seen) == 5 * 20 and (seen == 2).all()

@@ -3,8 +3,6 @@
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -398,16 +396,16 @@ def test_bad_method_config(section, message):
 
 @pytest.mark.slow
 def test_torchrun_dhkd_alignment_matches_one_process(tmp_path, digits_teacher, tiny_overrides, tiny_config):
-    """The trainer under torchrun (2 gloo ranks, batch 25 each) with DHKD's global alignment ends where one
-    process with batch 50 does: the trainer honours ``manual_gradient_sync`` and the method averages."""
+    """The trainer under torchrun's environment (2 gloo ranks, batch 25 each; tests/ranks.py) with DHKD's
+    global alignment ends where one process with batch 50 does: the trainer honours ``manual_gradient_sync``
+    and the method averages."""
+    from ranks import run_ranks
+
     common = ["method.name=dhkd", "method.alignment=global", "method.alpha=4.0", "train.epochs=2",
               f"teacher.checkpoint={digits_teacher}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     (empty := tmp_path / "empty.yaml").write_text("{}\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
-           "distill", "--config", str(empty), *tiny_overrides, *common, "data.batch_size=25",
-           f"run_dir={tmp_path / 'ddp'}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_ranks(["distill", "--config", str(empty), *tiny_overrides, *common, "data.batch_size=25",
+                      f"run_dir={tmp_path / 'ddp'}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     single = fit(tiny_config(tmp_path / "one", *common))
     a = load_tensors(tmp_path / "ddp" / "checkpoint.safetensors")[0]

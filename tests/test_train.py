@@ -166,13 +166,19 @@ def test_every_command_has_help_with_examples():
 def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, empty_yaml, tiny_overrides, tiny,
                                                                     per_process):
     """DDP over 2 gloo processes (batch 32 each, or two accumulated batches of 16: DDP then all-reduces only
-    at the second) equals one process with batch 64 for a BN-free model."""
+    at the second) equals one process with batch 64 for a BN-free model. The first through the real torchrun
+    launcher, the second on forked ranks in torchrun's environment (tests/ranks.py: no launcher start-up)."""
+    from ranks import run_ranks
+
     common = ["train.epochs=2", "optim.momentum=0.9"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides, *RUN, *common, *per_process,
-           f"run_dir={tmp_path / 'ddp'}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    args = ["train", "--config", empty_yaml, *tiny_overrides, *RUN, *common, *per_process, f"run_dir={tmp_path / 'ddp'}"]
+    if "optim.accumulate=2" in per_process:
+        proc = run_ranks(args)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "kdcollapse",
+               *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # only rank 0 reports: one result line, one line per epoch
     assert proc.stdout.count("best test accuracy") == 1 and "nan" not in proc.stdout, proc.stdout
@@ -190,12 +196,11 @@ def test_torchrun_two_processes_match_one_process_with_double_batch(tmp_path, em
 def test_torchrun_run_dir_failure_on_rank_0_stops_every_rank(tmp_path, empty_yaml, tiny_overrides):
     """The main process cannot create the run directory (its parent is a file): both ranks exit with the
     error instead of the other rank waiting at a barrier until the process-group timeout."""
+    from ranks import run_ranks
+
     (tmp_path / "a_file").write_text("")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "kdcollapse", "train", "--config", empty_yaml, *tiny_overrides,
-           f"run_dir={tmp_path / 'a_file' / 'run'}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_ranks(["train", "--config", empty_yaml, *tiny_overrides, f"run_dir={tmp_path / 'a_file' / 'run'}"],
+                     timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("cannot write to run directory") == 1, proc.stderr[-3000:]
     assert "could not prepare the run directory" in proc.stderr, proc.stderr[-3000:]
