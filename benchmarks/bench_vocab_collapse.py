@@ -19,6 +19,10 @@ variability_cdnv with tile_size=1024, the DecAccumulator). Its ETF errors and CD
 grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 32000x576,49152x576
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 128256x4096 --accumulate float32
+
+``--accumulate float32`` keeps the K x d class sums (and the metric phase's K x d matrices and tiles) in
+float32 (docs/metrics.md, "Float32 accumulation").
 """
 
 from __future__ import annotations
@@ -64,8 +68,9 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     torch.set_num_threads(args.threads)
     tokens = max(args.tokens, num_classes)
     out = {"K": num_classes, "d": dim, "tokens": tokens}
-    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False)
-    warm = FeatureStatistics(num_classes, dim, sync_on_compute=False)  # first-call costs (lazy imports)
+    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
+    out["accumulate"] = stats.accumulate
+    warm = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports
     warm.update(*next(batches(num_classes, dim, BATCH, seed=3)))
     del warm
     elapsed = 0.0
@@ -144,7 +149,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--gnc2", action="store_true", help="also time the exact GNC2 solver")
     parser.add_argument("--rhubarbwu", action="store_true", help="also time rhubarbwu/neural-collapse")
-    parser.add_argument("--max-gib", type=float, default=8.0, help="skip cases whose float64 states exceed this")
+    parser.add_argument("--max-gib", type=float, default=8.0, help="skip cases whose states exceed this")
+    parser.add_argument("--accumulate", choices=("float64", "float32", "auto"), default="float64",
+                        help="dtype of the K x d class sums (FeatureStatistics(accumulate=...))")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -154,9 +161,12 @@ def main() -> None:
     print(machine(torch.device("cpu")), flush=True)
     for size in args.sizes.split(","):
         k, d = map(int, size.split("x"))
-        need = (2 * k * d + 2 * d * d) * 8 / 2**30
+        from kdcollapse.metrics import accumulation_dtype
+
+        width = accumulation_dtype(k, d, args.accumulate).itemsize
+        need = (2 * k * d * width + 2 * d * d * 8) / 2**30
         if need > args.max_gib:
-            print(json.dumps({"K": k, "d": d, "skipped": f"float64 states {need:.1f} GiB > --max-gib"}), flush=True)
+            print(json.dumps({"K": k, "d": d, "skipped": f"states {need:.1f} GiB > --max-gib"}), flush=True)
             continue
         command = [sys.executable, __file__, "--one", size, *sys.argv[1:]]
         result = subprocess.run(command, capture_output=True, text=True)
