@@ -151,3 +151,15 @@ def test_the_geometry_study_trains_the_runs_of_the_replaced_script(tmp_path):
                                         f"run_dir={tmp_path / name}"])
         run = study.runs[name]
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
+def test_vci_schedules_trains_the_runs_of_the_replaced_loop(tmp_path):
+    # results/collapse/vci_schedules's removed run.sh: `kdcollapse train --config base.yaml run_dir=D seed=N EXTRA`
+    study = load_study(ROOT / "results/collapse/vci_schedules/study.yaml", runs_dir=tmp_path)
+    extra = {"step": ["schedule.name=multistep", "schedule.milestones=[10,15]"], "cosine": [],
+             "no_wd": ["optim.weight_decay=0"]}
+    for name, overrides in extra.items():
+        run = study.runs[f"{name}/seed2"]
+        expected = load_config(ROOT / "results/collapse/vci_schedules/base.yaml",
+                               [f"run_dir={tmp_path / name / 'seed2'}", "seed=2", *overrides])
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
