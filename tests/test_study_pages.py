@@ -134,3 +134,32 @@ def test_ufm_seeds_runs_the_settings_of_the_replaced_driver(tmp_path):
         assert study.runs[f"{name}/seed4"].params == {
             "num_classes": 30, "dim": 2, "samples_per_class": 2, "regularization": reg, "temperature": tau,
             "weight_decay": 5e-4, "optimizer": opt, "steps": steps, "lr": 0.1, "log_every": steps}
+
+
+def test_the_geometry_study_trains_the_runs_of_the_replaced_script(tmp_path):
+    # configs/geometry's removed run_experiments.sh: `kdcollapse train --config C run_dir=R --seeds S` trains R/seed<N>
+    study = load_study(ROOT / "configs/geometry/study.yaml", runs_dir=tmp_path)
+    heads, assignment = ROOT / "configs/geometry/fmnist_heads.yaml", ROOT / "configs/geometry/fmnist_assignment.yaml"
+    old = {"heads/cmf/seed1": (heads, ["method.head=cmf"]),
+           "assignment/trainable/seed4": (assignment, []),
+           "assignment/A2/seed0": (assignment, ["method.head=fixed", "method.code=softmax",
+                                                "method.assignment=[0, 1, 3, 2]"])}
+    assert len(study.runs) == 3 * 2 + 4 * 5
+    for name, (config, overrides) in old.items():
+        seed = int(name.rsplit("seed", 1)[1])
+        expected = load_config(config, ["train.progress=false", *overrides, f"seed={seed}",
+                                        f"run_dir={tmp_path / name}"])
+        run = study.runs[name]
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
+def test_vci_schedules_trains_the_runs_of_the_replaced_loop(tmp_path):
+    # results/collapse/vci_schedules's removed run.sh: `kdcollapse train --config base.yaml run_dir=D seed=N EXTRA`
+    study = load_study(ROOT / "results/collapse/vci_schedules/study.yaml", runs_dir=tmp_path)
+    extra = {"step": ["schedule.name=multistep", "schedule.milestones=[10,15]"], "cosine": [],
+             "no_wd": ["optim.weight_decay=0"]}
+    for name, overrides in extra.items():
+        run = study.runs[f"{name}/seed2"]
+        expected = load_config(ROOT / "results/collapse/vci_schedules/base.yaml",
+                               [f"run_dir={tmp_path / name / 'seed2'}", "seed=2", *overrides])
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)

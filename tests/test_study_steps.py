@@ -179,3 +179,13 @@ def test_a_run_step_computes_once_and_its_result_is_the_record(tmp_path):
 def test_bad_run_steps_are_refused(tmp_path, change, message):
     with pytest.raises(ConfigError, match=message):
         load_study(write_study(tmp_path, UFM_STUDY.replace(*change)))
+
+
+def test_first_epoch_and_falls_read_the_whole_trajectory(tmp_path):
+    series = [0.5, 0.4, 0.45, 0.3, 0.3, 0.2]  # fell at 3 of the 5 steps (an equal value is not a fall)
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"epoch": e + 1, "vci": v, "test_acc": 50.0 + e}) + "\n" for e, v in enumerate(series)))
+    spec = check_summary({"select": None, "metric": {"metric": "test_acc"},
+                          "columns": [{"metric": "vci", "at": "first"}, {"metric": "vci"}, {"metric": "vci", "at": "falls"}]})
+    record = run_record(tmp_path, spec)
+    assert record["first"]["vci"] == 0.5 and record["last"]["vci"] == 0.2 and record["falls"] == {"vci": 3}

@@ -26,15 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import sys
-
 from kdcollapse.config import config_from_dict
+from kdcollapse.experiments.gnc_networks import outputs
 from kdcollapse.runs import Run
 from kdcollapse.train import fit
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "gnc_networks"))
-from study import outputs  # noqa: E402  (results/geometry/gnc_networks/study.py)
 PAIRS = [0, 6, 5, 7, 2, 4]  # T-shirt, shirt, sandal, sneaker, pullover, coat: classes (0,1), (2,3), (4,5) alike
 ADJACENT, OPPOSITE = [0, 1, 2, 3, 4, 5], [0, 3, 1, 4, 2, 5]  # hexagon corner of each class
 # Without clipping, the first steps at tau = 0.02 (loss ~34) wreck the 2-d bottleneck and the cosine head

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -19,9 +18,9 @@ from scipy import stats
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kdcollapse.experiments.gnc_networks import BASE_DIM, BASE_TAU, DIMS, TAUS, TERMINAL  # noqa: E402
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from study import BASE_DIM, BASE_TAU, DIMS, TAUS, TERMINAL  # noqa: E402
 
 COLUMNS = ("test_acc", "train_acc", "gnc1", "gnc2", "gnc3", "nc1")
 

@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.set_defaults(func=_run_ufm)
 
     sub = _add(commands, "heads-report", "report of the GNC heads trained on Fashion-MNIST (Fig. 5, Section 4)", """examples:
-  configs/geometry/run_experiments.sh runs/geometry   # trains every run, then calls this command
+  kdcollapse study run configs/geometry/study.yaml --runs-dir runs/geometry   # trains every run first
   kdcollapse geometry heads-report --runs runs/geometry --out results/geometry""")
     sub.add_argument("--runs", type=Path, required=True, help="folder holding heads/ and/or assignment/ runs")
     sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")

@@ -1,6 +1,6 @@
 """The report of ``kdcollapse geometry heads-report``: the GNC paper's heads trained on Fashion-MNIST.
 
-Reads the runs that ``configs/geometry/run_experiments.sh RUNS`` writes:
+Reads the runs of the study ``configs/geometry/study.yaml`` (``kdcollapse study run ... --runs-dir RUNS``):
 
 * ``RUNS/heads/<head>/seed<N>``: GNC Fig. 5, learnable (linear, cosine) against class-mean-feature
   classifiers, K = 10 classes in d = 3;
@@ -67,7 +67,7 @@ def write_heads_report(runs: str | Path, out: str | Path) -> list[Path]:
     parts = {"heads": _heads_section, "assignment": _assignment_section}
     found = [name for name in parts if (runs / name).is_dir()]
     if not found:
-        raise KdcollapseError(f"{runs} holds neither heads/ nor assignment/ (see configs/geometry/run_experiments.sh)")
+        raise KdcollapseError(f"{runs} holds neither heads/ nor assignment/ (see configs/geometry/study.yaml)")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in found:
@@ -154,7 +154,8 @@ def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[s
     return [
         f"# {title}",
         "",
-        f"Runs: `configs/geometry/run_experiments.sh {runs}` (configs `configs/geometry/fmnist_{name}.yaml`), "
+        f"Runs: `kdcollapse study run configs/geometry/study.yaml --runs-dir {runs}` (configs "
+        f"`configs/geometry/fmnist_{name}.yaml`), "
         f"then `kdcollapse geometry heads-report --runs {runs} --out <this folder>`. Seeds {seeds}. "
         f"Training: {seconds / 60:.1f} min of epochs in total, one thread per run (OMP_NUM_THREADS=1) on "
         f"{_cpu()} ({os.cpu_count()} cores, shared with other jobs), torch {torch.__version__}, "

@@ -24,6 +24,8 @@ from kdcollapse.runs import Run, metrics_source, read_metrics, run_state, write_
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study
 
+# best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
+AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "sections")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare")
 RECORDS_FILE = "runs.json"
@@ -47,15 +49,16 @@ class Measure:
             raise ConfigError(f"a summary column is {{metric: NAME, at: best | last, label: TEXT, digits: N}}, got "
                               f"{spec!r}")
         at = spec.get("at", "best" if select else "last")
-        if at not in ("best", "last"):
-            raise ConfigError(unknown_choice("summary column 'at'", at, ("best", "last")))
+        if at not in AT:
+            raise ConfigError(unknown_choice("summary column 'at'", at, AT))
         if at == "best" and select is None:
             raise ConfigError(f"summary column {spec['metric']!r} is read 'at: best', but the summary selects no epoch "
                               "(select: null, no validation split); read it 'at: last'")
         digits = spec.get("digits", 2)
         if not isinstance(digits, int) or not 0 <= digits <= 8:
             raise ConfigError(f"summary column {spec['metric']!r}: 'digits' is an integer from 0 to 8, got {digits!r}")
-        where = "last epoch" if at == "last" else f"best {select.removeprefix('val_').replace('_', ' ')} on val"
+        where = {"last": "last epoch", "first": "first epoch", "falls": "epochs where it fell"}.get(at) or \
+            f"best {select.removeprefix('val_').replace('_', ' ')} on val"
         return cls(spec["metric"], at, spec.get("label", f"{spec['metric']} at {where}"), digits)
 
     def of(self, record: dict) -> float:
@@ -130,8 +133,16 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
     if spec["select"]:
         evaluated = [r for r in records if spec["select"] in r]  # every epoch, or every eval_every-th and the last
         chosen.insert(0, ("best", max(evaluated, key=lambda r: r[spec["select"]])))  # the first highest epoch
-    return {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}, **(extra if at == "last" else {})}
-            for at, r in chosen} | {"source": metrics_source(run_dir)}
+    ats = {m.at for m in measures(spec)}
+    if "first" in ats:
+        chosen.append(("first", records[0]))
+    record = {at: {"epoch": r["epoch"], **{k: r[k] for k in sorted(keys) if k in r}, **(extra if at == "last" else {})}
+              for at, r in chosen}
+    if "falls" in ats:
+        falls = {m.metric for m in measures(spec) if m.at == "falls"}
+        record["falls"] = {k: sum(b < a for a, b in zip(series, series[1:]))
+                           for k in sorted(falls) if (series := [r[k] for r in records if k in r])}
+    return record | {"source": metrics_source(run_dir)}
 
 
 def collect(study: Study) -> dict[str, dict]:
