@@ -228,8 +228,8 @@ def analyze_tokens(
 
     ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
     output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
-    classifier). ``gnc_convention`` as in ``collapse_metrics``, ``accumulate`` as in ``token_pass``; ``source`` (where the model came from) is
-    recorded in the result as it is given.
+    classifier). ``gnc_convention`` as in ``collapse_metrics``, ``accumulate`` as in ``token_pass``;
+    ``source`` (where the model came from) is recorded in the result as it is given.
     Returns ``{"classes": ..., "layers": {index: metrics}, "cross_entropy", "perplexity", "tokens_scored",
     "seconds": ...}`` (the loss over every labelled position, ``token_pass``); with ``out_dir``
     also writes ``analysis.json``, ``token_counts.json``, ``analysis.md`` and ``layers.png`` (matplotlib).
@@ -257,7 +257,8 @@ def analyze_tokens(
         values = collapse_metrics(s, w, gnc_convention=gnc_convention) | nearest.get(layer, {})
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
     result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden, **loss,
-              "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc, "source": source, "seconds": time.perf_counter() - start}
+              "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc,
+              "source": source, "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result

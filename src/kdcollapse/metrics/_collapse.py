@@ -92,7 +92,8 @@ def scatter(stats: States, *, unit: bool) -> Scatter:
     centred = means - mean.to(work)
     total = symmetric_from_upper(getattr(stats, prefix + "moment")) / n.sum() - torch.outer(mean, mean)
     between = cross_gram(centred, weights=prior)
-    variances = None if unit else (stats.class_square_sums / n - means.square().sum(1, dtype=torch.float64)).clamp_min(0)
+    variances = None if unit else (stats.class_square_sums / n
+                                   - means.square().sum(1, dtype=torch.float64)).clamp_min(0)
     return Scatter(n, prior, means + shift.to(work), centred, total - between, between, total, variances)
 
 
