@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from scipy import stats
 
 from conftest import TINY_RUN
@@ -26,7 +27,7 @@ from kdcollapse.study import (collect, execute, load_study, pending, run_local, 
                               write_page)
 
 ROOT = Path(__file__).resolve().parents[1]
-PORTED = sorted(ROOT.glob("results/**/study.yaml"))
+PORTED = sorted(p for p in ROOT.glob("results/**/study.yaml") if yaml.safe_load(p.read_text()).get("summary"))
 
 TINY = "[" + ", ".join(json.dumps(o) for o in TINY_RUN) + "]"
 STUDY = """

@@ -163,3 +163,35 @@ def test_vci_schedules_trains_the_runs_of_the_replaced_loop(tmp_path):
         expected = load_config(ROOT / "results/collapse/vci_schedules/base.yaml",
                                [f"run_dir={tmp_path / name / 'seed2'}", "seed=2", *overrides])
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
+def test_the_fronts_study_trains_and_evaluates_the_runs_of_the_replaced_scripts(tmp_path):
+    # the removed one.sh of the fronts page: train --config (the recipe fashion_mnist_trades or _ikl_at)
+    # run_dir=D seed=N $DATA $overrides train.progress=false, then robust-eval with pgd, then with standard
+    data = "model.name=mlp data.train_per_class=3000 train.epochs=10"
+    old = {"trades_b12/seed2": ("trades", "method.beta=12"),
+           "ikl_at_m5_c4/seed0": ("ikl_at", "method.mse_weight=5 method.ce_weight=4")}
+    study = load_study(ROOT / "results/adversarial/fronts/study.yaml", runs_dir=tmp_path)
+    assert len(study.runs) == 10 * 3
+    for name, (recipe, overrides) in old.items():
+        seed = int(name.rsplit("seed", 1)[1])
+        expected = load_config(ROOT / f"configs/adversarial/fashion_mnist_{recipe}.yaml",
+                               [f"run_dir={tmp_path / name}", f"seed={seed}", *data.split(), *overrides.split(),
+                                "train.progress=false"])
+        run = study.runs[name]
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+        assert [(s.command, s.args[3], s.key) for s in run.post] == [
+            ("robust-eval", "pgd", "pgd-20 Linf eps=0.1 last"),
+            ("robust-eval", "standard", "autoattack-standard Linf eps=0.1 last")]
+
+
+def test_a_post_step_with_a_key_is_done_once_its_file_holds_the_key(tmp_path):
+    import json
+
+    study = load_study(ROOT / "results/adversarial/fronts/study.yaml", runs_dir=tmp_path)
+    pgd, aa = study.runs["trades_b1/seed0"].post
+    assert not pgd.done(tmp_path)
+    (tmp_path / "robust_eval.json").write_text(json.dumps({"pgd-20 Linf eps=0.1 last": {}}))
+    assert pgd.done(tmp_path) and not aa.done(tmp_path)
+    (tmp_path / "robust_eval.json").write_text('{"pgd-20 Linf')  # torn: run it again
+    assert not pgd.done(tmp_path)

@@ -1,4 +1,4 @@
-"""Clean-vs-robust fronts of TRADES and IKL-AT (``run.sh``): per setting and seed the clean accuracy and PGD-20
+"""Clean-vs-robust fronts of TRADES and IKL-AT (the runs of ``study.yaml``): per setting and seed the clean accuracy and PGD-20
 accuracy on all 10,000 test images and AutoAttack standard on the first N; a figure of both fronts; and, per
 IKL-AT setting, its robust accuracy against TRADES' front at the same clean accuracy (seed by seed: the
 TRADES points of that seed, linearly interpolated between neighbouring beta), with a paired t-test.
@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kdcollapse.report import markdown_table, mean_std, paired_t_test  # noqa: E402
+from kdcollapse.study import load_study  # noqa: E402
 
 PGD, AA = "pgd-20 Linf eps=0.1 last", "autoattack-standard Linf eps=0.1 last"
 ROBUST = {"pgd20": "PGD-20 (10,000)", "aa": "AutoAttack standard"}
@@ -27,9 +28,9 @@ ATTACKS = ("apgd-ce", "apgd-t", "fab-t", "square")  # AutoAttack standard's stag
 
 
 def settings() -> list[str]:
-    """Setting names in settings.sh order."""
-    text = (Path(__file__).parent / "settings.sh").read_text()
-    return re.findall(r'^  "(\S+) ', text, flags=re.M)
+    """Setting names in the study file's order (the folder of each run, above seed<N>)."""
+    study = load_study(Path(__file__).parent / "study.yaml")
+    return list(dict.fromkeys(name.split("/")[0] for name in study.runs))
 
 
 def load(run: Path) -> dict | None:

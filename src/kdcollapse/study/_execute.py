@@ -72,7 +72,7 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
     if outcome.status == "diverged" and not (run.run_dir / "model.safetensors").is_file():
         return outcome  # no epoch to measure
     for step in run.post:
-        if (run.run_dir / step.creates).exists():
+        if step.done(run.run_dir):
             continue
         if step.step is not None:
             _write_json(run.run_dir / step.creates, STEPS[step.step](run.run_dir))
@@ -136,7 +136,7 @@ def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
     finished run, or a diverged one with a saved epoch)."""
     runs = [study.runs[n] for n in names] if names else list(study.runs.values())
     return [r for r in runs if (state := state_of(r)) not in ("finished", "diverged") or any(
-        not (r.run_dir / s.creates).exists() for s in r.post)
+        not s.done(r.run_dir) for s in r.post)
         and (state == "finished" or (r.run_dir / "model.safetensors").is_file())]
 
 

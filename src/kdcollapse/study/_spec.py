@@ -4,6 +4,7 @@ steps and the summary, expanded into the runs it names. See docs/studies.md for 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,13 +22,26 @@ _FIELD = re.compile(r"\{(\w+)\}")
 
 @dataclass(frozen=True)
 class PostStep:
-    """A step on a finished (or diverged) run, done once ``creates`` exists in the run directory: the command
+    """A step on a finished (or diverged) run, done once ``creates`` exists in the run directory (and, with
+    ``key``, holds that top-level JSON key: several evaluations may add to one file): the command
     ``kdcollapse COMMAND RUN_DIR ARGS``, or the registered step ``step`` (``kdcollapse.study._steps.STEPS``)."""
 
     command: str | None
     args: tuple[str, ...]
     creates: str
     step: str | None = None
+    key: str | None = None
+
+    def done(self, run_dir: Path) -> bool:
+        path = Path(run_dir) / self.creates
+        if not path.is_file():
+            return False
+        if self.key is None:
+            return True
+        try:
+            return self.key in json.loads(path.read_text())
+        except ValueError:
+            return False  # torn or not JSON: run the step again
 
 
 @dataclass(frozen=True)
@@ -184,10 +198,10 @@ def _fill(template: str, values: dict, group: str) -> str:
 
 
 def _post_step(step, group: str) -> PostStep:
-    if (not isinstance(step, dict) or set(step) - {"command", "step", "args", "creates"} or "creates" not in step
+    if (not isinstance(step, dict) or set(step) - {"command", "step", "args", "creates", "key"} or "creates" not in step
             or ("command" in step) == ("step" in step) or ("step" in step and "args" in step)):
         raise ConfigError(f"group {group!r}: a post step is {{command: analyze | robust-eval, args: [...], creates: "
-                          f"FILE}} or {{step: {' | '.join(STEPS)}, creates: FILE.json}}, got {step!r}")
+                          f"FILE, key: JSON_KEY}} or {{step: {' | '.join(STEPS)}, creates: FILE.json}}, got {step!r}")
     if "step" in step:
         if step["step"] not in STEPS:
             raise ConfigError(unknown_choice(f"post step of group {group!r}", step["step"], tuple(STEPS)))
@@ -197,7 +211,8 @@ def _post_step(step, group: str) -> PostStep:
         return PostStep(None, (), str(step["creates"]), step=str(step["step"]))
     if step["command"] not in ("analyze", "robust-eval"):
         raise ConfigError(unknown_choice(f"post command of group {group!r}", step["command"], ("analyze", "robust-eval")))
-    return PostStep(str(step["command"]), tuple(str(a) for a in step.get("args") or []), str(step["creates"]))
+    return PostStep(str(step["command"]), tuple(str(a) for a in step.get("args") or []), str(step["creates"]),
+                    key=str(step["key"]) if "key" in step else None)
 
 
 def _with_teacher(run: RunSpec, teacher: RunSpec) -> RunSpec:

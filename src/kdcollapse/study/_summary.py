@@ -298,7 +298,9 @@ def _json(value):
 def write_page(study: Study, check: bool = False) -> list[Path]:
     """Write (or with ``check``, compare) the generated summary: ``runs.json``, ``summary.json`` and the
     block of ``README.md`` between the generated-summary markers, beside the study file. Returns the files
-    that changed (would change)."""
+    that changed (would change); nothing for a study without a ``summary``."""
+    if study.summary is None:
+        return []  # a study without a page of its own (its tables come from another command)
     records = collect(study)
     text, summary = summarise(study, records)
     here = study.path.parent
