@@ -189,3 +189,33 @@ def test_first_epoch_and_falls_read_the_whole_trajectory(tmp_path):
                           "columns": [{"metric": "vci", "at": "first"}, {"metric": "vci"}, {"metric": "vci", "at": "falls"}]})
     record = run_record(tmp_path, spec)
     assert record["first"]["vci"] == 0.5 and record["last"]["vci"] == 0.2 and record["falls"] == {"vci": 3}
+
+
+@pytest.mark.heavy  # ~30 s: a launch in a subprocess (pytest -m heavy tests/test_study_steps.py)
+def test_killing_a_launch_ends_its_workers_and_the_run_resumes_later(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kdcollapse.runs import run_state
+
+    path = write_study(tmp_path, STUDY.replace("lr: [0.05, 1.0e+30]", "lr: [0.05]").replace("train.epochs=2",
+                                                                                             "train.epochs=400"))
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    run_dir = study.runs["lr0.05/seed0"].run_dir
+    launch = subprocess.Popen([sys.executable, "-m", "kdcollapse", "study", "run", str(path), "--runs-dir",
+                               str(tmp_path / "runs"), "--only", "lr0.05/seed0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while not ((run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3):
+        assert time.time() < deadline and launch.poll() is None, "the launch did not start training"
+        time.sleep(0.05)
+    launch.send_signal(signal.SIGKILL)
+    launch.wait()
+    deadline = time.time() + 30
+    while run_state(run_dir) == "running":  # the worker still holds the run directory
+        assert time.time() < deadline, "the worker outlived its launch"
+        time.sleep(0.2)
+    assert state_of(study.runs["lr0.05/seed0"]) == "interrupted"

@@ -15,6 +15,8 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -103,6 +105,22 @@ def _run_step(run: RunSpec) -> Outcome:
     return Outcome(run.name, "finished")
 
 
+def _end_with_launcher(launcher: int) -> None:
+    """In a worker: end it when the launching process ``launcher`` is gone (killed, not shut down), so that no run
+    trains on unattended (the forkserver that started the worker outlives the launcher); what the run committed
+    stays, and the next launch resumes it."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="kdcollapse-launcher-watch").start()
+
+
 def _write_json(path, value: dict) -> None:
     """``value`` as JSON in ``path``, whole or not at all (written beside it, then renamed)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -153,7 +171,8 @@ def run_local(study: Study, runs: list[RunSpec], workers: int = 1, threads: int 
     names = {r.name for r in runs}
     context = multiprocessing.get_context("forkserver")  # fresh processes, torch imported once (in the server)
     context.set_forkserver_preload(["kdcollapse.study._execute"])
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_end_with_launcher,
+                             initargs=(os.getpid(),)) as pool:
         while todo or futures:
             for run in list(todo):
                 if run.teacher in names and run.teacher not in outcomes:
