@@ -101,6 +101,13 @@ class RunDir:
         except CheckpointError:
             return None
 
+    def create_and_lock(self) -> None:
+        """Create the directory, remembering the topmost folder made (removed again if the run never starts),
+        and lock it."""
+        self.created = next((p for p in [*reversed(self.path.parents), self.path] if not p.exists()), None)
+        _make_writable(self.path)
+        self.lock = RunLock(self.path, owner=False)
+
     def release(self) -> None:
         """Unlock. Before :func:`start_run_dir` nothing of the directory was the run's: the lock file it created
         is removed (and the folders, if start_run_dir failed right after creating them), so a refused command
@@ -173,9 +180,7 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
     (on resume: with its permitted changes) and, for a new run, ``run.json``."""
     def write() -> None:
         if claim.lock is None:  # a new directory: created and locked only now
-            claim.created = next((p for p in [*reversed(claim.path.parents), claim.path] if not p.exists()), None)
-            _make_writable(claim.path)
-            claim.lock = RunLock(claim.path, owner=False)
+            claim.create_and_lock()
             if (claim.path / "config.yaml").exists():  # another process started a run here meanwhile
                 _check_use(cfg, claim.path, holds_run=True, resume=False, overwrite=False)
         claim.lock.write_owner()

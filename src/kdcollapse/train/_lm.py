@@ -34,7 +34,7 @@ from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.losses import TeacherHead, fused_head_loss
 from kdcollapse.losses.llm import DIVERGENCES, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
-from kdcollapse.runs import (RunDir, RunLock, load_tensors, on_main_process, provenance, save_tensors,
+from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, save_tensors,
                              update_run_record)
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
@@ -196,8 +196,7 @@ def _claim(cfg: LMConfig, resume: bool, is_main: bool) -> RunDir:
     claim = RunDir(run_dir, is_main=is_main, resume=resume)
 
     def take() -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        claim.lock = RunLock(run_dir, owner=False)
+        claim.create_and_lock()
         if (run_dir / "config.yaml").exists() and not resume:
             claim.release()
             raise CheckpointError(f"{run_dir} already holds a run: resume it (--resume) or choose another run_dir")
