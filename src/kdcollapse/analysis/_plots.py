@@ -110,12 +110,13 @@ TOKEN_LAYER_KEYS = ("nc1", "cdnv", "vci", "gnc1")
 
 
 def plot_token_layers(models: Mapping[str, Sequence[Mapping]], path: Path,
-                      keys: Sequence[str] = TOKEN_LAYER_KEYS, title: str = "") -> str:
+                      keys: Sequence[str] = TOKEN_LAYER_KEYS, title: str = "", source: dict | None = None) -> str:
     """Metrics against depth, one line per model: ``models`` maps a label to the ``analyze_tokens`` results
     of its seeds (one for a single model), drawn as the mean over seeds with a band of ± one standard
     deviation. The x axis is the hidden state's index divided by the model's number of layers (0 the
     embeddings, 1 the classifier's input), so models of different depths share it; with one model it is the
-    index itself. NC1, CDNV and GNC1 on a log scale, VCI linear; a metric a layer lacks (nan) is a gap."""
+    index itself. NC1, CDNV and GNC1 on a log scale, VCI linear; a metric a layer lacks (nan) is a gap.
+    ``source``: what the figure was computed from, kept in its metadata as for the other figures."""
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.2), squeeze=False)
     relative = len(models) > 1
     for label, results in models.items():
@@ -137,7 +138,7 @@ def plot_token_layers(models: Mapping[str, Sequence[Mapping]], path: Path,
         axes[0][-1].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, Path(path))
+    return _save(fig, Path(path), source)
 
 
 def _layer_key(result: Mapping, layer: int):

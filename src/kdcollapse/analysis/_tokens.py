@@ -37,6 +37,7 @@ from kdcollapse._optional import available
 from kdcollapse.analysis._plots import plot_token_layers
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses import IGNORE_INDEX
+from kdcollapse.runs import write_text
 from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, accumulation_dtype, collapse_metrics
 
 Batch = Mapping[str, Tensor]  # input_ids (B, T), optional attention_mask (B, T) and labels (B, T)
@@ -268,17 +269,17 @@ def write_token_report(result: dict, classes: TokenClasses, out_dir: Path) -> No
     """``analysis.json``, ``token_counts.json`` (every vocabulary id with a non-zero count), ``analysis.md``
     and, with matplotlib, ``layers.png`` (metrics against depth)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "analysis.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_text(out_dir / "analysis.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
     seen = (classes.counts > 0).nonzero().flatten()
     order = seen[classes.counts[seen].argsort(descending=True, stable=True)]
     pairs = [[int(i), int(classes.counts[i])] for i in order]
-    (out_dir / "token_counts.json").write_text(json.dumps({"min_count": classes.min_count, "id_count": pairs}) + "\n")
+    write_text(out_dir / "token_counts.json", json.dumps({"min_count": classes.min_count, "id_count": pairs}) + "\n")
     keys = ("nc1", "cdnv", "vci", "gnc1", "nc2_etf_error", "ncc_accuracy", "ncc_agreement")
     scores = (f"- {k}: {result[k]}" for k in ("cross_entropy", "perplexity", "tokens_scored") if k in result)
     lines = ["# Next-token collapse per layer", "", *(f"- {k}: {v}" for k, v in result["classes"].items()), *scores, "",
              "| layer | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for layer, values in sorted(result["layers"].items()):
         lines.append(f"| {layer} | " + " | ".join(f"{values.get(k, float('nan')):.4g}" for k in keys) + " |")
-    (out_dir / "analysis.md").write_text("\n".join(lines) + "\n")
+    write_text(out_dir / "analysis.md", "\n".join(lines) + "\n")
     if available("matplotlib"):  # optional: the tables are the report, the figure a view of them
         plot_token_layers({"": [result]}, out_dir / "layers.png")

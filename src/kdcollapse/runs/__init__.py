@@ -11,7 +11,8 @@ from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
 from kdcollapse.runs._run import RUN_STATES, Run, run_state
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
-                                     claim_run_dir, metrics_csv, provenance, read_metrics, start_run_dir, update_run_record)
+                                     claim_run_dir, metrics_csv, provenance, read_committed_metrics, read_metrics,
+                                     start_run_dir, update_run_record)
 from kdcollapse.runs._run_dir import on_main_process
 from kdcollapse.runs._atomic import write_text
 from kdcollapse.runs._commit import committed_path, file_digest
@@ -20,7 +21,8 @@ from kdcollapse.runs._lock import RunLock
 __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_state", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
            "convert_weights", "load_model", "load_teacher", "load_tensors",
-           "metrics_csv", "read_metrics", "run_dataset", "run_splits", "save_model", "save_tensors", "start_run_dir",
+           "metrics_csv", "read_committed_metrics", "read_metrics", "run_dataset", "run_splits", "save_model",
+           "save_tensors", "start_run_dir",
            "update_run_record", "provenance"]
 __all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
             "read_extra_heads", "split_prefix", "unflatten_optimizer"]  # the checkpoint format, for the trainer's checkpointer
