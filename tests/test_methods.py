@@ -2,10 +2,10 @@
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
+from ranks import free_port
 import torch
 import torch.multiprocessing as mp
 
@@ -281,12 +281,6 @@ def test_ikl_kd_refuses_foreign_state():
 
 
 # -------------------------------------------------------------------------------------- DDP (gloo)
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank, port, out_dir):
     import torch.distributed as dist
 
@@ -328,7 +322,7 @@ def test_ddp_two_processes_align_the_global_batch_gradients(tmp_path):
     averaged over the ranks before the projection; IKL's class sums are all-reduced; CTKD's temperature
     parameter gets the averaged reversed gradient."""
     # fork, not spawn: the children start without importing torch again (a few seconds each)
-    mp.start_processes(_ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="fork")
+    mp.start_processes(_ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     x, y = batch(16)
     for alignment in ("global", "shared"):

@@ -7,10 +7,10 @@ ContrastLoss, CRD.forward_train); the loss parts are those of tests/test_losses_
 """
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+from ranks import free_port
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
@@ -193,12 +193,6 @@ def test_crd_config_errors():
         method_config({"name": "crd", "momentum": 1.5})
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _crd_worker(rank, port, out_dir):
     import torch.distributed as dist
 
@@ -218,7 +212,7 @@ def _crd_worker(rank, port, out_dir):
 def test_crd_memory_bank_is_global_under_ddp(tmp_path):
     """Two gloo ranks with 4 samples each update both banks as one process does with the 8: every row of the
     global batch, on every rank; the first-step constants agree across ranks."""
-    mp.start_processes(_crd_worker, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="fork")
+    mp.start_processes(_crd_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     m = make("crd", num_negatives=6).eval()
     x, y, index = batch()
