@@ -125,28 +125,3 @@ def test_best_tau_compares_only_seeds_every_tau_has():
     records["dhkd_ablation/k100/dual_align_bkl_t1/seed2"]["best"]["val_acc"] = 170  # τ = 8 lacks seed 2
     text, _ = summarise(DHKD, records)
     assert "(val_acc, seeds 0,1): BinaryKL τ = 0.25" in text  # seed 2's 170 of τ = 1 is not counted
-
-
-def test_gnc_2d_paired_differences_match_seeds_and_scipy():
-    gnc_2d = script("geometry/gnc_2d/summarise.py", "gnc_2d_summarise")
-    groups = {"sc": [{"seed": s, "test_acc": a} for s, a in ((0, 0.61), (1, 0.50), (2, 0.60), (5, 0.9))],
-              "wd": [{"seed": s, "test_acc": a} for s, a in ((2, 0.52), (0, 0.55), (1, 0.57))]}
-    row = gnc_2d.paired(groups, "sc", "wd", "test_acc")
-    p = stats.ttest_rel([0.61, 0.50, 0.60], [0.55, 0.57, 0.52]).pvalue  # seed 5 has no partner
-    assert f"{p:.3f} (n = 3)" in row and "(6.00, -7.00, 8.00)" in row
-    assert gnc_2d.paired(groups, "sc", "missing", "test_acc").endswith("| – | – |")
-
-
-def test_gnc_terminal_extremes_pair_smallest_with_largest_tau():
-    pytest.importorskip("matplotlib")
-    gnc = script("geometry/gnc_networks/summarise.py", "gnc_networks_summarise")
-    keys = ("test_acc", "train_acc", "gnc1", "gnc2", "gnc3", "nc1")
-    rows = [{"tau": t, "dim": 16, "seed": s, **{k: t * (1 + s) + (0.1 * s if t < 0.1 else 0) for k in keys}}
-            for t in (0.02, 0.2, 0.5) for s in (0, 1, 2)]
-    rows.append({"tau": 0.5, "dim": 8, "seed": 0, **dict.fromkeys(keys, 9)})  # another d: not paired
-    lines = gnc.paired_extremes(rows, [(0.02, 16), (0.2, 16), (0.5, 16)])
-    assert lines[0].startswith("| τ = 0.02 − τ = 0.5, same seed (n = 3)")
-    low = [0.02 * (1 + s) + 0.1 * s for s in range(3)]
-    high = [0.5 * (1 + s) for s in range(3)]
-    gnc1 = next(line for line in lines if line.startswith("| gnc1 |"))
-    assert f"{stats.ttest_rel(low, high).pvalue:.3g}" in gnc1

@@ -195,3 +195,92 @@ def test_a_post_step_with_a_key_is_done_once_its_file_holds_the_key(tmp_path):
     assert pgd.done(tmp_path) and not aa.done(tmp_path)
     (tmp_path / "robust_eval.json").write_text('{"pgd-20 Linf')  # torn: run it again
     assert not pgd.done(tmp_path)
+
+
+def _driver_config(run_dir, seed: int, data: dict, model: dict, method: dict, optim: dict, schedule: dict,
+                   epochs: int) -> dict:
+    """The dict the removed Python drivers built for ``config_from_dict``."""
+    return {"run_dir": str(run_dir), "seed": seed, "data": data, "model": model, "method": method, "optim": optim,
+            "schedule": schedule, "train": {"epochs": epochs, "progress": False, "device": "cpu"}}
+
+
+def _study_config(run):
+    return config_to_dict(load_config(config_file(run.config), list(run.overrides)))
+
+
+def test_gnc_networks_trains_the_runs_of_the_replaced_driver(tmp_path):
+    # kdcollapse.experiments.gnc_networks.config / grid at b0eb412 (driver: results/geometry/gnc_networks/study.py)
+    from kdcollapse.config import config_from_dict
+
+    study = load_study(ROOT / "results/geometry/gnc_networks/study.yaml", runs_dir=tmp_path)
+    taus, dims = (0.02, 0.05, 0.1, 0.2, 0.5), (3, 5, 8, 16, 32)
+    short = {(t, 16) for t in taus} | {(0.2, d) for d in dims}
+    terminal = {(t, 16) for t in taus} | {(0.02, d) for d in dims}
+    assert sorted(study.runs) == sorted([f"tau{t:g}_d{d}/seed{s}" for t, d in short for s in range(3)]
+                                        + [f"terminal/tau{t:g}_d{d}/seed{s}" for t, d in terminal for s in range(3)])
+    for name, (tau, dim, term) in {"tau0.05_d16/seed1": (0.05, 16, False), "tau0.2_d3/seed2": (0.2, 3, False),
+                                   "terminal/tau0.02_d32/seed0": (0.02, 32, True)}.items():
+        run = study.runs[name]
+        old = _driver_config(tmp_path / name, run.values["seed"],
+                             {"name": "fashion_mnist_pairs", "train_per_class": 40, "val_per_class": 10,
+                              "test_per_class": 50, "batch_size": 128},
+                             {"name": "mlp", "kwargs": {"hidden": [256], "bottleneck": dim, "input_size": [28, 56]}},
+                             {"name": "spherical", "head": "cosine", "temperature": tau},
+                             {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4} | ({"grad_clip": 1.0} if term else {}),
+                             {"name": "cosine"}, 200 if term else 15)
+        assert _study_config(run) == config_to_dict(config_from_dict(old))
+        assert [s.step for s in run.post] == ["gnc_geometry"]
+
+
+def test_gnc_2d_trains_the_runs_of_the_replaced_driver(tmp_path):
+    # b1_config / b6_config of the removed results/geometry/gnc_2d/study.py (b0eb412); its hexagon.npy is the
+    # committed one (the driver wrote the same array beside its runs)
+    import numpy as np
+
+    from kdcollapse.config import config_from_dict
+
+    study = load_study(ROOT / "results/geometry/gnc_2d/study.yaml", runs_dir=tmp_path)
+    angles = np.arange(6) * np.pi / 3
+    assert np.array_equal(np.load(ROOT / "results/geometry/gnc_2d/hexagon.npy"),
+                          np.stack([np.cos(angles), np.sin(angles)], 1))
+    optim = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "grad_clip": 1.0}
+    schedule = {"name": "cosine", "warmup_epochs": 1}
+    b1 = {"name": "fashion_mnist_pairs", "classes": list(range(30)), "train_per_class": 100, "val_per_class": 10,
+          "test_per_class": 50, "batch_size": 128}
+    b6 = {"name": "fashion_mnist", "classes": [0, 6, 5, 7, 2, 4], "train_per_class": 500, "val_per_class": 50,
+          "test_per_class": 500, "batch_size": 128}
+    code = "results/geometry/gnc_2d/hexagon.npy"
+    old = {"b1/wd/seed3": (b1, [28, 56], {"head": "linear"}),
+           "b1/sc/seed0": (b1, [28, 56], {"head": "cosine", "temperature": 0.02}),
+           "b6/learned/seed4": (b6, 28, {"head": "cosine", "temperature": 0.2}),
+           "b6/adjacent/seed1": (b6, 28, {"head": "fixed", "temperature": 0.2, "code": code,
+                                          "assignment": [0, 1, 2, 3, 4, 5]}),
+           "b6/opposite/seed2": (b6, 28, {"head": "fixed", "temperature": 0.2, "code": code,
+                                          "assignment": [0, 3, 1, 4, 2, 5]})}
+    assert len(study.runs) == 25
+    for name, (data, size, head) in old.items():
+        run = study.runs[name]
+        config = _driver_config(tmp_path / name, run.values["seed"], data,
+                                {"name": "mlp", "kwargs": {"hidden": [256, 64], "bottleneck": 2, "input_size": size}},
+                                {"name": "spherical", **head}, optim, schedule, 100)
+        assert _study_config(run) == config_to_dict(config_from_dict(config))
+        assert [s.step for s in run.post] == ["circle_geometry"]
+
+
+def test_vci_transfer_trains_the_runs_of_the_replaced_driver(tmp_path):
+    # config() / family() of the removed results/collapse/vci_transfer/study.py (b0eb412)
+    from kdcollapse.config import config_from_dict
+
+    study = load_study(ROOT / "results/collapse/vci_transfer/study.yaml", runs_dir=tmp_path)
+    family = [(f"tau{t:g}", {"temperature": t}) for t in (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)] + \
+        [(f"lambda{lam:g}", {"cosine_weight": lam}) for lam in (2.5, 3.75, 5.0, 7.5, 10.0)]
+    assert sorted(study.runs) == sorted(f"{m}/seed{s}" for m, _ in family for s in range(3))
+    for member, method in family:
+        name = f"{member}/seed2"
+        config = _driver_config(tmp_path / name, 2, {"name": "fashion_mnist", "classes": [0, 1, 2, 3, 4],
+                                                     "train_per_class": 600, "val_per_class": 100,
+                                                     "test_per_class": 400, "batch_size": 128},
+                                {"name": "mlp", "kwargs": {"hidden": [256, 64]}}, {"name": "vanilla", **method},
+                                {"lr": 0.02, "momentum": 0.9, "weight_decay": 5e-4}, {"name": "cosine"}, 10)
+        assert _study_config(study.runs[name]) == config_to_dict(config_from_dict(config))
+        assert [s.step for s in study.runs[name].post] == ["transfer_probes"]

@@ -1,11 +1,11 @@
-"""GNC paper Fig. 2 (GNC1-3 and accuracy against the temperature τ) and Fig. 3 (against the feature dimension
-d < K − 1, with the Thm 3.9 bounds) on fashion_mnist_pairs (K = 100) at CPU scale: the sweep's grid, each run's
-config (an MLP with a linear bottleneck of width d and a cosine classifier, method ``spherical``, head
-``cosine``) and the measurements of a finished run. The driver and the page: results/geometry/gnc_networks/
-(the 2-d variant, results/geometry/gnc_2d/, measures its runs with :func:`outputs` too)."""
+"""The measurements of the GNC paper's network experiments on a finished run, the study post steps
+``gnc_geometry`` (Fig. 2 and 3: GNC1-3 of the training features and the classifier rows, with the Thm 3.9
+bounds; results/geometry/gnc_networks/study.yaml) and ``circle_geometry`` (Fig. B.1 and B.6, 2-d features: how
+evenly the class means and the rows lie on the circle; results/geometry/gnc_2d/study.yaml). Accuracies in %."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -13,35 +13,6 @@ import torch
 from kdcollapse.geometry import softmax_code_bounds
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics
 from kdcollapse.runs import Run
-
-TAUS = (0.02, 0.05, 0.1, 0.2, 0.5)  # Fig. 2, at d = 16
-DIMS = (3, 5, 8, 16, 32)  # Fig. 3, at tau = BASE_TAU; all < K - 1 = 99
-BASE_TAU, BASE_DIM = 0.2, 16  # tau = 0.2: the best-trained tau of the Fig. 2 sweep at this schedule
-# The terminal phase: 200 epochs, gradient norm clipped at 1; its d-sweep at tau = 0.02. That choice is not
-# supported by the stored files: they hold each run's best-epoch validation accuracy, which favours tau = 0.05
-# (58.63 % against 58.47 %, mean of seeds 0-2, about two of the 1,000 validation images); see the page.
-TERMINAL = {"epochs": 200, "grad_clip": 1.0, "tau": 0.02}
-
-
-def grid(terminal: bool = False) -> list[tuple[float, int]]:
-    points = [(t, BASE_DIM) for t in TAUS] + [(TERMINAL["tau"] if terminal else BASE_TAU, d) for d in DIMS]
-    return list(dict.fromkeys(points))
-
-
-def config(run_dir: Path, seed: int, tau: float, dim: int, terminal: bool = False) -> dict:
-    cfg = {
-        "run_dir": str(run_dir), "seed": seed,
-        "data": {"name": "fashion_mnist_pairs", "train_per_class": 40, "val_per_class": 10,
-                 "test_per_class": 50, "batch_size": 128},
-        "model": {"name": "mlp", "kwargs": {"hidden": [256], "bottleneck": dim, "input_size": [28, 56]}},
-        "method": {"name": "spherical", "head": "cosine", "temperature": tau},
-        "optim": {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4},
-        "schedule": {"name": "cosine"},
-        "train": {"epochs": 15, "progress": False, "device": "cpu"},
-    }
-    if terminal:
-        cfg["train"]["epochs"], cfg["optim"]["grad_clip"] = TERMINAL["epochs"], TERMINAL["grad_clip"]
-    return cfg
 
 
 @torch.no_grad()
@@ -58,16 +29,53 @@ def outputs(run: Run):
 
 
 @torch.no_grad()
-def measure(run: Run) -> dict:
+def gnc_geometry(run_dir: Path) -> dict:
+    """GNC1-3 and NC1 of the run's last model (the training features, W = the head's rows), the Thm 3.9 bounds
+    on the optimal GNC2 for its (K, d), and its accuracy in eval mode on the training and the test split (%)."""
+    run = Run(run_dir)
     model, train, h, test_acc = outputs(run)
     stats = FeatureStatistics(num_classes=train.num_classes, feature_dim=h.shape[1])
     stats.update(h.double(), train.labels)
     m = collapse_metrics(stats, model.head.weight.detach().double())
     train_logits = model.forward_head(h)
     bounds = softmax_code_bounds(train.num_classes, h.shape[1])
-    return {"gnc1": float(m["gnc1"]), "gnc2": float(m["gnc2"]), "gnc3": float(m["gnc3"]),
-            "nc1": float(m["nc1"]), "gnc2_lower": bounds.lower, "gnc2_upper": bounds.upper,
-            "bounds_valid": bool(bounds.valid),
-            "train_acc": float((train_logits.argmax(1) == train.labels).double().mean()),
-            "test_acc": test_acc,
-            "val_acc_best": max((r.get("val_acc", 0) for r in run.metrics()), default=None)}
+    return {"gnc1": float(m["gnc1"]), "gnc2": float(m["gnc2"]), "gnc3": float(m["gnc3"]), "nc1": float(m["nc1"]),
+            "gnc2_lower": bounds.lower, "gnc2_upper": bounds.upper,
+            "eval_train_acc": 100 * float((train_logits.argmax(1) == train.labels).double().mean()),
+            "eval_test_acc": 100 * test_acc}
+
+
+def circle_gaps(vectors: torch.Tensor) -> tuple[float, float]:
+    """Smallest and largest angle between circular neighbours of 2-d vectors, in units of 2π / K (1: evenly
+    spaced)."""
+    angles = torch.sort(torch.atan2(vectors[:, 1], vectors[:, 0])).values
+    diffs = torch.diff(torch.cat([angles, angles[:1] + 2 * math.pi]))
+    unit = 2 * math.pi / len(vectors)
+    return float(diffs.min() / unit), float(diffs.max() / unit)
+
+
+@torch.no_grad()
+def circle_geometry(run_dir: Path) -> dict:
+    """For a run with 2-d features: its test accuracy (%, eval mode), the spread of the class-mean norms and of
+    the row norms (coefficient of variation; the features on the unit circle for the heads that normalise them),
+    the smallest and largest gap between circular neighbours of the class means and of the rows
+    (:func:`circle_gaps`); with K = 6 (three similar pairs, classes 2i and 2i + 1), the smallest and largest angle
+    between the rows of a pair, in degrees."""
+    run = Run(run_dir)
+    model, train, h, test_acc = outputs(run)
+    h, k = h.double(), train.num_classes
+    if run.config.method.head != "linear":  # the cosine and fixed heads see the features on the unit circle
+        h = torch.nn.functional.normalize(h, dim=1)
+    means = torch.stack([h[train.labels == c].mean(0) for c in range(k)])
+    norms = means.norm(dim=1)
+    w = model.head.weight.detach().double()
+    w_norms = w.norm(dim=1)
+    row = {"eval_test_acc": 100 * test_acc,
+           "mean_norm_cv": float(norms.std() / norms.mean()), "w_norm_cv": float(w_norms.std() / w_norms.mean()),
+           "mean_gap_min": circle_gaps(means)[0], "mean_gap_max": circle_gaps(means)[1],
+           "w_gap_min": circle_gaps(w)[0], "w_gap_max": circle_gaps(w)[1]}
+    if k == 6:
+        unit = torch.nn.functional.normalize(w, dim=1)
+        angles = [math.degrees(math.acos(max(-1.0, min(1.0, float(unit[a] @ unit[a + 1]))))) for a in (0, 2, 4)]
+        row |= {"pair_angle_min_deg": min(angles), "pair_angle_max_deg": max(angles)}
+    return row

@@ -67,6 +67,22 @@ def mean_difference_ci(a: Sequence[float], b: Sequence[float], level: float = 0.
     return statistics.mean(d) - half, statistics.mean(d) + half
 
 
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson's correlation coefficient of paired values; ``nan`` with fewer than two pairs or a constant side.
+
+    >>> pearson([1, 2, 3], [2, 4, 7]) > 0.99, pearson([1, 2, 3], [3, 2, 1])
+    (True, -1.0)
+    """
+    if len(x) != len(y):
+        raise KdcollapseError(f"pearson needs pairs: got {len(x)} and {len(y)} values")
+    if len(x) < 2:
+        return math.nan
+    try:
+        return statistics.correlation(x, y)
+    except statistics.StatisticsError:  # a constant side
+        return math.nan
+
+
 VERDICTS = ("better", "worse", "no difference shown", "not tested")
 
 

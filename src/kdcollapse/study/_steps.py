@@ -1,7 +1,8 @@
 """Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
 command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
 runs instead of training (``ufm``), written to ``result.json`` in their run directory. A
-study names one as ``post: [{step: NAME, creates: FILE.json}]``; the executor writes the mapping it returns to
+study names one as ``post: [{step: NAME, creates: FILE.json}]`` (the GNC and VCI measurements are in
+:mod:`kdcollapse.experiments` and imported when they run); the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
 
 from __future__ import annotations
@@ -55,7 +56,33 @@ def feature_geometry(run_dir: Path) -> dict:
             "soft_label_spread": (p - class_means[y]).square().sum(1).mean().item()}
 
 
-STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry}
+def gnc_geometry(run_dir: Path) -> dict:
+    """:func:`kdcollapse.experiments.gnc_networks.gnc_geometry`: GNC1-3, NC1, the Thm 3.9 bounds and the
+    eval-mode accuracies of the run's last model."""
+    from kdcollapse.experiments.gnc_networks import gnc_geometry as measure
+
+    return measure(run_dir)
+
+
+def circle_geometry(run_dir: Path) -> dict:
+    """:func:`kdcollapse.experiments.gnc_networks.circle_geometry`: how evenly 2-d class means and rows are
+    spaced on the circle."""
+    from kdcollapse.experiments.gnc_networks import circle_geometry as measure
+
+    return measure(run_dir)
+
+
+def transfer_probes(run_dir: Path) -> dict:
+    """:func:`kdcollapse.experiments.vci_transfer.transfer_probes`: collapse metrics of the training features and
+    linear-probe transfer (MLOG) to three unseen tasks."""
+    from kdcollapse.experiments.vci_transfer import transfer_probes as measure
+
+    return measure(run_dir)
+
+
+STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry,
+                                            "gnc_geometry": gnc_geometry, "circle_geometry": circle_geometry,
+                                            "transfer_probes": transfer_probes}
 
 
 def ufm(seed: int, **params) -> dict:

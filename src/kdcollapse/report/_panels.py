@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+
+def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
+    """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
+    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line"}``
+    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers). The same inputs give the same
+    bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be checked like its tables."""
+    import matplotlib  # here, not at import: the tables need no matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = max(len(r) for r in rows)
+    fig, axes = plt.subplots(len(rows), columns, figsize=(4.0 * columns, 3.4 * len(rows)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for r, row in enumerate(rows):
+        for c, panel in enumerate(row):
+            ax = axes[r][c]
+            ax.set_visible(True)
+            xs = []
+            for series in panel["series"]:
+                x, y, kind = list(series["x"]), list(series["y"]), series.get("kind", "errorbar")
+                xs += x
+                if kind == "scatter":
+                    ax.scatter(x, y, s=18, label=series["label"])
+                elif kind == "line":
+                    ax.plot(x, y, color="k", linestyle=series.get("linestyle", "--"), label=series["label"])
+                else:
+                    ax.errorbar(x, y, yerr=series.get("yerr"), marker="o", markersize=4, capsize=3,
+                                label=series["label"])
+            if panel.get("log_x"):
+                ax.set_xscale("log")
+                ax.minorticks_off()
+                ticks = sorted(set(xs))
+                ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.set_title(panel.get("title", ""), fontsize=10)
+            ax.set_xlabel(panel.get("xlabel", ""))
+            ax.set_ylabel(panel.get("ylabel", ""))
+            ax.grid(alpha=0.3)
+            if len(panel["series"]) > 1:
+                ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,136 @@
+"""The summary's tables beyond one compared metric, on records written here (no training): comparisons of several
+measures on one page (one Holm family, each measure's own noise floor and "better" direction), correlations
+across a section's cells, and the plots a study file asks for, drawn from the records alone."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from scipy import stats
+
+from kdcollapse.errors import ConfigError
+from kdcollapse.report import holm, pearson
+from kdcollapse.study import load_study, summarise, write_page
+from kdcollapse.study._summary import figures
+
+STUDY = """
+name: measures
+seeds: [0, 1, 2]
+groups:
+  - group: g
+    run: x{x}/seed{seed}
+    config: CONFIG
+    grid: {x: [1, 2, 3, 4]}
+summary:
+  select: null
+  metric: {metric: acc, label: acc}
+  columns:
+    - {metric: acc, label: acc (%)}
+    - {metric: spread, digits: 3, label: spread, unit: "", noise_floor: 0.5, better: none}
+    - {metric: loss, digits: 3, label: loss, unit: "", better: lower}
+  noise_floor: 0.1
+  sections:
+    - title: grid
+      cells: [{label: "x = {x}", short: "{x}", group: g}]
+      compare: [["4", "1"], ["4", "1", spread], ["4", "1", loss], ["2", "1", spread]]
+      correlate: {x: [spread, loss], y: acc}
+PLOTS
+"""
+# acc rises with x, spread rises with x (by 0.3 at x = 2, below its noise floor), loss falls with x
+def _noise(x: int, s: int) -> float:
+    return ((7 * x + 3 * s + x * s) % 5) / 10
+
+
+RECORDS = {f"x{x}/seed{s}": {"last": {"acc": 50 + 5 * x + s + _noise(x, s),
+                                      "spread": 0.3 * (x - 1) ** 2 + 0.1 * _noise(x, s),
+                                      "loss": 2.0 / x + 0.02 * s * x}}
+           for x in (1, 2, 3, 4) for s in (0, 1, 2)}
+
+
+def make(tmp_path, plots: str = ""):
+    (tmp_path / "c.yaml").write_text("method: {name: vanilla}\n")
+    path = tmp_path / "page" / "study.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(STUDY.replace("CONFIG", str(tmp_path / "c.yaml")).replace("PLOTS", plots))
+    return load_study(path, runs_dir=tmp_path / "runs")
+
+
+def value(name: str, x: int, s: int) -> float:
+    return RECORDS[f"x{x}/seed{s}"]["last"][name]
+
+
+def test_several_measures_are_one_holm_family_with_their_own_floor_and_direction(tmp_path):
+    text, summary = summarise(make(tmp_path), RECORDS)
+    acc, spread, loss, small = summary["comparisons"]
+    assert [c.get("measure") for c in (acc, spread, loss, small)] == [None, "spread", "loss", "spread"]
+    for c, name, (a, b) in ((acc, "acc", (4, 1)), (spread, "spread", (4, 1)), (loss, "loss", (4, 1)),
+                            (small, "spread", (2, 1))):
+        x, y = [value(name, a, s) for s in range(3)], [value(name, b, s) for s in range(3)]
+        assert c["p"] == pytest.approx(stats.ttest_rel(x, y).pvalue)
+    assert [c["holm_p"] for c in summary["comparisons"]] == holm([c["p"] for c in summary["comparisons"]])
+    assert acc["verdict"] == "better"
+    assert spread["verdict"] == "higher"  # better: none -> the sign, by the same rule
+    assert loss["verdict"] == "better"  # lower loss at x = 4
+    assert abs(small["mean"]) < 0.5 and small["verdict"] == "no difference shown"  # under spread's noise floor
+    assert "| 4 − 1 | spread | 0,1,2 |" in text and "| 4 − 1 | acc (pp) | 0,1,2 |" in text
+
+
+def test_correlations_across_cells_match_scipy(tmp_path):
+    text, summary = summarise(make(tmp_path), RECORDS)
+    (spread, loss) = summary["sections"][0]["correlations"]
+    means = {name: [statistics.mean(value(name, x, s) for s in range(3)) for x in (1, 2, 3, 4)]
+             for name in ("acc", "spread", "loss")}
+    assert spread["r_of_means"] == pytest.approx(stats.pearsonr(means["spread"], means["acc"])[0])
+    for s in range(3):
+        xs = [value("loss", x, s) for x in (1, 2, 3, 4)]
+        ys = [value("acc", x, s) for x in (1, 2, 3, 4)]
+        assert loss["per_seed"][s] == pytest.approx(stats.pearsonr(xs, ys)[0])
+    assert "| loss | -0." in text and "0 of 3 |" in text
+    assert pearson([1, 1, 1], [1, 2, 3]) != pearson([1, 1, 1], [1, 2, 3])  # nan: a constant side
+
+
+PLOTS = """  plots:
+    - {file: curve.png, section: grid, x: x, panels: [[acc], [spread, loss]], lines: [loss]}
+    - {file: points.png, kind: scatter, sections: [grid], x: [spread, loss], y: acc}
+"""
+
+
+def test_plots_come_from_the_records_and_are_checked_like_the_tables(tmp_path):
+    pytest.importorskip("matplotlib")
+    study = make(tmp_path, PLOTS)
+    images = figures(study, RECORDS)
+    assert set(images) == {"curve.png", "points.png"}
+    assert all(image.startswith(b"\x89PNG") for image in images.values())
+    assert figures(study, RECORDS) == images  # the same records draw the same bytes
+    (study.path.parent / "runs.json").write_text(__import__("json").dumps(RECORDS))
+    assert sorted(p.name for p in write_page(study)) == ["README.md", "curve.png", "points.png", "runs.json",
+                                                         "summary.json"]
+    assert write_page(study, check=True) == []
+    assert "![curve](curve.png)" in (study.path.parent / "README.md").read_text()
+    (study.path.parent / "curve.png").write_bytes(b"stale")
+    assert [p.name for p in write_page(study, check=True)] == ["curve.png"]
+
+
+@pytest.mark.parametrize("plots, message", [
+    ("  plots: [{file: a.png, section: nope, x: x, panels: [[acc]]}]", "section of plot 'a.png'"),
+    ("  plots: [{file: a.svg, section: grid, x: x, panels: [[acc]]}]", "a summary plot is"),
+    ("  plots: [{file: a.png, section: grid, x: y, panels: [[acc]]}]", "must be a grid field"),
+    ("  plots: [{file: a.png, section: grid, x: x, panels: [[accuracy]]}]", "'accuracy'"),
+])
+def test_bad_plots_are_refused_with_the_key_named(tmp_path, plots, message):
+    with pytest.raises(ConfigError, match=message):
+        figures(make(tmp_path, plots + "\n"), RECORDS)
+
+
+@pytest.mark.parametrize("change, message", [
+    (('["2", "1", spread]', '["2", "1", nope]'), "'nope'"),
+    (('["2", "1", spread]', '["2"]'), "a comparison is"),
+    (("better: lower", "better: up"), "'better'"),
+    (("correlate: {x: [spread, loss], y: acc}", "correlate: {x: spread}"), "'correlate' is"),
+])
+def test_bad_comparisons_and_correlations_are_refused(tmp_path, change, message):
+    study = make(tmp_path)
+    study.path.write_text(study.path.read_text().replace(*change))
+    with pytest.raises(ConfigError, match=message):
+        summarise(load_study(study.path, runs_dir=tmp_path / "runs"), RECORDS)
