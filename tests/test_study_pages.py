@@ -284,3 +284,34 @@ def test_vci_transfer_trains_the_runs_of_the_replaced_driver(tmp_path):
                                 {"lr": 0.02, "momentum": 0.9, "weight_decay": 5e-4}, {"name": "cosine"}, 10)
         assert _study_config(study.runs[name]) == config_to_dict(config_from_dict(config))
         assert [s.step for s in study.runs[name].post] == ["transfer_probes"]
+
+
+def test_the_adversarial_study_trains_and_evaluates_the_runs_of_the_replaced_loop(tmp_path):
+    # the loop of results/adversarial/fashion_mnist.md at b0eb412: train --config C seed=S run_dir=D (NCHW then),
+    # robust-eval D --eps 0.1 --attacks pgd --pgd-steps 20, then --attacks standard --n-examples 500
+    study = load_study(ROOT / "results/adversarial/fashion_mnist/study.yaml", runs_dir=tmp_path)
+    assert sorted(study.runs) == sorted(f"fmnist_{m}/seed{s}" for m in ("natural", "trades", "ikl_at") for s in (0, 1))
+    for method in ("natural", "trades", "ikl_at"):
+        run = study.runs[f"fmnist_{method}/seed1"]
+        expected = load_config(ROOT / f"configs/adversarial/fashion_mnist_{method}.yaml",
+                               ["seed=1", f"run_dir={run.run_dir}", "train.channels_last=false"])
+        assert _study_config(run) == config_to_dict(expected)
+        assert [(s.args, s.key) for s in run.post] == [
+            (("--eps", "0.1", "--attacks", "pgd", "--pgd-steps", "20"), "pgd-20 Linf eps=0.1 last"),
+            (("--eps", "0.1", "--attacks", "standard", "--n-examples", "500"), "autoattack-standard Linf eps=0.1 last")]
+
+
+def test_the_bf16_study_trains_the_runs_of_the_replaced_script(tmp_path):
+    # results/precision/bf16_accuracy.py at b0eb412 with --train-per-class 2000: the teacher recipe with the common
+    # overrides, then kd / dhkd with seed, train.amp and the teacher's checkpoint
+    study = load_study(ROOT / "results/precision/study.yaml", runs_dir=tmp_path)
+    common = ["train.progress=false", "train.device=cpu", "data.train_per_class=2000"]
+    teacher = load_config(ROOT / "configs/fashion_mnist/teacher.yaml", [*common, f"run_dir={tmp_path / 'teacher'}"])
+    assert _study_config(study.runs["teacher"]) == config_to_dict(teacher)
+    for method in ("kd", "dhkd"):
+        for amp in ("off", "bf16"):
+            name = f"{method}/{amp}/seed2"
+            expected = load_config(ROOT / f"configs/fashion_mnist/{method}.yaml", [
+                *common, "seed=2", f"train.amp={amp}", f"teacher.checkpoint={tmp_path / 'teacher'}",
+                f"run_dir={tmp_path / name}"])
+            assert _study_config(study.runs[name]) == config_to_dict(expected)

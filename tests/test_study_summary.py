@@ -93,6 +93,7 @@ def test_correlations_across_cells_match_scipy(tmp_path):
 PLOTS = """  plots:
     - {file: curve.png, section: grid, x: x, panels: [[acc], [spread, loss]], lines: [loss]}
     - {file: points.png, kind: scatter, sections: [grid], x: [spread, loss], y: acc}
+    - {file: bars.png, kind: bars, section: grid, bars: [acc, spread]}
 """
 
 
@@ -100,12 +101,12 @@ def test_plots_come_from_the_records_and_are_checked_like_the_tables(tmp_path):
     pytest.importorskip("matplotlib")
     study = make(tmp_path, PLOTS)
     images = figures(study, RECORDS)
-    assert set(images) == {"curve.png", "points.png"}
+    assert set(images) == {"curve.png", "points.png", "bars.png"}
     assert all(image.startswith(b"\x89PNG") for image in images.values())
     assert figures(study, RECORDS) == images  # the same records draw the same bytes
     (study.path.parent / "runs.json").write_text(__import__("json").dumps(RECORDS))
-    assert sorted(p.name for p in write_page(study)) == ["README.md", "curve.png", "points.png", "runs.json",
-                                                         "summary.json"]
+    assert sorted(p.name for p in write_page(study)) == ["README.md", "bars.png", "curve.png", "points.png",
+                                                         "runs.json", "summary.json"]
     assert write_page(study, check=True) == []
     assert "![curve](curve.png)" in (study.path.parent / "README.md").read_text()
     (study.path.parent / "curve.png").write_bytes(b"stale")
@@ -134,3 +135,15 @@ def test_bad_comparisons_and_correlations_are_refused(tmp_path, change, message)
     study.path.write_text(study.path.read_text().replace(*change))
     with pytest.raises(ConfigError, match=message):
         summarise(load_study(study.path, runs_dir=tmp_path / "runs"), RECORDS)
+
+
+def test_nested_post_step_files_are_read_as_joined_keys_and_columns_scale_them():
+    from kdcollapse.study._summary import Measure, _flat_json
+
+    report = {"max_logit": 3.0, "pgd-20 Linf eps=0.1 last": {"robust_accuracy": 0.5, "stages": [{"robust_accuracy": 0.25}]}}
+    assert _flat_json(report) == {"max_logit": 3.0, "pgd-20 Linf eps=0.1 last/robust_accuracy": 0.5,
+                                  "pgd-20 Linf eps=0.1 last/stages/0/robust_accuracy": 0.25}
+    m = Measure.parse({"metric": "pgd-20 Linf eps=0.1 last/stages/0/robust_accuracy", "scale": 100}, None)
+    assert m.of({"last": _flat_json(report)}) == 25.0
+    with pytest.raises(ConfigError, match="'scale' is a number > 0"):
+        Measure.parse({"metric": "x", "scale": 0}, None)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
     """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
-    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line"}``
-    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers). The same inputs give the same
+    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line" | "bar"}``
+    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers; bar: one bar per category of ``x``, grouped with the panel's other bar series). The same inputs give the same
     bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be checked like its tables."""
     import matplotlib  # here, not at import: the tables need no matplotlib
 
@@ -15,7 +15,7 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
     import matplotlib.pyplot as plt
 
     columns = max(len(r) for r in rows)
-    fig, axes = plt.subplots(len(rows), columns, figsize=(4.0 * columns, 3.4 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), columns, figsize=(max(4.0 * columns, 7.0), 3.4 * len(rows)), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
     for r, row in enumerate(rows):
@@ -23,7 +23,13 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
             ax = axes[r][c]
             ax.set_visible(True)
             xs = []
-            for series in panel["series"]:
+            bars = [series for series in panel["series"] if series.get("kind") == "bar"]
+            for i, series in enumerate(bars):  # grouped: the categories side by side, one bar per series in each
+                width = 0.8 / len(bars)
+                ax.bar([j + (i - (len(bars) - 1) / 2) * width for j in range(len(series["x"]))], series["y"], width,
+                       yerr=series.get("yerr"), capsize=3, label=series["label"])
+                ax.set_xticks(range(len(series["x"])), series["x"], fontsize=8)
+            for series in (series for series in panel["series"] if series.get("kind") != "bar"):
                 x, y, kind = list(series["x"]), list(series["y"]), series.get("kind", "errorbar")
                 xs += x
                 if kind == "scatter":
