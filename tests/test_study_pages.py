@@ -315,3 +315,25 @@ def test_the_bf16_study_trains_the_runs_of_the_replaced_script(tmp_path):
                 *common, "seed=2", f"train.amp={amp}", f"teacher.checkpoint={tmp_path / 'teacher'}",
                 f"run_dir={tmp_path / name}"])
             assert _study_config(study.runs[name]) == config_to_dict(expected)
+
+
+def test_the_collapse_study_trains_and_analyses_the_runs_of_the_replaced_commands(tmp_path):
+    # the commands of results/collapse/README.md (b0eb412): BASE, train.epochs=5 (student15: 15), seed 0 and seeds
+    # 1, 2; analyze --split test|train (the vanilla student with --teacher T; the teacher with --per-class 500 too)
+    study = load_study(ROOT / "results/collapse/study.yaml", runs_dir=tmp_path)
+    base = ["data.train_per_class=500", "data.test_per_class=500", "train.progress=false", "analysis.every=1",
+            "train.channels_last=false"]
+    teacher = tmp_path / "teacher"
+    for name, (recipe, extra) in {"student/seed1": ("student", ["train.epochs=5", "seed=1"]),
+                                  "dhkd/seed0": ("dhkd", ["train.epochs=5", "seed=0", f"teacher.checkpoint={teacher}"]),
+                                  "student15": ("student", ["train.epochs=15", "seed=0"])}.items():
+        expected = load_config(ROOT / f"configs/fashion_mnist/{recipe}.yaml",
+                               [*base, *extra, f"run_dir={tmp_path / name}"])
+        assert _study_config(study.runs[name]) == config_to_dict(expected)
+    assert [s.args[:2] + s.args[2:-1] for s in study.runs["teacher"].post] == [
+        ("--split", "test", "--per-class", "500", "--out", f"{teacher}/analysis_test_500"),
+        ("--split", "train", "--per-class", "500", "--out", f"{teacher}/analysis_train_500"),
+        ("--split", "test"), ("--split", "train")]
+    assert study.runs["student/seed0"].post[0].args == ("--split", "test", "--teacher", str(teacher), "--no-progress")
+    assert [s.creates for s in study.runs["ikl_kd/seed2"].post] == ["analysis_test/analysis.json",
+                                                                   "analysis_train/analysis.json"]

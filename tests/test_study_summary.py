@@ -147,3 +147,18 @@ def test_nested_post_step_files_are_read_as_joined_keys_and_columns_scale_them()
     assert m.of({"last": _flat_json(report)}) == 25.0
     with pytest.raises(ConfigError, match="'scale' is a number > 0"):
         Measure.parse({"metric": "x", "scale": 0}, None)
+
+
+def test_a_post_step_file_in_a_folder_prefixes_its_keys_and_a_cell_without_a_metric_shows_a_dash(tmp_path):
+    from kdcollapse.study._summary import _flat_json, _folder
+
+    assert _folder("analysis_test/analysis.json") == "analysis_test" and _folder("max_logit.json") == ""
+    assert _flat_json({"metrics": {"nc1": 1.5}}, _folder("analysis_train/analysis.json")) == {
+        "analysis_train/metrics/nc1": 1.5}
+    study = make(tmp_path)
+    records = {k: {"last": {m: v for m, v in r["last"].items() if not (m == "loss" and k.startswith("x1/"))}}
+               for k, r in RECORDS.items()}
+    study.summary["sections"][0]["compare"] = [["4", "2"]]
+    study.summary["sections"][0].pop("correlate")
+    text, _ = summarise(study, records)
+    assert "| x = 1 | 0,1,2 |" in text and text.split("| x = 1 | 0,1,2 |")[1].split("\n")[0].endswith("| – |")

@@ -133,7 +133,7 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
         _step_group(group, label)
     resources = dict(group.get("resources") or {})
     _known(resources, RESOURCE_KEYS, f"resources of group {label!r}")
-    post = tuple(_post_step(step, label) for step in group.get("post") or [])
+    post = tuple(_post_step(step, label) for step in _flat(group.get("post") or []))  # a nested list: spliced in
     grid = group.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"group {label!r}: 'grid' maps each field to a non-empty list of values")
@@ -156,7 +156,7 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
             name=name, group=label, config=_fill(group["config"], values, label),
             overrides=(*overrides, *extra, f"seed={seed}", f"run_dir={root / name}"), values=values,
             run_dir=root / name, teacher=_fill(group["teacher"], values, label) if group.get("teacher") else None,
-            post=post, resources=resources))
+            post=tuple(_placed(step, root / name, root) for step in post), resources=resources))
     return runs
 
 
@@ -213,6 +213,13 @@ def _post_step(step, group: str) -> PostStep:
         raise ConfigError(unknown_choice(f"post command of group {group!r}", step["command"], ("analyze", "robust-eval")))
     return PostStep(str(step["command"]), tuple(str(a) for a in step.get("args") or []), str(step["creates"]),
                     key=str(step["key"]) if "key" in step else None)
+
+
+def _placed(step: PostStep, run_dir: Path, runs_dir: Path) -> PostStep:
+    """``step`` with ``{run_dir}`` (this run's directory) and ``{runs_dir}`` (the study's) filled into its
+    arguments, e.g. ``--out {run_dir}/analysis_test_500`` or ``--teacher {runs_dir}/teacher``."""
+    args = tuple(a.replace("{run_dir}", str(run_dir)).replace("{runs_dir}", str(runs_dir)) for a in step.args)
+    return replace(step, args=args) if args != step.args else step
 
 
 def _with_teacher(run: RunSpec, teacher: RunSpec) -> RunSpec:

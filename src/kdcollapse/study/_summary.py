@@ -79,6 +79,9 @@ class Measure:
         return cls(spec["metric"], at, spec.get("label", f"{spec['metric']} at {where}"), digits,
                    None if floor is None else float(floor), spec.get("unit"), better, float(scale))
 
+    def has(self, record: dict) -> bool:
+        return self.metric in record.get(self.at, {})
+
     def of(self, record: dict) -> float:
         value = record[self.at][self.metric]
         return value if self.scale == 1.0 else value * self.scale
@@ -139,7 +142,7 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
     records = read_metrics(run_dir) if diverged else read_committed_metrics(run_dir)
     keys = _keys(spec)
     extra = {k: v for f in post if f.endswith(".json") and (run_dir / f).is_file()
-             for k, v in _flat_json(json.loads((run_dir / f).read_text())).items() if k in keys}
+             for k, v in _flat_json(json.loads((run_dir / f).read_text()), _folder(f)).items() if k in keys}
     if records and (clash := sorted(set(extra) & set(records[-1]))):
         raise ConfigError(f"{run_dir}: post step output {', '.join(clash)} is also a metrics.jsonl key; a summary "
                           "column would not know which to read")
@@ -162,6 +165,14 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
         record["falls"] = {k: sum(b < a for a, b in zip(series, series[1:]))
                            for k in sorted(falls) if (series := [r[k] for r in records if k in r])}
     return record | {"source": metrics_source(run_dir)}
+
+
+def _folder(path: str) -> str:
+    """The folder of a post step's file inside the run directory ("" for a file at its top): the prefix of its keys,
+    so that ``analysis_test/analysis.json`` and ``analysis_train/analysis.json`` give ``analysis_test/metrics/nc1``
+    and ``analysis_train/metrics/nc1``."""
+    parent = Path(path).parent.as_posix()
+    return "" if parent == "." else parent
 
 
 def _flat_json(value, prefix: str = "") -> dict:
@@ -402,7 +413,8 @@ def _section(study: Study, records: dict, section: dict, columns: list[Measure],
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(mean_std([m.of(runs[s]) for s in sorted(runs)], m.digits) if runs else "–" for m in columns)]
+             *(mean_std(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
+               for m in columns)]
             + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
                if any(broke.values()) else [])
             for label, runs in cells.items() if runs or broke[label]]
