@@ -162,3 +162,47 @@ def test_a_post_step_file_in_a_folder_prefixes_its_keys_and_a_cell_without_a_met
     study.summary["sections"][0].pop("correlate")
     text, _ = summarise(study, records)
     assert "| x = 1 | 0,1,2 |" in text and text.split("| x = 1 | 0,1,2 |")[1].split("\n")[0].endswith("| – |")
+
+
+FRONT = """
+name: fronts
+seeds: [0, 1, 2]
+groups:
+  - group: t
+    run: t{b}/seed{seed}
+    config: CONFIG
+    grid: {b: [1, 9]}
+  - group: i
+    run: i/seed{seed}
+    config: CONFIG
+summary:
+  select: null
+  metric: {metric: aa}
+  columns: [{metric: clean}, {metric: aa}]
+  sections:
+    - title: fronts
+      cells: [{label: "T {b}", group: t}, {label: I, group: i}]
+      front: {cells: I, along: "T *", label: the front, x: clean, y: [aa]}
+"""
+
+
+def front_study(tmp_path, runs: dict):
+    (tmp_path / "c.yaml").write_text("method: {name: vanilla}\n")
+    path = tmp_path / "study.yaml"
+    path.write_text(FRONT.replace("CONFIG", str(tmp_path / "c.yaml")))
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    records = {f"{name}/seed{seed}": {"last": {"clean": c, "aa": a}} for name, seeds in runs.items()
+               for seed, (c, a) in seeds.items()}
+    return summarise(study, records)[1]["comparisons"]
+
+
+def test_a_front_pairs_each_seed_with_its_own_interpolated_front_and_never_extrapolates(tmp_path):
+    runs = {"t1": {0: (80.0, 46.0), 1: (81.0, 47.0), 2: (80.0, 46.0)},
+            "t9": {0: (76.0, 50.0), 1: (77.0, 50.0), 2: (76.0, 50.0)},
+            "i": {0: (78.0, 53.0), 1: (79.0, 52.0), 2: (75.0, 60.0)}}  # seed 2 lies below its front: left out
+    (c,) = front_study(tmp_path, runs)
+    assert c["a"] == "I" and c["b"] == "the front at its clean at last epoch" and c["seeds"] == [0, 1]
+    assert c["per_seed"] == pytest.approx([5.0, 3.5])  # seed 0: front at 78 is 48.0; seed 1: at 79 it is 48.5
+    assert c["p"] == pytest.approx(stats.ttest_rel([53.0, 52.0], [48.0, 48.5]).pvalue)
+    runs["i"][1] = (90.0, 52.0)  # now one seed only: no test
+    assert front_study(tmp_path, runs) == []

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
     """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
-    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line" | "bar"}``
-    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers; bar: one bar per category of ``x``, grouped with the panel's other bar series). The same inputs give the same
+    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line" | "bar" | "points"}``
+    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers; bar: one bar per category of ``x``, grouped with the panel's other bar series; points: ±xerr and ±yerr bars, each point annotated with ``labels``, joined
+    by a line when ``joined``). The same inputs give the same
     bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be checked like its tables."""
     import matplotlib  # here, not at import: the tables need no matplotlib
 
@@ -34,6 +35,11 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
                 xs += x
                 if kind == "scatter":
                     ax.scatter(x, y, s=18, label=series["label"])
+                elif kind == "points":  # mean ± std in both directions, each point labelled
+                    ax.errorbar(x, y, xerr=series.get("xerr"), yerr=series.get("yerr"), marker="o", markersize=4,
+                                capsize=2, linestyle="-" if series.get("joined") else "none", label=series["label"])
+                    for px, py, text in zip(x, y, series.get("labels") or []):
+                        ax.annotate(text, (px, py), fontsize=6, xytext=(3, 3), textcoords="offset points")
                 elif kind == "line":
                     ax.plot(x, y, color="k", linestyle=series.get("linestyle", "--"), label=series["label"])
                 else:

@@ -29,7 +29,7 @@ from kdcollapse.study._spec import Study, _flat
 # best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
 AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "sections", "plots")
-SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate")
+SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale")
 BETTER = ("higher", "lower", "none")
 RECORDS_FILE = "runs.json"
@@ -294,12 +294,14 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
 
 PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines", "log_x", "xlabel"),
              "scatter": ("file", "kind", "title", "sections", "x", "y"),
-             "bars": ("file", "kind", "title", "section", "bars", "ylabel")}
+             "bars": ("file", "kind", "title", "section", "bars", "ylabel"),
+             "means": ("file", "kind", "title", "section", "x", "y", "line")}
 
 
 def figures(study: Study, records: dict) -> dict[str, bytes]:
     """The summary's ``plots``, file name → PNG bytes (:func:`kdcollapse.report.plot_panels`), drawn from the
-    records alone. ``kind: bars``: one group of bars per cell of ``section``, one bar (mean ± std) per column metric
+    records alone. ``kind: means``: each cell of ``section`` at its mean ± std of ``x`` and ``y``, labelled, the cells
+    matching the glob ``line`` joined. ``kind: bars``: one group of bars per cell of ``section``, one bar (mean ± std) per column metric
     of ``bars``. ``kind: cells``: one panel per entry of ``panels`` (a list of column metrics of ``section``),
     each metric's cell mean ± std against the grid field ``x`` (``lines``: metrics drawn as black lines, e.g.
     bounds). ``kind: scatter``: one row per section of ``sections``, one panel per column metric of ``x``, each
@@ -322,6 +324,8 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
             rows = [_cell_panels(study, records, spec, by_title[plot["section"]], plot)]
         elif kind == "bars":
             rows = [[_bar_panel(study, records, spec, by_title[plot["section"]], plot)]]
+        elif kind == "means":
+            rows = [[_means_panel(study, records, spec, by_title[plot["section"]], plot)]]
         else:
             rows = [_scatter_panels(study, records, spec, by_title[t], plot) for t in titles]
         out[plot["file"]] = plot_panels(rows, plot.get("title"))
@@ -365,6 +369,30 @@ def _cell_panels(study, records, spec, section, plot) -> list[dict]:
         panels.append({"title": series[0]["label"] if series else "", "xlabel": plot.get("xlabel", field),
                        "log_x": bool(plot.get("log_x")), "series": series})
     return panels
+
+
+def _means_panel(study, records, spec, section, plot) -> dict:
+    """Each cell's mean ± std of ``y`` against its mean ± std of ``x``, labelled; the cells matching ``line`` (a
+    glob) joined in the order of ``x``, the others as points."""
+    columns, cells, _ = _cell_means(study, records, spec, section)
+    title = section.get("title", "")
+    x, y = _column(columns, plot.get("x"), title), _column(columns, plot.get("y"), title)
+    groups = {True: [], False: []}
+    for label, runs in cells.items():
+        xs, ys = [x.of(r) for r in runs.values() if y.has(r)], [y.of(r) for r in runs.values() if y.has(r)]
+        if xs:
+            groups[fnmatch.fnmatchcase(label, plot.get("line") or "")].append((label, xs, ys))
+
+    def series(items, joined: bool) -> dict:
+        items = sorted(items, key=lambda item: statistics.mean(item[1])) if joined else items
+        sd = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
+        return {"label": plot.get("line") if joined else "other cells", "kind": "points", "joined": joined,
+                "x": [statistics.mean(i[1]) for i in items], "y": [statistics.mean(i[2]) for i in items],
+                "xerr": [sd(i[1]) for i in items], "yerr": [sd(i[2]) for i in items], "labels": [i[0] for i in items]}
+
+    return {"title": title, "xlabel": x.label, "ylabel": y.label,
+            "series": [series(items, joined) for joined, items in ((True, groups[True]), (False, groups[False]))
+                       if items]}
 
 
 def _bar_panel(study, records, spec, section, plot) -> dict:
@@ -429,6 +457,8 @@ def _section(study: Study, records: dict, section: dict, columns: list[Measure],
             pairs.append((a, b, measure))
     comparisons = [_compare(short.get(a, a), short.get(b, b), cells[a], cells[b], m or metric) | (
         {"measure": m.label} if m else {}) for a, b, m in pairs]
+    if "front" in section:
+        comparisons += _front(cells, columns, section["front"], title, short)
     correlations = _correlate(cells, columns, section["correlate"], title) if "correlate" in section else []
     return title, rows, comparisons, correlations
 
@@ -450,6 +480,46 @@ def _column(columns: list[Measure], metric: str, title: str) -> Measure:
             return column
     raise ConfigError(unknown_choice(f"metric of a comparison or correlation in section {title!r} (one of its "
                                      "columns)", metric, tuple(dict.fromkeys(c.metric for c in columns))))
+
+
+def _front(cells: dict, columns: list[Measure], spec, title: str, short: dict) -> list[dict]:
+    """Each cell matching ``cells`` against the front of the cells matching ``along``: per seed, the front's ``y`` at
+    the cell's ``x``, linearly interpolated between that seed's front points (a seed whose ``x`` lies outside
+    their range is left out: no extrapolation); the paired test of the cell's ``y`` minus that, over the seeds
+    left (at least 2), for each ``y``. Cells are named by label or short name (globs allowed)."""
+    import numpy as np
+
+    if not isinstance(spec, dict) or not {"cells", "along", "x", "y"} <= set(spec) <= {"cells", "along", "x", "y", "label"} \
+            or not isinstance(spec["y"], list):
+        raise ConfigError(f"section {title!r}: 'front' is {{cells: GLOB, along: GLOB, x: metric of a column, y: "
+                          f"[metrics of columns], label: TEXT}}, got {spec!r}")
+
+    def matching(pattern: str) -> list[str]:
+        return [c for c in cells if cells[c] and (fnmatch.fnmatchcase(c, pattern)
+                                                  or fnmatch.fnmatchcase(short.get(c, ""), pattern))]
+
+    x, along = _column(columns, spec["x"], title), matching(spec["along"])
+    out = []
+    for cell in (c for c in matching(spec["cells"]) if c not in along):
+        for y in (_column(columns, name, title) for name in spec["y"]):
+            pairs = {}
+            for seed, r in cells[cell].items():
+                points = sorted((x.of(cells[a][seed]), y.of(cells[a][seed])) for a in along
+                                if seed in cells[a] and y.has(cells[a][seed]))
+                if y.has(r) and len(points) >= 2 and points[0][0] <= x.of(r) <= points[-1][0]:
+                    xs, ys = zip(*points)
+                    pairs[seed] = (y.of(r), float(np.interp(x.of(r), xs, ys)))
+            if len(pairs) < 2:
+                continue  # fewer than two seeds on the front: no test
+            seeds = sorted(pairs)
+            a, b = [pairs[s][0] for s in seeds], [pairs[s][1] for s in seeds]
+            mean, p = paired_t_test(a, b)
+            low, high = mean_difference_ci(a, b)
+            name = spec.get("label", f"front of {spec['along']}")
+            out.append({"a": short.get(cell, cell), "b": f"{name} at its {x.label}", "seeds": seeds,
+                        "per_seed": [u - v for u, v in zip(a, b)], "mean": mean, "p": p, "ci": [low, high],
+                        "_measure": y, "measure": y.label})
+    return out
 
 
 def _correlate(cells: dict, columns: list[Measure], spec, title: str) -> list[dict]:
