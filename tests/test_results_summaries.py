@@ -1,17 +1,10 @@
-"""The decisions inside the results pages' summaries, on records or run directories written here: where a front
-is interpolated (and where it refuses to extrapolate), which seeds a matched comparison pairs, which τ the DHKD
-Tables 8–9 study file chooses (on validation, never on test, over the seeds every τ has), and the paired
-differences of the geometry pages."""
+"""The decisions inside the results pages' summaries, on records written here: which τ the DHKD Tables 8–9 study
+file chooses (on validation, never on test, over the seeds every τ has). The fronts' interpolation and the geometry
+pages' paired differences are the library's now (tests/test_study_summary.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from pathlib import Path
-
-import pytest
-from scipy import stats
 
 from kdcollapse.study import load_study, summarise
 

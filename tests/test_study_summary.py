@@ -140,7 +140,8 @@ def test_bad_comparisons_and_correlations_are_refused(tmp_path, change, message)
 def test_nested_post_step_files_are_read_as_joined_keys_and_columns_scale_them():
     from kdcollapse.study._summary import Measure, _flat_json
 
-    report = {"max_logit": 3.0, "pgd-20 Linf eps=0.1 last": {"robust_accuracy": 0.5, "stages": [{"robust_accuracy": 0.25}]}}
+    report = {"max_logit": 3.0,
+              "pgd-20 Linf eps=0.1 last": {"robust_accuracy": 0.5, "stages": [{"robust_accuracy": 0.25}]}}
     assert _flat_json(report) == {"max_logit": 3.0, "pgd-20 Linf eps=0.1 last/robust_accuracy": 0.5,
                                   "pgd-20 Linf eps=0.1 last/stages/0/robust_accuracy": 0.25}
     m = Measure.parse({"metric": "pgd-20 Linf eps=0.1 last/stages/0/robust_accuracy", "scale": 100}, None)

@@ -6,10 +6,16 @@ from collections.abc import Sequence
 
 def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
     """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
-    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind": "errorbar" | "scatter" | "line" | "bar" | "points"}``
-    (errorbar: markers joined by lines with ±yerr bars; line: black, ``linestyle`` (default dashed), no markers; bar: one bar per category of ``x``, grouped with the panel's other bar series; points: ±xerr and ±yerr bars, each point annotated with ``labels``, joined
-    by a line when ``joined``). The same inputs give the same
-    bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be checked like its tables."""
+    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind"}`` with kind
+
+    * ``errorbar`` (default): markers joined by lines with ±yerr bars;
+    * ``line``: black, ``linestyle`` (default dashed), no markers;
+    * ``scatter``: points;
+    * ``bar``: one bar per category of ``x``, grouped with the panel's other bar series;
+    * ``points``: ±xerr and ±yerr bars, each point annotated with ``labels``, joined by a line when ``joined``.
+
+    The same inputs give the same bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be
+    checked like its tables."""
     import matplotlib  # here, not at import: the tables need no matplotlib
 
     matplotlib.use("Agg")

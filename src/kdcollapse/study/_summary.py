@@ -282,7 +282,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                  "paired t-test p", "Holm p", "verdict"], [_row(c, c["_digits"]) for c in section]))
         if correlations:
             text.append(markdown_table(
-                [f"Pearson r with {correlations[0]['y']} across the {correlations[0]['cells']} cells", "r of the cell means",
+                [f"Pearson r with {correlations[0]['y']} across the {correlations[0]['cells']} cells",
+                 "r of the cell means",
                  "per seed: mean ± std", "seeds with r > 0"], [_correlation_row(c) for c in correlations]))
     for c in comparisons:
         del c["_digits"], c["_unit"], c["_label"]
@@ -301,7 +302,8 @@ PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines
 def figures(study: Study, records: dict) -> dict[str, bytes]:
     """The summary's ``plots``, file name → PNG bytes (:func:`kdcollapse.report.plot_panels`), drawn from the
     records alone. ``kind: means``: each cell of ``section`` at its mean ± std of ``x`` and ``y``, labelled, the cells
-    matching the glob ``line`` joined. ``kind: bars``: one group of bars per cell of ``section``, one bar (mean ± std) per column metric
+    matching the glob ``line`` joined. ``kind: bars``: one group of bars per cell of ``section``, one bar
+    (mean ± std) per column metric
     of ``bars``. ``kind: cells``: one panel per entry of ``panels`` (a list of column metrics of ``section``),
     each metric's cell mean ± std against the grid field ``x`` (``lines``: metrics drawn as black lines, e.g.
     bounds). ``kind: scatter``: one row per section of ``sections``, one panel per column metric of ``x``, each
@@ -415,7 +417,8 @@ def _scatter_panels(study, records, spec, section, plot) -> list[dict]:
     panels = []
     for name in plot.get("x") or []:
         x = _column(columns, name, title)
-        series = [{"label": f"seed {s}", "kind": "scatter", "x": [x.of(runs[s]) for runs in cells.values() if s in runs],
+        series = [{"label": f"seed {s}", "kind": "scatter",
+                   "x": [x.of(runs[s]) for runs in cells.values() if s in runs],
                    "y": [y.of(runs[s]) for runs in cells.values() if s in runs]} for s in seeds]
         panels.append({"title": title, "xlabel": x.label, "ylabel": y.label, "series": series})
     return panels
@@ -489,8 +492,8 @@ def _front(cells: dict, columns: list[Measure], spec, title: str, short: dict) -
     left (at least 2), for each ``y``. Cells are named by label or short name (globs allowed)."""
     import numpy as np
 
-    if not isinstance(spec, dict) or not {"cells", "along", "x", "y"} <= set(spec) <= {"cells", "along", "x", "y", "label"} \
-            or not isinstance(spec["y"], list):
+    keys = {"cells", "along", "x", "y"}
+    if not isinstance(spec, dict) or not keys <= set(spec) <= keys | {"label"} or not isinstance(spec["y"], list):
         raise ConfigError(f"section {title!r}: 'front' is {{cells: GLOB, along: GLOB, x: metric of a column, y: "
                           f"[metrics of columns], label: TEXT}}, got {spec!r}")
 
