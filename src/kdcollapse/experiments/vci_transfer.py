@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kdcollapse._optional import require
 from kdcollapse.data import load_dataset
 from kdcollapse.metrics import FeatureStatistics, mean_log_odds_gain
 from kdcollapse.runs import Run
@@ -36,7 +37,7 @@ def downstream_tasks(mean: float, std: float) -> dict[str, dict[str, tuple[torch
     C) / test splits drawn with seed 0: Fashion-MNIST classes 5-9 with 100 and with 10 training images per class
     (validation: 100 per class of the training split; test: 400 per class of the test split), and the 8×8
     scikit-learn digits upsampled to 28×28 (half / quarter / quarter)."""
-    from sklearn.datasets import load_digits
+    load_digits = require("sklearn.datasets", "the VCI transfer probes (the digits task)").load_digits
 
     train = load_dataset("fashion_mnist", "train").select_classes([5, 6, 7, 8, 9])
     test = load_dataset("fashion_mnist", "test").select_classes([5, 6, 7, 8, 9]).subset(400, seed=0)
@@ -66,8 +67,8 @@ def downstream_tasks(mean: float, std: float) -> dict[str, dict[str, tuple[torch
 def probe(model, task) -> float:
     """Test accuracy (a fraction) of an L-BFGS logistic-regression probe on standardised features, C chosen on
     the task's validation split (the first of the best)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
+    LogisticRegression = require("sklearn.linear_model", "the VCI transfer probes").LogisticRegression  # noqa: N806
+    StandardScaler = require("sklearn.preprocessing", "the VCI transfer probes").StandardScaler  # noqa: N806
 
     (xa, ya), (xv, yv), (xt, yt) = (task[s] for s in ("train", "val", "test"))
     scaler = StandardScaler().fit(_features(model, xa).numpy())

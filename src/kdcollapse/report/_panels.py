@@ -16,8 +16,9 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
 
     The same inputs give the same bytes (matplotlib's Agg backend, no timestamps), so a page's figure can be
     checked like its tables."""
-    import matplotlib  # here, not at import: the tables need no matplotlib
+    from kdcollapse._optional import require
 
+    matplotlib = require("matplotlib", "drawing a study's plots")  # here, not at import: the tables need none
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
