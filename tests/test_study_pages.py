@@ -209,7 +209,7 @@ def _study_config(run):
 
 
 def test_gnc_networks_trains_the_runs_of_the_replaced_driver(tmp_path):
-    # kdcollapse.experiments.gnc_networks.config / grid at b0eb412 (driver: results/geometry/gnc_networks/study.py)
+    # kdcollapse.experiments.gnc_networks.config / grid at b0eb412 (the driver: study.py of results/geometry/gnc_networks/)
     from kdcollapse.config import config_from_dict
 
     study = load_study(ROOT / "results/geometry/gnc_networks/study.yaml", runs_dir=tmp_path)
@@ -233,7 +233,7 @@ def test_gnc_networks_trains_the_runs_of_the_replaced_driver(tmp_path):
 
 
 def test_gnc_2d_trains_the_runs_of_the_replaced_driver(tmp_path):
-    # b1_config / b6_config of the removed results/geometry/gnc_2d/study.py (b0eb412); its hexagon.npy is the
+    # b1_config / b6_config of the removed study.py of results/geometry/gnc_2d/ (b0eb412); its hexagon.npy is the
     # committed one (the driver wrote the same array beside its runs)
     import numpy as np
 
@@ -268,7 +268,7 @@ def test_gnc_2d_trains_the_runs_of_the_replaced_driver(tmp_path):
 
 
 def test_vci_transfer_trains_the_runs_of_the_replaced_driver(tmp_path):
-    # config() / family() of the removed results/collapse/vci_transfer/study.py (b0eb412)
+    # config() / family() of the removed study.py of results/collapse/vci_transfer/ (b0eb412)
     from kdcollapse.config import config_from_dict
 
     study = load_study(ROOT / "results/collapse/vci_transfer/study.yaml", runs_dir=tmp_path)
@@ -287,7 +287,7 @@ def test_vci_transfer_trains_the_runs_of_the_replaced_driver(tmp_path):
 
 
 def test_the_adversarial_study_trains_and_evaluates_the_runs_of_the_replaced_loop(tmp_path):
-    # the loop of results/adversarial/fashion_mnist.md at b0eb412: train --config C seed=S run_dir=D (NCHW then),
+    # the loop of the adversarial page (fashion_mnist.md of results/adversarial/) at b0eb412: train --config C seed=S run_dir=D (NCHW then),
     # robust-eval D --eps 0.1 --attacks pgd --pgd-steps 20, then --attacks standard --n-examples 500
     study = load_study(ROOT / "results/adversarial/fashion_mnist/study.yaml", runs_dir=tmp_path)
     assert sorted(study.runs) == sorted(f"fmnist_{m}/seed{s}" for m in ("natural", "trades", "ikl_at") for s in (0, 1))
@@ -302,7 +302,7 @@ def test_the_adversarial_study_trains_and_evaluates_the_runs_of_the_replaced_loo
 
 
 def test_the_bf16_study_trains_the_runs_of_the_replaced_script(tmp_path):
-    # results/precision/bf16_accuracy.py at b0eb412 with --train-per-class 2000: the teacher recipe with the common
+    # bf16_accuracy.py of results/precision/ at b0eb412, with --train-per-class 2000: the teacher recipe with the common
     # overrides, then kd / dhkd with seed, train.amp and the teacher's checkpoint
     study = load_study(ROOT / "results/precision/study.yaml", runs_dir=tmp_path)
     common = ["train.progress=false", "train.device=cpu", "data.train_per_class=2000"]
