@@ -11,8 +11,7 @@ from scipy import stats
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.report import holm, pearson
-from kdcollapse.study import load_study, summarise, write_page
-from kdcollapse.study._summary import figures
+from kdcollapse.study import figures, load_study, summarise, write_page
 
 STUDY = """
 name: measures
