@@ -309,6 +309,7 @@ class Trainer:
             self.check_epoch_is_good(epoch, record)
             self.log.write(record)
             self.checkpointer.save(epoch + 1, progress, improved, self.log.files())
+            self.log.committed()  # TensorBoard and the trackers see only committed epochs
             if self.dist.is_main:
                 log_epoch(record, cfg.train.epochs)
         self.log.close()
