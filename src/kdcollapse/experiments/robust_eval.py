@@ -15,6 +15,7 @@ from torch import Tensor
 from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, RobustEvaluation, check_count,
                                     get_attack, list_attacks, parse_eps)
 from kdcollapse.data import TensorDataset, load_dataset
+from kdcollapse.distributed import resolve_device
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
 from kdcollapse.runs import (Run, RunLock, committed_path, file_digest, read_robust_eval, seal_problem, sealed,
                              stale_reason, write_text)
@@ -74,6 +75,7 @@ def evaluate_run(
     other keys are kept) and ``robust_eval.md`` into the run directory; returns the new entries.
     """
     run = Run(run_dir)
+    device = resolve_device(device, option="device")
     if weights not in WEIGHTS:
         raise KdcollapseError(unknown_choice("weights", weights, tuple(WEIGHTS)))
     for name in attacks:

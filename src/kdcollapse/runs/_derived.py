@@ -102,7 +102,8 @@ def containing_run(path: str | Path) -> Path | None:
 def run_lock_for(path: str | Path) -> Iterator[Path | None]:
     """Hold the lock of the run directory that holds ``path`` (if any) for the ``with`` body, so a derived
     output is never written beside a trainer changing the weights it describes (``CheckpointError`` naming
-    the holder if one runs). Yields that run directory."""
+    the holder if one runs, or a damaged ``outputs.json``). Yields that run directory (for
+    :func:`record_outputs`)."""
     run_dir = containing_run(path)
     if run_dir is None:
         yield None
@@ -112,6 +113,7 @@ def run_lock_for(path: str | Path) -> Iterator[Path | None]:
     except OSError as err:
         raise CheckpointError(f"cannot write into the run directory {run_dir}: {err.strerror or err}") from None
     try:
+        read_outputs(run_dir)  # a damaged list of outputs is reported before the work, not after it
         yield run_dir
     finally:
         lock.release(undo=True)

@@ -102,6 +102,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
                  user_data: UserData | None = None):
         self.cfg, self.run_files, self.user_data = cfg, None, user_data
+        if resume and overwrite:
+            raise ConfigError("resume continues the run in run_dir and overwrite replaces it; give one of them")
         try:
             self.setup_environment()
             self.run_dir = Path(cfg.run_dir)
