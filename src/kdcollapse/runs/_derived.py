@@ -185,8 +185,9 @@ def remove_outputs(run_dir: str | Path) -> list[Path]:
 
 
 def outputs_stale(run_dir: str | Path) -> dict[str, str]:
-    """The outputs of ``outputs.json`` (figures: analysis reports are checked by their own provenance) whose
-    source no longer holds: ``{relative path: reason}``."""
+    """The outputs of ``outputs.json`` (figures, post steps' files: analysis reports are checked by their own
+    provenance) whose source no longer holds: ``{relative path: reason}``. An output of weights is checked against
+    the run that holds it (also in a copied run directory); a figure of metrics against each run it shows."""
     run_dir = Path(run_dir)
     found = {}
     for rel, entry in read_outputs(run_dir).items():
@@ -194,9 +195,8 @@ def outputs_stale(run_dir: str | Path) -> dict[str, str]:
         if path is None or not path.is_file() or path.name == "analysis.json":
             continue
         source = entry.get("source") or {}
-        if "weights_sha256" in source and "runs" not in source:  # a figure of an analysis
-            measured = Path(source.get("run_dir") or run_dir)
-            reason = stale_reason(source, measured if measured.is_dir() else run_dir)
+        if "weights_sha256" in source and "runs" not in source:  # of the weights of the run that holds it
+            reason = stale_reason(source, run_dir)
         else:
             reason = next(filter(None, (_metrics_changed(r) for r in source.get("runs", [])
                                         if isinstance(r, dict))), None)
