@@ -130,3 +130,34 @@ def test_kill_9_mid_training_leaves_no_phantom_step_and_resume_no_duplicate(tmp_
     reached = committed_epoch(run_dir)
     resume(run_dir, reached + 1)
     assert_matches_metrics(run_dir, reached + 1)
+
+
+def test_trackers_see_only_committed_epochs(tmp_path, monkeypatch):
+    """W&B and MLflow get an epoch's record after its commit, like TensorBoard: a crash during the commit logs
+    nothing of that epoch (its resume logs it once)."""
+    import shutil
+
+    import kdcollapse.runs._run_dir as run_dir_module
+
+    logged = []
+
+    class Fake:
+        def log(self, record):
+            logged.append(record["epoch"])
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(run_dir_module, "open_trackers", lambda *args: [Fake()])
+    one = fit(load_config(None, [*MLP, "train.device=cpu", f"run_dir={tmp_path / 'one'}", "train.epochs=1"])).run_dir
+    assert logged == [1]
+    for point in (0, 3):  # two write points of epoch 2 before its commit (state.json)
+        logged.clear()
+        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
+        shutil.copytree(one, run_dir)
+        with monkeypatch.context() as m, pytest.raises(Crash):
+            crash_at(m, run_dir, point, snapshot)
+            resume(run_dir, 2)
+        assert logged == [] and committed_epoch(snapshot) == 1
+        resume(snapshot, 2)
+        assert logged == [2]
