@@ -318,7 +318,7 @@ def test_a_bad_command_line_is_one_line_exit_2_and_changes_nothing(workspace, mo
 
 
 def _api_cases():
-    from kdcollapse import losses, metrics
+    from kdcollapse import adversarial, geometry, lm, losses, metrics, report
     from kdcollapse.analysis import AnalyzeOptions, Subject, analyze
     from kdcollapse.config import load_config
     from kdcollapse.data import from_torch, load_dataset
@@ -376,6 +376,32 @@ def _api_cases():
         (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(precision="fp8")), ["fp8"]),
         (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(sample_size=0)), ["sample_size"]),
         (lambda: Subject(mlp, [(torch.rand(1, 8, 8), 11)], "test"), ["11"]),
+        # attacks, statistics and tables
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], y, eps=0.1, step_size=0.01, steps=2,
+                                        norm="L3"), ["L3", "Linf"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], torch.tensor([0, 1, 2, 99]), eps=0.1,
+                                        step_size=0.01, steps=2), ["99", "0..9"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], torch.tensor([0, -1, 2, 3]), eps=0.1,
+                                        step_size=0.01, steps=2), ["-1"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4] * 255, y, eps=0.1, step_size=0.01, steps=2),
+         ["[0, 1]", "Normalized"]),
+        (lambda: adversarial.pgd_evaluate(mlp, images.tensors[0][:4], y, eps=math.nan), ["nan"]),
+        (lambda: adversarial.parse_eps("8/0"), ["8/0"]),
+        (lambda: adversarial.get_attack("nope"), ["nope", "pgd"]),
+        (lambda: adversarial.dlr_loss(torch.randn(4, 2), torch.tensor([0, 1, 0, 1])), ["3 classes", "2"]),
+        (lambda: report.holm([0.01, 1.5]), ["1.5", "[0, 1]"]),
+        (lambda: report.verdict(0.1, 0.01, alpha=2), ["alpha=2"]),
+        (lambda: report.verdict(0.1, 0.01, noise_floor=-1), ["noise_floor=-1"]),
+        (lambda: report.markdown_table(["a", "b"], [[1]]), ["row 0", "1 cells", "2 columns"]),
+        (lambda: report.mean_std([]), ["none"]),
+        (lambda: report.paired_t_test([1.0, 2.0], [2.0]), ["2 and 1"]),
+        (lambda: report.plot_curves({}, ["test_acc"], "x.png"), ["0 runs"]),
+        (lambda: geometry.simplex_etf(1, 3), ["1"]),
+        (lambda: geometry.unit_rows(torch.full((3, 2), math.nan)), ["NaN"]),
+        (lambda: geometry.one_vs_rest_distances(torch.randn(3)), ["(3,)"]),
+        (lambda: geometry.load_matrix("missing.safetensors"), ["missing.safetensors"]),
+        (lambda: lm.load_language_model("no_such_dir"), ["no_such_dir"]),
+        (lambda: lm.read_documents("no_such_dir"), ["no_such_dir"]),
     ]
 
 
