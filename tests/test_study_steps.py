@@ -99,6 +99,12 @@ def test_a_post_step_output_is_the_runs_derived_output_and_goes_with_overwrite(r
     assert listed["source"]["weights_sha256"] == source_of(original)["weights_sha256"]
     assert main(["train", "--resume", str(run_dir), "train.epochs=3", "--quiet"]) == 0
     assert "max_logit.json" in Run(run_dir).stale_outputs()
+    from kdcollapse.errors import CheckpointError
+    from kdcollapse.study._summary import run_record
+
+    spec = {"metric": "test_acc", "select": None, "columns": [{"metric": "max_logit", "at": "last"}]}
+    with pytest.raises(CheckpointError, match=r"max_logit\.json is stale: .*other weights"):
+        run_record(run_dir, spec, ("max_logit.json",))  # the summary never joins a number of other weights
     assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={run_dir}", "--overwrite",
                  "--quiet"]) == 0
     assert not (run_dir / "max_logit.json").exists() and not (run_dir / "outputs.json").exists()
