@@ -66,7 +66,9 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
             fit(cfg, resume=state == "interrupted", overwrite=state == "new" and (run.run_dir / "config.yaml").exists())
             outcome = Outcome(run.name, "finished")
         except TrainingDiverged as err:
-            _write_json(run.run_dir / DIVERGED_FILE, {"epoch": len(read_metrics(run.run_dir)) + 1, "message": str(err)})
+            with run_lock_for(run.run_dir / DIVERGED_FILE):  # the trainer has let go; no other process may write
+                _write_json(run.run_dir / DIVERGED_FILE, {"epoch": len(read_metrics(run.run_dir)) + 1,
+                                                          "message": str(err)})
             outcome = Outcome(run.name, "diverged", str(err))
         except CheckpointError as err:
             if "in use by another process" in str(err):
