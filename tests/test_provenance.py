@@ -6,6 +6,7 @@ or flag an output whose weights are not the committed ones. One table of stale a
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -247,3 +248,14 @@ def test_robust_eval_refuses_to_merge_into_an_edited_file(analysed, tmp_path, ca
     assert path.read_bytes() == before
     with pytest.raises(CheckpointError, match="edited after it was written"):
         Run(run_dir).robust_eval()
+
+
+def test_a_seal_survives_the_json_round_trip_and_catches_an_edit_or_a_move():
+    from kdcollapse.runs import seal_problem
+
+    entry = sealed({"per_class": {2: 0.5, 10: math.nan}, "budget": (1, 2), "robust_accuracy": 0.25}, "pgd last")
+    back = json.loads(json.dumps(entry, indent=2))  # int keys become strings, the tuple a list, NaN stays NaN
+    assert seal_problem(back, "pgd last") is None
+    assert "edited" in seal_problem({**back, "robust_accuracy": 0.26}, "pgd last")
+    assert "edited" in seal_problem(back, "pgd best")  # the same entry filed under another key
+    assert "records no content_sha256" in seal_problem({k: v for k, v in back.items() if k != "content_sha256"})

@@ -33,6 +33,7 @@ def content_digest(document: dict, label: str = "") -> str:
     """SHA-256 of ``document`` (without :data:`CONTENT_KEY`) as canonical JSON, and of ``label`` (the key an
     entry is filed under, so an entry moved to another key no longer matches)."""
     body = {k: v for k, v in document.items() if k != CONTENT_KEY}
+    body = json.loads(json.dumps(body))  # as it reads back from the file: int keys become strings, tuples lists
     text = json.dumps([label, body], sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
