@@ -42,6 +42,8 @@ def workspace(tmp_path_factory):
         Path("exists.txt").write_text("a file of yours\n")
         Path("good.yaml").write_text("a: 1\n")
         Path("garbage.safetensors").write_bytes(b"not a safetensors file")
+        Path("s.yaml").write_text('name: s\nruns_dir: runs/s\ngroups:\n  - {group: g, run: "g/seed{seed}", config: c.yaml}\n'
+                                  "seeds: [0]\n")
         assert main(["train", "--config", "c.yaml", "run_dir=runs/t", "--quiet"]) == 0
         assert main(["geometry", "softmax-code", "-K", "3", "-d", "2", "--restarts", "1", "--steps", "5",
                      "--out", "code.safetensors"]) == 0
@@ -244,6 +246,50 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["demo", "--data", "nope"], ["nope", "digits"]),
     (["demo", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
     (["demo", "--out", "exists.txt"], ["exists.txt"]),
+    # distill-lm: every value is checked before the teacher is loaded
+    (["distill-lm", "--config", "missing.yaml"], ["missing.yaml"]),
+    (["distill-lm", "--config", "exists.txt"], ["exists.txt"]),
+    (["distill-lm", "nope.key=1"], ["nope", "batch_size"]),
+    (["distill-lm", "loss.divergence=nope"], ["nope", "forward_kl"]),
+    (["distill-lm", "loss.weight=-1"], ["loss.weight", "-1", "jsd"]),
+    (["distill-lm", "loss.divergence=jsd", "loss.weight=2"], ["loss.weight", "2"]),
+    (["distill-lm", "loss.divergence=jsd"], ["loss.weight", "None"]),
+    (["distill-lm", "loss.divergence=none"], ["loss.ce_weight"]),
+    (["distill-lm", "loss.temperature=0"], ["loss.temperature", "0"]),
+    (["distill-lm", "loss.ce_weight=-1"], ["loss.ce_weight", "-1"]),
+    (["distill-lm", "loss.distill_weight=nan"], ["loss.distill_weight", "nan"]),
+    (["distill-lm", "batch_size=0"], ["batch_size", "0"]),
+    (["distill-lm", "block_size=1"], ["block_size", "1"]),
+    (["distill-lm", "steps=0"], ["steps", "0"]),
+    (["distill-lm", "lr=-1"], ["lr", "-1"]),
+    (["distill-lm", "lr=nan"], ["lr", "nan"]),
+    (["distill-lm", "warmup=-1"], ["warmup", "-1"]),
+    (["distill-lm", "weight_decay=-1"], ["weight_decay", "-1"]),
+    (["distill-lm", "train_blocks=0"], ["train_blocks", "0"]),
+    (["distill-lm", "seed=-1"], ["seed", "-1"]),
+    (["distill-lm", "teacher_k=0"], ["teacher_k", "0"]),
+    (["distill-lm", "precision=fp8"], ["fp8", "bf16"]),
+    (["distill-lm", "generation.lmbda=2"], ["generation.lmbda", "2"]),
+    (["distill-lm", "generation.lmbda=0.3"], ["generation.lmbda", "0.3"]),
+    (["distill-lm", "generation.temperature=-1", "generation.seq_kd=true"], ["generation.temperature", "-1"]),
+    (["distill-lm", "run_dir=/proc/kdcollapse"], ["/proc/kdcollapse"]),
+    (["distill-lm", "run_dir=exists.txt"], ["exists.txt"]),
+    (["distill-lm", "teacher=no_such_model_dir"], ["no_such_model_dir"]),
+    (["distill-lm", "--resume", "runs/missing"], ["runs/missing"]),
+    (["distill-lm", "--resume", "runs/t"], ["analysis"]),
+    (["distill-lm", "--resume", "runs/t", "--config", "c.yaml"], ["--config"]),
+    # study
+    (["study", "run", "missing.yaml"], ["missing.yaml"]),
+    (["study", "run", "exists.txt"], ["exists.txt", "name"]),
+    (["study", "run", "good.yaml"], ["'a'", "groups"]),
+    (["study", "run", "s.yaml", "--workers", "0"], ["--workers", "0"]),
+    (["study", "run", "s.yaml", "--threads", "-1"], ["--threads", "-1"]),
+    (["study", "run", "s.yaml", "--executor", "nope"], ["nope", "slurm"]),
+    (["study", "status", "missing.yaml"], ["missing.yaml"]),
+    (["study", "report", "missing.yaml"], ["missing.yaml"]),
+    (["study", "report", "--check", "exists.txt"], ["exists.txt"]),
+    (["study", "nope"], ["nope", "report"]),
+    (["study"], ["ACTION"]),
 ]
 
 
@@ -272,7 +318,7 @@ def test_a_bad_command_line_is_one_line_exit_2_and_changes_nothing(workspace, mo
 
 
 def _api_cases():
-    from kdcollapse import losses, metrics
+    from kdcollapse import adversarial, geometry, lm, losses, metrics, report
     from kdcollapse.analysis import AnalyzeOptions, Subject, analyze
     from kdcollapse.config import load_config
     from kdcollapse.data import from_torch, load_dataset
@@ -330,6 +376,32 @@ def _api_cases():
         (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(precision="fp8")), ["fp8"]),
         (lambda: analyze(Subject(mlp, images, "test"), "o", AnalyzeOptions(sample_size=0)), ["sample_size"]),
         (lambda: Subject(mlp, [(torch.rand(1, 8, 8), 11)], "test"), ["11"]),
+        # attacks, statistics and tables
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], y, eps=0.1, step_size=0.01, steps=2,
+                                        norm="L3"), ["L3", "Linf"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], torch.tensor([0, 1, 2, 99]), eps=0.1,
+                                        step_size=0.01, steps=2), ["99", "0..9"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4], torch.tensor([0, -1, 2, 3]), eps=0.1,
+                                        step_size=0.01, steps=2), ["-1"]),
+        (lambda: adversarial.pgd_attack(mlp, images.tensors[0][:4] * 255, y, eps=0.1, step_size=0.01, steps=2),
+         ["[0, 1]", "Normalized"]),
+        (lambda: adversarial.pgd_evaluate(mlp, images.tensors[0][:4], y, eps=math.nan), ["nan"]),
+        (lambda: adversarial.parse_eps("8/0"), ["8/0"]),
+        (lambda: adversarial.get_attack("nope"), ["nope", "pgd"]),
+        (lambda: adversarial.dlr_loss(torch.randn(4, 2), torch.tensor([0, 1, 0, 1])), ["3 classes", "2"]),
+        (lambda: report.holm([0.01, 1.5]), ["1.5", "[0, 1]"]),
+        (lambda: report.verdict(0.1, 0.01, alpha=2), ["alpha=2"]),
+        (lambda: report.verdict(0.1, 0.01, noise_floor=-1), ["noise_floor=-1"]),
+        (lambda: report.markdown_table(["a", "b"], [[1]]), ["row 0", "1 cells", "2 columns"]),
+        (lambda: report.mean_std([]), ["none"]),
+        (lambda: report.paired_t_test([1.0, 2.0], [2.0]), ["2 and 1"]),
+        (lambda: report.plot_curves({}, ["test_acc"], "x.png"), ["0 runs"]),
+        (lambda: geometry.simplex_etf(1, 3), ["1"]),
+        (lambda: geometry.unit_rows(torch.full((3, 2), math.nan)), ["NaN"]),
+        (lambda: geometry.one_vs_rest_distances(torch.randn(3)), ["(3,)"]),
+        (lambda: geometry.load_matrix("missing.safetensors"), ["missing.safetensors"]),
+        (lambda: lm.load_language_model("no_such_dir"), ["no_such_dir"]),
+        (lambda: lm.read_documents("no_such_dir"), ["no_such_dir"]),
     ]
 
 
@@ -349,5 +421,72 @@ def test_bad_input_to_the_python_api_is_one_line_kdcollapse_error(tmp_path, monk
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+# The public API on the shared workspace's run (nothing there may change): Run, robust evaluation, fit, studies.
+def _run_api_cases():
+    from kdcollapse.config import load_config
+    from kdcollapse.experiments.robust_eval import evaluate_run
+    from kdcollapse.runs import Run, load_model
+    from kdcollapse.study import load_study
+    from kdcollapse.train import fit
+
+    return [
+        (lambda: Run("runs/missing"), ["runs/missing"]),
+        (lambda: Run("exists.txt"), ["exists.txt"]),
+        (lambda: Run("runs/bad_json").model(), ["runs/bad_json"]),
+        (lambda: Run("runs/t").model("middle"), ["middle", "best"]),
+        (lambda: Run("runs/t").model(device="tpu"), ["tpu", "cpu"]),
+        (lambda: load_model("runs/t", device="cuda:x"), ["cuda:x"]),
+        (lambda: Run("runs/t").analysis("valid"), ["valid", "val"]),
+        (lambda: Run("runs/t").analysis("test"), ["analysis.json not found"]),
+        (lambda: Run("runs/t").dataset("valid"), ["valid"]),
+        (lambda: Run("runs/t").dataset("test", per_class=0), ["per_class", "0"]),
+        (lambda: Run("runs/t").dataset("test", per_class=-2), ["-2"]),
+        (lambda: evaluate_run("runs/t", norm="L3"), ["L3", "Linf"]),
+        (lambda: evaluate_run("runs/t", eps="abc"), ["abc"]),
+        (lambda: evaluate_run("runs/t", attacks=["nope"]), ["nope", "pgd"]),
+        (lambda: evaluate_run("runs/t", attacks=[]), ["no attack"]),
+        (lambda: evaluate_run("runs/t", weights="middle"), ["middle", "best"]),
+        (lambda: evaluate_run("runs/t", n_examples=0), ["n_examples", "0"]),
+        (lambda: evaluate_run("runs/t", batch_size=0), ["batch_size", "0"]),
+        (lambda: evaluate_run("runs/t", device="tpu"), ["tpu"]),
+        (lambda: evaluate_run("runs/t", precision="fp8"), ["fp8"]),
+        (lambda: evaluate_run("runs/t", aa_budget={"n_iters": 3}), ["n_iters"]),
+        (lambda: evaluate_run("runs/missing"), ["runs/missing"]),
+        (lambda: fit(load_config(None, ["run_dir=runs/missing"]), resume=True), ["runs/missing"]),
+        (lambda: fit(load_config("runs/t/config.yaml"), resume=True, overwrite=True), ["resume", "overwrite"]),
+        (lambda: fit(load_config("c.yaml", ["run_dir=runs/t"])), ["runs/t", "--overwrite"]),
+        (lambda: fit(load_config("c.yaml", ["run_dir=exists.txt"])), ["exists.txt"]),
+        (lambda: fit(load_config("c.yaml", ["run_dir=runs/new"]), train_data=[(torch.rand(3), 0)]), ["test_data"]),
+        (lambda: load_study("missing.yaml"), ["missing.yaml"]),
+        (lambda: load_study("good.yaml"), ["'a'"]),
+    ]
+
+
+RUN_API = _run_api_cases()
+
+
+@pytest.mark.parametrize("case", range(len(RUN_API)))
+def test_bad_input_to_the_run_api_is_one_line_and_changes_nothing(workspace, monkeypatch, case):
+    monkeypatch.chdir(workspace)
+    call, names = RUN_API[case]
+    before = snapshot(workspace)
+    with pytest.raises(KdcollapseError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message, message
+    for name in names:
+        assert name in message, (name, message)
+    after = snapshot(workspace)
+    if after != before:
+        shutil.rmtree(workspace)
+        shutil.copytree(workspace.parent / "pristine", workspace, symlinks=True)
+    assert after == before
+
+
 def test_the_table_holds_at_least_300_bad_inputs():
-    assert len(CLI) + len(API) >= 300
+    assert len(CLI) + len(API) + len(RUN_API) >= 300
+    commands = {argv[2] if argv[0] == "--import" else argv[0] for argv, _ in CLI}
+    from kdcollapse.cli import _COMMAND_MODULES
+
+    every = {m.rsplit(".", 1)[1].replace("_", "-") for m in _COMMAND_MODULES} | {"distill"}
+    assert every <= commands, every - commands  # every command has bad inputs in the table

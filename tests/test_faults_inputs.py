@@ -285,6 +285,27 @@ def test_a_bad_image_is_one_line_naming_the_file(tmp_path, workers, bad, message
                                 num_workers=workers))) == 2  # the good images still load
 
 
+def test_a_freed_folder_loader_stops_its_workers_at_once(tmp_path):
+    """Its worker processes end when the loader is freed (also after a decode error), not at a later garbage
+    collection, which finalized the DataLoader's queues first and then waited out a 5 s timeout per worker (the
+    22 s that test_distributed_teardown_waits_then_destroys_the_group_on_every_exit_path took in the suite)."""
+    root = image_folder(tmp_path, {"train": ("ant", "bee")})
+    train = load_dataset("image_folder", "train", root=root, image_size=8)
+    workers = []
+    for bad in (False, True):
+        if bad:
+            (root / "train" / "bee" / "0.jpg").write_bytes(b"garbage")
+            train = load_dataset("image_folder", "train", root=root, image_size=8)
+        loader = make_loader(train, 2, train=False, device="cpu", seed=0, num_workers=1)
+        with pytest.raises(DataError) if bad else contextlib.nullcontext():
+            list(loader)
+        workers += loader._loader._iterator._workers
+        del loader
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]
+
+
 @pytest.mark.slow
 def test_training_on_an_undecodable_image_with_workers_is_one_error_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

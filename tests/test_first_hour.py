@@ -160,3 +160,42 @@ def test_constant_features_warn_that_the_metrics_are_undefined(tmp_path, caplog)
         report = analyze(Subject(model, data, "test"), tmp_path, AnalyzeOptions(progress=False))
     undefined = [k for k, v in report["metrics"].items() if isinstance(v, float) and v != v]
     assert undefined and "undefined (NaN): the features have no spread" in caplog.text
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes of a markdown page's headings (lower case, punctuation dropped, spaces to
+    hyphens, ``-1``, ``-2`` for repeats) and its explicit ``<a name=...>``/``<a id=...>``; code blocks skipped."""
+    import re
+
+    found, seen, code = set(), {}, False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            code = not code
+        if code:
+            continue
+        if heading := re.match(r"#+\s+(.*)", line):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+        found.update(re.findall(r'<a (?:name|id)="([^"]+)"', line))
+    return found
+
+
+def test_every_anchor_of_a_link_in_the_readme_and_docs_is_a_heading_of_its_page():
+    """The dead anchor of docs/losses.md the first hour found, and any other: a link ``page.md#anchor`` (or
+    ``#anchor`` in the same page) must name a heading of that page."""
+    import re
+
+    dead = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file) if file else page
+            if linked.suffix == ".md" and linked.is_file() and anchor not in _anchors(linked):
+                dead.append(f"{page.relative_to(REPO)}: {target}")
+    assert dead == []

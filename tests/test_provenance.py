@@ -6,6 +6,7 @@ or flag an output whose weights are not the committed ones. One table of stale a
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -15,8 +16,8 @@ import pytest
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
-from kdcollapse.runs import (Run, RunLock, figure_source, load_tensors, metrics_source, save_tensors, source_of,
-                             stale_reason)
+from kdcollapse.runs import (Run, RunLock, figure_source, load_tensors, metrics_source, save_tensors, sealed,
+                             source_of, stale_reason)
 from kdcollapse.train import fit
 
 TINY = ["data.name=digits", "data.batch_size=64", "train.progress=false", "optim.lr=0.05", "schedule.name=constant",
@@ -41,9 +42,14 @@ def _copy(analysed: Path, tmp_path: Path) -> Path:
     return run_dir
 
 
-def _edit_json(path: Path, change) -> None:
+def _edit_json(path: Path, change, *, reseal: bool = False) -> None:
+    """Change a derived JSON document; ``reseal``: recompute its content checksum (what kdcollapse itself would
+    have written with those values: another run's analysis, an older version's)."""
     document = json.loads(path.read_text())
     change(document)
+    if reseal:
+        document = {k: sealed(v, k) for k, v in document.items()} if path.name == "robust_eval.json" else \
+            sealed(document)
     path.write_text(json.dumps(document))
 
 
@@ -56,28 +62,44 @@ def _weights_replaced_by_hand(run_dir: Path) -> None:
     save_tensors(run_dir / "model.safetensors", {k: v + 1 for k, v in tensors.items()}, meta)
 
 
-def _checksum_edited(run_dir: Path) -> None:
-    _edit_json(run_dir / "analysis_test" / "analysis.json", lambda r: r.update(weights_sha256="0" * 64))
-    _edit_json(run_dir / "robust_eval.json", lambda e: [v.update(weights_sha256="0" * 64) for v in e.values()])
+def _checksums(run_dir: Path, change, reseal: bool) -> None:
+    _edit_json(run_dir / "analysis_test" / "analysis.json", change, reseal=reseal)
+    _edit_json(run_dir / "robust_eval.json", lambda e: [change(v) for v in e.values()], reseal=reseal)
 
 
-def _older_version(run_dir: Path) -> None:  # outputs written before they recorded a checksum
-    _edit_json(run_dir / "analysis_test" / "analysis.json", lambda r: r.pop("weights_sha256"))
-    _edit_json(run_dir / "robust_eval.json", lambda e: [v.pop("weights_sha256") for v in e.values()])
+def _values_edited(run_dir: Path) -> None:  # a number changed by hand, the checksums left as they were
+    _edit_json(run_dir / "analysis_test" / "analysis.json", lambda r: r["metrics"].update(accuracy=0.99))
+    _edit_json(run_dir / "robust_eval.json", lambda e: [v.update(robust_accuracy=0.99) for v in e.values()])
+
+
+def _unsealed(run_dir: Path) -> None:  # the content checksum removed (or a version before outputs were sealed)
+    _checksums(run_dir, lambda r: r.pop("content_sha256"), reseal=False)
+
+
+def _older_version(run_dir: Path) -> None:  # outputs written before they recorded any checksum
+    _checksums(run_dir, lambda r: [r.pop("weights_sha256"), r.pop("content_sha256")], reseal=False)
 
 
 def _copied_from_another_run(run_dir: Path) -> None:  # the whole analysis of other weights pasted in
-    _edit_json(run_dir / "analysis_test" / "analysis.json", lambda r: r.update(epoch=7, weights_sha256="ab" * 32))
+    _edit_json(run_dir / "analysis_test" / "analysis.json", lambda r: r.update(epoch=7, weights_sha256="ab" * 32),
+               reseal=True)
 
 
+EDITED, UNSEALED = "edited after it was written", "records no content_sha256"
 # case -> (what is done to a copy of the analysed run, the reason the analysis is stale (None: fresh),
 #          whether the robust-eval entry is stale too)
 CASES = {
     "untouched": (lambda d: None, None, False),
     "trained further (--resume)": (_trained_further, "computed from other weights (epoch 1", True),
     "weights replaced by hand": (_weights_replaced_by_hand, "not the file of epoch 1 that state.json records", True),
-    "checksums edited": (_checksum_edited, "computed from other weights", True),
-    "written by an older version": (_older_version, "records no weights checksum", True),
+    "values edited by hand": (_values_edited, EDITED, True),
+    "weights checksums edited": (lambda d: _checksums(d, lambda r: r.update(weights_sha256="0" * 64), False),
+                                 EDITED, True),
+    "weights checksums edited and resealed": (
+        lambda d: _checksums(d, lambda r: r.update(weights_sha256="0" * 64), True), "computed from other weights",
+        True),
+    "content checksum removed": (_unsealed, UNSEALED, True),
+    "written by an older version": (_older_version, UNSEALED, True),
     "analysis of another run pasted in": (_copied_from_another_run, "other weights (epoch 7", False),
 }
 
@@ -100,10 +122,17 @@ def test_each_stale_or_tampered_output_is_refused_or_flagged(analysed, tmp_path,
     assert any(k.startswith("robust_eval.json: ") for k in stale) == robust_stale
     weights_changed = change in (_trained_further, _weights_replaced_by_hand)
     assert ("mine/analysis.json" in stale) == weights_changed  # an analysis in any folder of the run
-    if case != "weights replaced by hand":  # robust-eval's report marks entries of other weights
+    if robust_stale:
+        with pytest.raises(CheckpointError, match=r"robust_eval\.json entry .* is stale"):
+            run.robust_eval()
+        assert all("stale" in e for e in run.robust_eval(stale_ok=True).values())
+    else:
+        assert all("stale" not in e for e in run.robust_eval().values())
+    if case != "weights replaced by hand":  # robust-eval's report marks entries of other weights or edited ones
         from kdcollapse.experiments.robust_eval import markdown_report
         entries = json.loads((run_dir / "robust_eval.json").read_text())
-        assert ("(stale: other weights)" in markdown_report("r", entries, run_dir)) == robust_stale
+        report = markdown_report("r", entries, run_dir)
+        assert ("(stale: other weights)" in report or "(edited or unsealed" in report) == robust_stale
 
 
 def test_analysis_records_its_source_in_the_report_and_the_figures(analysed):
@@ -174,3 +203,59 @@ def test_resume_verifies_the_metrics_it_continues(analysed, tmp_path, capsys):
     path.unlink()  # the way out the message names: continue without the earlier records
     assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 0
     assert [r["epoch"] for r in Run(run_dir).metrics()] == [2]
+
+
+def test_overwrite_removes_every_output_derived_into_the_run_and_keeps_the_users_files(analysed, tmp_path):
+    """``analyze --out`` and ``plot --out`` inside a run directory are listed in its ``outputs.json``; they are
+    flagged once the run moves on and removed by ``--overwrite`` (issue 28, item 1), the user's own files kept."""
+    pytest.importorskip("matplotlib")
+    run_dir = _copy(analysed, tmp_path)
+    assert main(["plot", str(run_dir), "--out", str(run_dir / "figs" / "curves.png")]) == 0
+    assert main(["plot", str(run_dir), "--out", str(run_dir / "c.svg")]) == 0
+    assert main(["analyze", str(run_dir), "--out", str(run_dir / "deep" / "er"), "--no-progress"]) == 0
+    (run_dir / "mine" / "notes.txt").write_text("the user's\n")
+    (run_dir / "notes.md").write_text("the user's\n")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the run's\n")
+    listed = json.loads((run_dir / "outputs.json").read_text())
+    assert {"figs/curves.png", "c.svg", "deep/er/analysis.json", "deep/er/analysis.md", "deep/er/spectra.png",
+            "mine/analysis.json", "analysis_test/analysis.json"} <= set(listed)
+    assert Run(run_dir).stale_outputs() == {}
+    _trained_further(run_dir)
+    stale = Run(run_dir).stale_outputs()
+    assert "other records of" in stale["figs/curves.png"] and "other records of" in stale["c.svg"]
+    assert "computed from other weights" in stale["deep/er/analysis.json"]
+    assert "computed from other weights" in stale["deep/er/spectra.png"]
+    _edit_json(run_dir / "outputs.json", lambda o: o.update({"../outside.txt": {"source": {}}}))  # never followed
+    assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={run_dir}", "seed=5", "--overwrite",
+                 "--quiet"]) == 0
+    left = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
+    assert not [p for p in left if p.startswith(("figs", "deep", "analysis_")) or p in ("c.svg", "outputs.json",
+                                                                                      "mine/analysis.json")]
+    assert {"mine/notes.txt", "notes.md"} <= set(left) and outside.exists()
+    assert Run(run_dir).stale_outputs() == {}
+
+
+def test_robust_eval_refuses_to_merge_into_an_edited_file(analysed, tmp_path, capsys):
+    run_dir = _copy(analysed, tmp_path)
+    path = run_dir / "robust_eval.json"
+    _edit_json(path, lambda e: [v.update(robust_accuracy=0.99) for v in e.values()])
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main(["robust-eval", str(run_dir), *ROBUST[:-2], "0.2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "edited after it was written" in err, err
+    assert path.read_bytes() == before
+    with pytest.raises(CheckpointError, match="edited after it was written"):
+        Run(run_dir).robust_eval()
+
+
+def test_a_seal_survives_the_json_round_trip_and_catches_an_edit_or_a_move():
+    from kdcollapse.runs import seal_problem
+
+    entry = sealed({"per_class": {2: 0.5, 10: math.nan}, "budget": (1, 2), "robust_accuracy": 0.25}, "pgd last")
+    back = json.loads(json.dumps(entry, indent=2))  # int keys become strings, the tuple a list, NaN stays NaN
+    assert seal_problem(back, "pgd last") is None
+    assert "edited" in seal_problem({**back, "robust_accuracy": 0.26}, "pgd last")
+    assert "edited" in seal_problem(back, "pgd best")  # the same entry filed under another key
+    assert "records no content_sha256" in seal_problem({k: v for k, v in back.items() if k != "content_sha256"})

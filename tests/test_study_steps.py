@@ -83,6 +83,33 @@ def test_the_max_logit_step_joins_the_last_epoch_record(ran):
     assert "max_logit" not in record["best"]
 
 
+def test_a_post_step_output_is_the_runs_derived_output_and_goes_with_overwrite(ran, tmp_path):
+    """Written under the run's lock and listed in its outputs.json with the weights it measured: flagged once
+    the weights change, removed by --overwrite, so the step is done again for the new weights (issue 28)."""
+    import shutil
+
+    from kdcollapse.cli import main
+    from kdcollapse.runs import source_of
+
+    study, _ = ran
+    run_dir = tmp_path / "run"
+    shutil.copytree(study.runs["lr0.05/seed0"].run_dir, run_dir)
+    listed = json.loads((run_dir / "outputs.json").read_text())["max_logit.json"]
+    original = study.runs["lr0.05/seed0"].run_dir
+    assert listed["source"]["weights_sha256"] == source_of(original)["weights_sha256"]
+    assert main(["train", "--resume", str(run_dir), "train.epochs=3", "--quiet"]) == 0
+    assert "max_logit.json" in Run(run_dir).stale_outputs()
+    from kdcollapse.errors import CheckpointError
+    from kdcollapse.study._summary import run_record
+
+    spec = {"metric": "test_acc", "select": None, "columns": [{"metric": "max_logit", "at": "last"}]}
+    with pytest.raises(CheckpointError, match=r"max_logit\.json is stale: .*other weights"):
+        run_record(run_dir, spec, ("max_logit.json",))  # the summary never joins a number of other weights
+    assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={run_dir}", "--overwrite",
+                 "--quiet"]) == 0
+    assert not (run_dir / "max_logit.json").exists() and not (run_dir / "outputs.json").exists()
+
+
 @pytest.mark.parametrize("post, message", [
     ("[{step: nothing, creates: x.json}]", "nothing"),
     ("[{step: max_logit, creates: x.txt}]", "must end in .json"),

@@ -124,8 +124,9 @@ def check_count(name: str, value: int, minimum: int = 1) -> None:
         raise KdcollapseError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def check_inputs(x: Tensor, y: Tensor | None = None) -> None:
-    """Inputs: a float (B, ...) tensor in [0, 1] without NaNs; labels: int64 (B,)."""
+def check_inputs(x: Tensor, y: Tensor | None = None, model: Model | None = None) -> None:
+    """Inputs: a float (B, ...) tensor in [0, 1] without NaNs; labels: int64 (B,), in ``0..K-1`` for ``model``'s
+    K classes when ``model`` is given (one forward pass of one input)."""
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 2:
         raise KdcollapseError(
             f"x must be a float tensor of shape (B, ...), got {type(x).__name__} "
@@ -146,6 +147,11 @@ def check_inputs(x: Tensor, y: Tensor | None = None) -> None:
                 f"y must be an int64 tensor of shape ({x.shape[0]},), got "
                 f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}"
             )
+        k = num_classes(model, x) if model is not None else None
+        if y.min() < 0 or (k is not None and y.max() >= k):
+            bad = y[(y < 0) | (y >= (k if k is not None else y.max() + 1))][0].item()
+            raise KdcollapseError(f"y holds label {bad}; labels must be class indices "
+                                  f"{'0..' + str(k - 1) if k is not None else '>= 0'}")
 
 
 def logits_of(model: Model, x: Tensor) -> Tensor:

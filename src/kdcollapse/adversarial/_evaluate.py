@@ -113,7 +113,7 @@ def evaluate_attacks(
     At the end all of ``x_adv`` is checked again (ball, box, prediction); the reported robust accuracy
     is that of the final check.
     """
-    check_inputs(x, y)
+    check_inputs(x, y, model)
     check_norm_eps(norm, eps)
     check_count("batch_size", batch_size)
     search = search_model(model, x, precision, channels_last)
@@ -212,7 +212,7 @@ def autoattack_standard(
     """
     if version not in VERSIONS:
         raise KdcollapseError(unknown_choice("AutoAttack version", version, VERSIONS))
-    check_inputs(x, y)
+    check_inputs(x, y, model)
     check_norm_eps(norm, eps)
     require_classes(num_classes(model, x), 4, "AutoAttack standard (its APGD-T)")
     chain = autoattack_chain(norm, eps, generator=_generator(x, seed))

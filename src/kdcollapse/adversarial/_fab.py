@@ -125,7 +125,7 @@ def fab_attack(
     Returns:
         (B, ...) in the [0, 1] box: the closest adversarial example found (within eps), else x.
     """
-    check_inputs(x, y)
+    check_inputs(x, y, model)
     check_norm_eps(norm, 1.0 if eps is None else eps)
     check_count("n_iter", n_iter)
     check_count("n_targets", n_targets)

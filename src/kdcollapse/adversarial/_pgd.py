@@ -71,7 +71,7 @@ def pgd_attack(
     Returns:
         the last iterate, (B, ...), inside the ε-ball and the box.
     """
-    check_inputs(x, y)
+    check_inputs(x, y, model)
     check_norm_eps(norm, eps)
     _check_steps(step_size, steps)
     if loss not in PGD_LOSSES:

@@ -139,7 +139,7 @@ def square_attack(
         (B, C, H, W) inside the ε-ball ∩ [0, 1] box: the lowest-margin point found (misclassified
         where the attack succeeded).
     """
-    check_inputs(x, y)
+    check_inputs(x, y, model)
     check_norm_eps(norm, eps)
     check_count("n_queries", n_queries)
     if x.ndim != 4:

@@ -27,7 +27,7 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, covariance_spectra
 from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
-from kdcollapse.runs import run_lock_for, write_text
+from kdcollapse.runs import record_outputs, run_lock_for, sealed, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,17 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
         logger.warning(f"analyze: no figures (matplotlib is not installed: {install_hint('matplotlib')}); "
                        "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
-    with run_lock_for(out_dir):  # an analysis written into a run directory: never beside its trainer
+    with run_lock_for(out_dir) as run_dir:  # an analysis written into a run directory: never beside its trainer
         report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on)
+        if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it
+            files = ["analysis.json", "analysis.md", *report["figures"].values()]
+            record_outputs(run_dir, [out_dir / name for name in files], _source(report, subject.split))
     return report
+
+
+def _source(report: dict, split: str) -> dict:
+    """What an analysis records about the weights it measured (and its figures carry)."""
+    return {k: report[k] for k in SOURCE_KEYS if k in report} | {"split": split}
 
 
 def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOptions, precision, tsne_classes,
@@ -102,7 +110,7 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
         "spectra": spectra,
     }  # fmt: skip
     title = f"{report.get('model')} ({report.get('method')}) · {report.get('dataset')} {subject.split}"
-    source = {k: report[k] for k in SOURCE_KEYS if k in report} | {"split": subject.split}
+    source = _source(report, subject.split)
     out_dir.mkdir(parents=True, exist_ok=True)  # after the pass: a failed pass leaves no folder
     figures = {}
     if figures_on:
@@ -127,6 +135,7 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
     report["seconds"] = round(time.perf_counter() - start, 2)
     for name in set(FIGURES) - set(figures.values()):  # a figure of an earlier analysis would describe other data
         (out_dir / name).unlink(missing_ok=True)
+    report = sealed(report)  # its content_sha256: a hand edit is detected when it is read
     write_text(out_dir / "analysis.json", json.dumps(report, indent=1) + "\n")
     write_text(out_dir / "analysis.md", markdown_report(report))
     return report

@@ -206,7 +206,7 @@ def _yaml_mapping(text: str | None) -> dict:
 def _plot(args: argparse.Namespace) -> int:
     from kdcollapse._optional import require
     from kdcollapse.report import plot_curves
-    from kdcollapse.runs import Run, metrics_source, run_lock_for, save_figure
+    from kdcollapse.runs import Run, metrics_source, record_outputs, run_lock_for, save_figure
 
     require("matplotlib", "kdcollapse plot")  # before reading any run
     check_output(args.out, "--out", suffixes=FIGURE_SUFFIXES)
@@ -229,9 +229,11 @@ def _plot(args: argparse.Namespace) -> int:
         raise KdcollapseError(f"no run logs the key(s) {', '.join(missing) or '(none given)'}. "
                               f"Logged keys: {', '.join(logged)}")
     source = {"runs": [metrics_source(d) for d in args.run_dirs], "keys": keys}  # recorded in the figure
-    with run_lock_for(args.out):  # a figure written into a run directory: never beside its trainer
+    with run_lock_for(args.out) as run_dir:  # a figure written into a run directory: never beside its trainer
         path = plot_curves(runs, keys, args.out, title=args.title,
                            save=lambda fig, out, **kw: save_figure(fig, out, source, **kw))
+        if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it
+            record_outputs(run_dir, [path], source)
     print(f"{len(runs)} run(s), {len(keys)} panel(s) -> {path}")
     return 0
 

@@ -15,7 +15,7 @@ launch is training (its run directory's lock) is left to it. See docs/studies.md
 
 
 def register(subparsers) -> None:
-    from kdcollapse.cli._common import HelpFormatter
+    from kdcollapse.cli._common import HelpFormatter, positive_int
 
     text = "Run a study file's grid of runs (here or on SLURM), show where it stands, write its page."
     p = subparsers.add_parser("study", help=text, description=text, epilog=_EXAMPLES, formatter_class=HelpFormatter)
@@ -24,8 +24,8 @@ def register(subparsers) -> None:
                          formatter_class=HelpFormatter)
     run.add_argument("file", metavar="FILE")
     run.add_argument("--executor", choices=("local", "slurm"), default="local")
-    run.add_argument("--workers", type=int, default=1, metavar="N", help="local: runs at a time")
-    run.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per run")
+    run.add_argument("--workers", type=positive_int, default=1, metavar="N", help="local: runs at a time")
+    run.add_argument("--threads", type=positive_int, default=1, metavar="N", help="torch threads per run")
     run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
     run.add_argument("--only", nargs="+", metavar="GLOB", help="only the runs whose name matches one of these")

@@ -19,6 +19,7 @@ views are also strongly augmented (RandAugment with two operations and Cutout, a
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -176,12 +177,16 @@ class FolderLoader(Loader):
         super().__init__(dataset, batch_size, **kwargs)
         self._loader = torch.utils.data.DataLoader(
             _Decoded(dataset, self.train),
-            batch_sampler=_PlanBatches(self),
+            batch_sampler=_PlanBatches(weakref.ref(self)),  # weak: the DataLoader must not keep this alive
             num_workers=num_workers,
             collate_fn=_as_batch,
             pin_memory=self.device.type == "cuda",
             persistent_workers=num_workers > 0,
         )
+        # Its workers are stopped when this loader is freed, while the DataLoader's queues are intact: left to
+        # the garbage collector, the DataLoader's queues can be finalized before its iterator, whose shutdown
+        # then waits out a 5 s timeout per worker (at whatever later allocation triggers the collection).
+        weakref.finalize(self, _stop_workers, self._loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._current = plan = self._plan(torch.device("cpu"), extra_seeds=True)
@@ -217,6 +222,15 @@ class _Decoded(torch.utils.data.Dataset):
         return torch.stack(images), torch.tensor([self.dataset.samples[i][1] for i, _ in items], dtype=torch.int64)
 
 
+def _stop_workers(loader: torch.utils.data.DataLoader) -> None:
+    """Shut down the worker processes of ``loader``'s persistent iterator, if it started one."""
+    iterator = getattr(loader, "_iterator", None)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    loader._iterator = None
+
+
 def _as_batch(batch):
     """The collate function: ``_Decoded.__getitems__`` already returns whole batches."""
     return batch
@@ -225,8 +239,12 @@ def _as_batch(batch):
 class _PlanBatches:
     """The batch sampler of a :class:`FolderLoader`: lists of ``(index, seed)`` from the current plan."""
 
-    def __init__(self, loader: FolderLoader):
-        self.loader = loader
+    def __init__(self, loader: weakref.ref):
+        self._loader = loader
+
+    @property
+    def loader(self) -> FolderLoader:
+        return self._loader()
 
     def __len__(self) -> int:
         return len(self.loader)

@@ -15,8 +15,11 @@ from torch import Tensor
 from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, RobustEvaluation, check_count,
                                     get_attack, list_attacks, parse_eps)
 from kdcollapse.data import TensorDataset, load_dataset
+from kdcollapse.distributed import resolve_device
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
-from kdcollapse.runs import Run, RunLock, committed_path, file_digest, stale_reason, write_text
+from kdcollapse.runs import (Run, RunLock, committed_path, file_digest, read_robust_eval, seal_problem, sealed,
+                             stale_reason, write_text)
+from kdcollapse.runs._derived import CONTENT_KEY
 
 DEFAULT_ATTACKS = ("standard", "pgd")
 WEIGHTS = {"last": "model", "best": "best"}
@@ -72,6 +75,7 @@ def evaluate_run(
     other keys are kept) and ``robust_eval.md`` into the run directory; returns the new entries.
     """
     run = Run(run_dir)
+    device = resolve_device(device, option="device")
     if weights not in WEIGHTS:
         raise KdcollapseError(unknown_choice("weights", weights, tuple(WEIGHTS)))
     for name in attacks:
@@ -111,11 +115,13 @@ def evaluate_run(
     for name in attacks:
         start = time.perf_counter()
         label, result, used = get_attack(name)(model, x, y, setting)
-        entries[f"{label} {norm} eps={eps} {weights}"] = _entry(
+        key = f"{label} {norm} eps={eps} {weights}"
+        entries[key] = sealed(_entry(
             result, label=label, eps=eps, meta=meta, model_file=model_file.name, seed=seed,
             seconds=time.perf_counter() - start, budget=used) | {"search_precision": precision,
                                                                  "search_channels_last": channels_last,
-                                                                 "epoch": meta.get("epoch"), "weights_sha256": digest}
+                                                                 "epoch": meta.get("epoch"), "weights_sha256": digest},
+            key)  # its content_sha256: a hand edit is detected when it is read
     _write(run.dir, entries)
     return entries
 
@@ -132,17 +138,14 @@ def _entry(result: RobustEvaluation, *, label: str, eps: float | str, meta: dict
 
 
 def _read_results(run_dir: Path) -> dict:
-    """The entries of ``robust_eval.json`` (none if absent); a damaged file is an error, never silently replaced
-    (its earlier entries would be lost)."""
-    path = run_dir / RESULT_JSON
-    if not path.is_file():
-        return {}
-    try:
-        entries = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is damaged ({err}); move it away (its entries cannot be read) and run again")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{path} is not a JSON object; move it away and run again")
+    """The entries of ``robust_eval.json`` (none if absent); a damaged file, or an entry edited after it was written
+    (its ``content_sha256`` does not match), is an error, never silently replaced or carried on. Entries of
+    versions before entries were sealed are kept (``Run.stale_outputs`` and the report flag them)."""
+    entries = read_robust_eval(run_dir)
+    for key, entry in entries.items():
+        if entry.get(CONTENT_KEY) and (problem := seal_problem(entry, key)):
+            raise CheckpointError(f"{run_dir / RESULT_JSON} entry {key!r}: {problem}; move the file away (or restore "
+                                  "it) and run again")
     return entries
 
 
@@ -160,6 +163,14 @@ def stale(entry: dict, run_dir: Path) -> bool:
     """Whether ``entry`` measured other weights than the run's committed model file it names (an entry
     from before ``--overwrite`` or a resume, or one written before entries recorded the checksum)."""
     return stale_reason(entry, run_dir) is not None
+
+
+def _mark(key: str, entry: dict, run_dir: Path | None) -> str:
+    if run_dir is None:
+        return ""
+    if stale(entry, run_dir):
+        return " (stale: other weights)"
+    return " (edited or unsealed: not as robust-eval wrote it)" if seal_problem(entry, key) else ""
 
 
 def _write(run_dir: Path, entries: dict[str, dict]) -> None:
@@ -180,7 +191,7 @@ def markdown_report(title: str, entries: dict[str, dict], run_dir: Path | None =
     lines = [f"# Robustness of {title}", "",
              "| evaluation | model file | examples | clean | robust | time (s) |", "|---|---|---:|---:|---:|---:|"]
     for key, e in entries.items():
-        mark = " (stale: other weights)" if run_dir is not None and stale(e, run_dir) else ""
+        mark = _mark(key, e, run_dir)
         lines.append(f"| {e['attack']} {e['norm']} ε={e['eps_text']}{mark} | {e['model_file']} | {e['n']} | "
                      f"{e['clean_accuracy']:.2%} | {e['robust_accuracy']:.2%} | {e['total_seconds']:.0f} |")
     for key, e in entries.items():

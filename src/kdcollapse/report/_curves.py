@@ -3,6 +3,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from kdcollapse.errors import KdcollapseError
+
 
 def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: str | Path,
                 title: str | None = None, columns: int = 4, save: Callable | None = None) -> Path:
@@ -13,6 +15,9 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: s
     joined by lines. ``save(fig, path, dpi=...)`` writes the figure (default: ``fig.savefig``; the CLI's
     writes atomically and records the runs' provenance).
     """
+    if not runs or not keys:
+        raise KdcollapseError(f"plot_curves needs at least one run and one key, got {len(runs)} runs and keys "
+                              f"{list(keys)!r}")
     import matplotlib  # here, not at import: `kdcollapse.report.markdown_table` users need no matplotlib
 
     matplotlib.use("Agg")

@@ -45,6 +45,9 @@ def holm(p_values: Sequence[float]) -> list[float]:
     >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, math.nan])]
     [0.03, 0.06, 0.06, nan]
     """
+    bad = [p for p in p_values if not (math.isnan(p) or 0 <= p <= 1)]
+    if bad:
+        raise KdcollapseError(f"holm takes p-values in [0, 1] (nan: no test), got {bad[0]!r}")
     tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
     adjusted, running = [math.nan] * len(p_values), 0.0
     for rank, (p, i) in enumerate(tested):
@@ -94,6 +97,9 @@ def verdict(difference: float, corrected_p: float, *, alpha: float = 0.05, noise
     >>> verdict(2.0, 0.01, noise_floor=0.5), verdict(-2.0, 0.01), verdict(0.2, 0.01, noise_floor=0.5)
     ('better', 'worse', 'no difference shown')
     """
+    if not 0 < alpha < 1 or not noise_floor >= 0:
+        raise KdcollapseError(f"verdict needs 0 < alpha < 1 and noise_floor >= 0, got alpha={alpha!r}, "
+                              f"noise_floor={noise_floor!r}")
     if math.isnan(corrected_p):
         return "not tested"
     if corrected_p < alpha and abs(difference) >= noise_floor:

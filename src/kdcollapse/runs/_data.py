@@ -107,6 +107,8 @@ def run_dataset(cfg: RunConfig, split: str, per_class: int | None = None, *, use
     """
     d = cfg.data
     source = "test" if check_split(split) == "test" else "train"
+    if per_class is not None and (isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1):
+        raise DataError(f"per_class must be a positive int (samples per class) or None (all of them), got {per_class!r}")
     own_val = user is not None and user.val is not None
     if own_val and d.val_per_class:
         raise DataError(f"give either val_data or data.val_per_class={d.val_per_class}, not both")

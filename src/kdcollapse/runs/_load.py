@@ -12,11 +12,22 @@ from torch import nn
 
 from kdcollapse.config import TeacherConfig
 from kdcollapse.data import make_loader
+from kdcollapse.distributed import resolve_device
 from kdcollapse.errors import CheckpointError, ConfigError, DataError, KdcollapseError
 from kdcollapse.methods import FrozenTeacher
 from kdcollapse.models import evaluating
 from kdcollapse.runs._checkpoint import read_model
 from kdcollapse.runs._commit import committed_path
+
+
+def _checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``; one that is not valid or not present (a GPU on a machine without one)
+    is :func:`resolve_device`'s one-line ``ConfigError`` (the CPU and ``meta`` pass unchanged)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    return parsed if parsed is not None and parsed.type in ("cpu", "meta") else resolve_device(device, option="device")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_name: str | None = None,
@@ -30,6 +41,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, model_na
     ``num_classes`` (and ``in_channels``), which ``dataset`` gives when they are not. With ``dataset`` the
     model must also share its label space and take one of its inputs. ``model_kwargs`` override the file's
     model options."""
+    device = _checked_device(device)  # a bad or absent device is a one-line error before any reading
     path = Path(path)
     file = committed_path(path, "model.safetensors") if path.is_dir() else path
     if dataset is not None:

@@ -15,7 +15,8 @@ from kdcollapse.methods import get_method
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._commit import STATE_FILE, committed_path
-from kdcollapse.runs._derived import stale_reason
+from kdcollapse.runs._derived import (OUTPUTS_FILE, ROBUST_EVAL_FILE, outputs_stale, read_robust_eval, seal_problem,
+                                      stale_reason)
 from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import UserData, check_split, run_dataset
 from kdcollapse.runs._run_dir import read_committed_metrics
@@ -89,30 +90,47 @@ class Run:
             return None, str(err)
         if not isinstance(report, dict):
             return None, "not a JSON object"
-        return report, stale_reason(report, self.dir)
+        return report, seal_problem(report) or stale_reason(report, self.dir)
 
     def stale_outputs(self) -> dict[str, str]:
-        """The derived outputs in the run directory (``analysis.json`` of ``analysis_<split>/`` or any other
-        folder there, ``robust_eval.json`` entries) that no longer describe its committed weights, or are
-        damaged: ``{output: reason}``."""
+        """The derived outputs in the run directory that no longer describe its committed weights or metrics,
+        or are damaged or edited: ``analysis.json`` of ``analysis_<split>/`` or any other folder there, the entries
+        of ``robust_eval.json``, and the figures ``outputs.json`` lists (``plot``/``analyze --out`` into the run
+        directory): ``{output: reason}``."""
         found = {}
-        for path in sorted(self.dir.glob("*/analysis.json")):  # analysis_<split>/ and any other --out folder
+        for path in sorted(self.dir.glob("**/analysis.json")):  # analysis_<split>/ and any other --out folder
             report, reason = self._report(path)
             if reason:
                 found[str(path.relative_to(self.dir))] = reason if report else f"it is damaged ({reason})"
-        path = self.dir / "robust_eval.json"
-        if path.is_file():
-            try:
-                entries = json.loads(path.read_text())
-            except (ValueError, UnicodeDecodeError):
-                entries = None
-            if not isinstance(entries, dict):
-                found[path.name] = "it is damaged (not a JSON object)"
-            for key, entry in (entries or {}).items():
-                reason = stale_reason(entry, self.dir) if isinstance(entry, dict) else "not a JSON object"
-                if reason:
-                    found[f"{path.name}: {key}"] = reason
+        try:
+            found |= outputs_stale(self.dir)
+        except CheckpointError as err:
+            found[OUTPUTS_FILE] = str(err)
+        try:
+            entries = read_robust_eval(self.dir)
+        except CheckpointError as err:
+            found[ROBUST_EVAL_FILE] = str(err)
+            entries = {}
+        for key, entry in entries.items():
+            reason = seal_problem(entry, key) or stale_reason(entry, self.dir)
+            if reason:
+                found[f"{ROBUST_EVAL_FILE}: {key}"] = reason
         return found
+
+    def robust_eval(self, *, stale_ok: bool = False) -> dict[str, dict]:
+        """The entries ``kdcollapse robust-eval`` wrote into ``robust_eval.json`` (none if absent). An entry edited
+        after it was written (its ``content_sha256`` does not match), or computed from other weights than the
+        committed model file it names, is a ``CheckpointError`` naming the entry; with ``stale_ok`` such
+        entries are returned with the reason under ``"stale"``."""
+        entries = read_robust_eval(self.dir)
+        out = {}
+        for key, entry in entries.items():
+            reason = seal_problem(entry, key) or stale_reason(entry, self.dir)
+            if reason is not None and not stale_ok:
+                raise CheckpointError(f"{self.dir / ROBUST_EVAL_FILE} entry {key!r} is stale: {reason}; run that "
+                                      f"evaluation again (`kdcollapse robust-eval {self.dir} ...`)")
+            out[key] = entry if reason is None else {**entry, "stale": reason}
+        return out
 
     def finished(self) -> bool:
         """Whether the run recorded its last epoch (``train.epochs``); a model file alone is also written by

@@ -35,6 +35,7 @@ from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
 from kdcollapse.runs._commit import STATE_FILE, commit_epoch, committed_file, recover
 from kdcollapse.runs._data import PASS_AGAIN
+from kdcollapse.runs._derived import remove_outputs
 from kdcollapse.runs._lock import RunLock
 from kdcollapse.runs._tracking import open_trackers
 
@@ -186,6 +187,7 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
         claim.lock.write_owner()
         claim.started = True
         if claim.clear:
+            remove_outputs(claim.path)  # what analyze/plot --out wrote into the run directory
             for name in RUN_FILES:
                 (claim.path / name).unlink(missing_ok=True)
             for name in RUN_DIRS:
@@ -479,6 +481,15 @@ def metrics_csv(records: list[dict]) -> str:
     return out.getvalue() if records else ""
 
 
+TENSORBOARD_DIR = "tensorboard"
+
+
+def remove_event_files(folder: Path) -> None:
+    """Delete the TensorBoard event files in ``folder`` (other files there are left alone)."""
+    for path in folder.glob("*tfevents*"):
+        path.unlink(missing_ok=True)
+
+
 class MetricsLog:
     """The per-epoch records of ``metrics.jsonl`` and ``metrics.csv`` (both written by :meth:`RunDir.commit`,
     with the checkpoint of the same epoch), TensorBoard when asked, and the trackers the run's saved config
@@ -487,6 +498,13 @@ class MetricsLog:
     On resume, records of epochs after the checkpoint (written before a crash) are dropped first, and both
     files are rewritten from the records kept (``metrics.csv`` is re-derived from ``metrics.jsonl``, so a run
     of a version without it gains it).
+
+    TensorBoard's event log is append-only, so it cannot be replaced atomically like the other files; it is
+    kept a prefix of what was committed instead. An epoch's scalars reach it (and the trackers) only in
+    :meth:`committed`, after the epoch's commit, so a crash never leaves a step there that ``state.json`` does not
+    record (at worst a torn last record, or the committed epoch's scalars missing). Every start rebuilds it, under
+    the run's lock: the event files are deleted and the committed records written again, so a resumed run has
+    each step exactly once, and turning ``train.tensorboard`` on in a resume gains the earlier epochs.
     """
 
     FILES = {"metrics.jsonl": metrics_jsonl, "metrics.csv": metrics_csv}
@@ -496,6 +514,7 @@ class MetricsLog:
         self.enabled = enabled
         self.writer = None
         self.records: list[dict] = []
+        self.pending: list[dict] = []  # written, not yet committed
         self.trackers: list = []
         if not enabled:
             return
@@ -510,22 +529,37 @@ class MetricsLog:
             except ImportError:
                 raise ConfigError("train.tensorboard=true needs the tensorboard package: "
                                   "pip install 'kdcollapse[tensorboard]'") from None
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            remove_event_files(run_dir / TENSORBOARD_DIR)  # rebuilt from the committed records
+            self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
+            self._to_tensorboard(self.records)
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
             cfg = load_config(run_dir / "config.yaml")
             self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
 
     def write(self, record: dict) -> None:
-        """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit."""
+        """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit, TensorBoard
+        and the trackers once that commit is done (:meth:`committed`)."""
         if not self.enabled:
             return
         self.records.append(record)
-        if self.writer is not None:
+        self.pending.append(record)
+
+    def committed(self) -> None:
+        """The records written so far are committed: log them to TensorBoard and the trackers."""
+        pending, self.pending = self.pending, []
+        self._to_tensorboard(pending)
+        for record in pending:
+            for tracker in self.trackers:
+                tracker.log(record)
+
+    def _to_tensorboard(self, records: list[dict]) -> None:
+        if self.writer is None or not records:
+            return
+        for record in records:
             for key, value in record.items():
                 if key != "epoch" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["epoch"])
-        for tracker in self.trackers:
-            tracker.log(record)
+        self.writer.flush()
 
     def files(self) -> dict[str, str]:
         """The text of each metrics file, by name."""

@@ -26,7 +26,8 @@ import torch
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
 from kdcollapse.recipes import config_file
-from kdcollapse.runs import Run, RunLock, read_metrics, run_state
+from kdcollapse.runs import (Run, RunLock, read_metrics, record_outputs, run_lock_for, run_state, source_of,
+                             write_text)
 from kdcollapse.study._spec import RunSpec, Study
 from kdcollapse.study._steps import RUN_STEPS, STEPS
 from kdcollapse.train import TrainingDiverged, fit
@@ -65,7 +66,9 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
             fit(cfg, resume=state == "interrupted", overwrite=state == "new" and (run.run_dir / "config.yaml").exists())
             outcome = Outcome(run.name, "finished")
         except TrainingDiverged as err:
-            _write_json(run.run_dir / DIVERGED_FILE, {"epoch": len(read_metrics(run.run_dir)) + 1, "message": str(err)})
+            with run_lock_for(run.run_dir / DIVERGED_FILE):  # the trainer has let go; no other process may write
+                _write_json(run.run_dir / DIVERGED_FILE, {"epoch": len(read_metrics(run.run_dir)) + 1,
+                                                          "message": str(err)})
             outcome = Outcome(run.name, "diverged", str(err))
         except CheckpointError as err:
             if "in use by another process" in str(err):
@@ -77,7 +80,7 @@ def execute(run: RunSpec, threads: int | None = None) -> Outcome:
         if step.done(run.run_dir):
             continue
         if step.step is not None:
-            _write_json(run.run_dir / step.creates, STEPS[step.step](run.run_dir))
+            _write_step(run.run_dir, step.creates, STEPS[step.step])
             continue
         done = subprocess.run([sys.executable, "-m", "kdcollapse", step.command, str(run.run_dir), *step.args],
                               capture_output=True, text=True)
@@ -122,10 +125,20 @@ def _end_with_launcher(launcher: int) -> None:
 
 
 def _write_json(path, value: dict) -> None:
-    """``value`` as JSON in ``path``, whole or not at all (written beside it, then renamed)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(tmp, path)
+    """``value`` as JSON in ``path``, whole or not at all (written beside it, flushed, then renamed)."""
+    write_text(path, json.dumps(value, indent=1) + "\n")
+
+
+def _write_step(run_dir, name: str, step: Callable) -> None:
+    """A registered post step's output ``run_dir/name``: computed and written under the run's lock and listed in
+    its ``outputs.json`` with the weights it measured, so that ``--overwrite`` removes it (the step is then done
+    again) and ``Run.stale_outputs`` flags it once the weights change."""
+    path = run_dir / name
+    with run_lock_for(path) as held:
+        value = step(run_dir)
+        _write_json(path, value)
+        if held is not None:
+            record_outputs(held, [path], source_of(held) if (held / "model.safetensors").is_file() else {})
 
 
 def run_config(run: RunSpec):

@@ -18,10 +18,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdcollapse.errors import ConfigError, unknown_choice
+from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
 from kdcollapse.report import (holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, pearson, plot_panels,
                                verdict)
-from kdcollapse.runs import metrics_source, read_committed_metrics, read_metrics, run_state, write_text
+from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
+                             write_text)
 from kdcollapse.runs._atomic import replacing
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study, _flat
@@ -140,6 +141,11 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
     diverged = (run_dir / DIVERGED_FILE).is_file() and run_state(run_dir) != "finished"
     # a finished run's records are checked against the SHA-256 that state.json records
     records = read_metrics(run_dir) if diverged else read_committed_metrics(run_dir)
+    stale = outputs_stale(run_dir) if post else {}
+    for f in post:
+        if f in stale:  # computed from weights the run no longer holds
+            raise CheckpointError(f"{run_dir / f} is stale: {stale[f]}; delete it and run the study again to redo "
+                                  "the step")
     keys = _keys(spec)
     extra = {k: v for f in post if f.endswith(".json") and (run_dir / f).is_file()
              for k, v in _flat_json(json.loads((run_dir / f).read_text()), _folder(f)).items() if k in keys}

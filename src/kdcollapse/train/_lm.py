@@ -30,9 +30,9 @@ import yaml
 
 from kdcollapse import lm
 from kdcollapse.config import build_section, read_yaml
-from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import TeacherHead, fused_head_loss
-from kdcollapse.losses.llm import DIVERGENCES, token_divergence
+from kdcollapse.losses.llm import DIVERGENCES, divergence_rows, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, save_tensors,
                              update_run_record)
@@ -55,6 +55,26 @@ class LossSection:
             raise ConfigError(f"loss.divergence must be one of none, {', '.join(DIVERGENCES)}; got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
+        takes = [name for name, (_, parameter) in DIVERGENCES.items() if parameter]
+        if self.weight is not None and self.divergence not in takes:
+            raise ConfigError(f"loss.weight={self.weight!r}: loss.divergence={self.divergence} takes no weight (only "
+                              f"{', '.join(takes)} do); remove loss.weight")
+        if self.divergence in takes:
+            try:
+                divergence_rows(self.divergence, self.weight)  # its β or α in [0, 1], before the teacher loads
+            except KdcollapseError as err:
+                raise ConfigError(f"loss.weight: {err}") from None
+        _check_number("loss.temperature", self.temperature, positive=True)
+        _check_number("loss.ce_weight", self.ce_weight)
+        _check_number("loss.distill_weight", self.distill_weight)
+
+
+def _check_number(key: str, value, *, positive: bool = False) -> None:
+    """A finite number, > 0 (``positive``) or >= 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value > 0 if positive else value >= 0)
+    if not ok:
+        raise ConfigError(f"{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
 
 
 @dataclass
@@ -105,6 +125,14 @@ class LMConfig:
                 raise ConfigError(f"'{key}' must be a positive int, got {value!r}")
         if self.teacher_k is not None and self.teacher_k < 1:
             raise ConfigError(f"'teacher_k' must be a positive int or null, got {self.teacher_k!r}")
+        if self.train_blocks is not None and not (isinstance(self.train_blocks, int) and self.train_blocks >= 1):
+            raise ConfigError(f"'train_blocks' must be a positive int or null (every block), got {self.train_blocks!r}")
+        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+            raise ConfigError(f"'warmup' must be an int >= 0 (steps), got {self.warmup!r}")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**31):
+            raise ConfigError(f"'seed' must be an int in [0, 2**31), got {self.seed!r}")
+        _check_number("lr", self.lr, positive=True)
+        _check_number("weight_decay", self.weight_decay)
         self._check_generation()
 
     def _check_generation(self) -> None:

@@ -102,6 +102,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
                  user_data: UserData | None = None):
         self.cfg, self.run_files, self.user_data = cfg, None, user_data
+        if resume and overwrite:
+            raise ConfigError("resume continues the run in run_dir and overwrite replaces it; give one of them")
         try:
             self.setup_environment()
             self.run_dir = Path(cfg.run_dir)
@@ -309,6 +311,7 @@ class Trainer:
             self.check_epoch_is_good(epoch, record)
             self.log.write(record)
             self.checkpointer.save(epoch + 1, progress, improved, self.log.files())
+            self.log.committed()  # TensorBoard and the trackers see only committed epochs
             if self.dist.is_main:
                 log_epoch(record, cfg.train.epochs)
         self.log.close()
