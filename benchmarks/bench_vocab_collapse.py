@@ -147,14 +147,13 @@ def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict) -> None:
     num_classes, dim = weight.shape
     m = min(dist._CANDIDATES, num_classes - 1)
     size = dist._block(num_classes, dim, m)
-    W = dist.unit_rows(weight)
-    W32 = W.float()
+    rows = dist._UnitRows(weight)
     chunks = torch.arange(num_classes).split(size)
     cpu, start = time.process_time(), time.perf_counter()
-    for k in chunks[:blocks]:
-        cand, lam = dist._screen(W32, k, m)
+    for k in chunks[:blocks]:  # the screening loop of min_one_vs_rest_distance
+        cand, lam = dist._screen(rows.W32, k, m)
         lam = lam / lam.sum(1, keepdim=True)
-        dist._certify(W, k, lam, W[cand] - W[k][:, None, :])
+        dist._certify(rows, k, lam, rows.gather(cand) - rows.gather(k)[:, None, :])
     run = min(blocks, len(chunks))
     out["gnc2_blocks"] = f"{run} of {len(chunks)} (block {size})"
     out["gnc2_screen_s_extrapolated"] = (time.perf_counter() - start) * len(chunks) / run

@@ -245,7 +245,7 @@ def _classifier(raw: Scatter, unit: Scatter, weight: Tensor, gnc_convention: str
         "nc2_equiangle_w": equiangle_w,
         "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(dtype=torch.float64),
         "nc3_self_duality": etf_error(centred, weight),
-        "gnc2": min_one_vs_rest_distance(unit_weight.double()).value,
+        "gnc2": min_one_vs_rest_distance(weight).value,  # W in its dtype: no K x d float64 copy
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
         "gnc3": (1 - (unit_weight * unit_means).sum(1, dtype=torch.float64)).mean(),
     }
