@@ -15,7 +15,7 @@ rest uniform). Phases, timed separately:
 With ``--rhubarbwu`` (and ``neural_collapse`` importable: ``pip install --no-deps`` of
 rhubarbwu/neural-collapse) the same inputs go through its accumulators (means; covariance and variance
 norms in a second pass) and measures (covariance_ratio, simplex_etf_error, self_duality_error,
-variability_cdnv with tile_size=1024, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
+variability_cdnv with tile_size ``--rhubarbwu-tile``, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
 grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 32000x576,49152x576
@@ -167,6 +167,14 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     import kdcollapse.metrics._pairwise as pairwise
 
     torch.set_num_threads(args.threads)
+    if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
+        from kdcollapse.metrics import accumulation_dtype
+
+        out = {"K": num_classes, "d": dim, "accumulate": args.accumulate}
+        dtype = accumulation_dtype(num_classes, dim, args.accumulate)
+        gnc2_screening(torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1), dtype=dtype),
+                       args.gnc2_blocks, out)
+        return out | {"peak_rss_gib": peak_gib()}
     tokens = max(args.tokens, num_classes)
     out = {"K": num_classes, "d": dim, "tokens": tokens, "ncc_tokens": args.ncc_tokens}
     stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
@@ -243,7 +251,7 @@ def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor
     values = clocked(out, "rw_metrics_s", lambda: {
         "nc1": covariance_ratio(covariance, means, m_g), "nc2_etf_error": simplex_etf_error(means, m_g),
         "nc3_self_duality": self_duality_error(weight, means, m_g),
-        "cdnv": variability_cdnv(var_norms, means, tile_size=1024)})
+        "cdnv": variability_cdnv(var_norms, means, tile_size=args.rhubarbwu_tile)})
     dec = DecAccumulator(num_classes, dim, "cpu", M=means, W=weight)
     watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
@@ -257,10 +265,29 @@ def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor
     return out
 
 
-def estimated_peak_gib(num_classes: int, dim: int, width: int) -> float:
+def feature_pass(tokens: int, args) -> dict:
+    """CPU seconds per 10^6 tokens of SmolLM2-135M's forward pass with every hidden state (what ``analyze --lm``
+    runs per batch: blocks of 64 tokens, batches of 8), on random token ids; the model's loading not counted."""
+    from kdcollapse.lm import load_language_model
+
+    torch.set_num_threads(args.threads)
+    model = load_language_model("smollm2-135m").model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (max(1, tokens // 64), 64), generator=g)
+    watch = Stopwatch()
+    with torch.inference_mode():
+        model(ids[:8], output_hidden_states=True)  # warm-up
+        for batch in ids.split(8):
+            watch(lambda: model(batch, output_hidden_states=True))
+    out = {"model": "smollm2-135m", "feature_pass_tokens": ids.numel()}
+    watch.per_million(out, "feature_pass", ids.numel())
+    return out | {"peak_rss_gib": peak_gib()}
+
+
+def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 15) -> float:
     """Peak RSS of one case, fitted to earlier runs: torch's baseline, about 15 K x d copies of the class sums'
     width (states, metric phase, W, the inputs), about 16 d x d float64 matrices."""
-    return 1.4 + (15 * width * num_classes * dim + 127 * dim * dim) / 2**30
+    return 1.4 + (copies * width * num_classes * dim + 127 * dim * dim) / 2**30
 
 
 def available_gib() -> float:
@@ -286,7 +313,12 @@ def main() -> None:
     parser.add_argument("--single-call", action="store_true", help="skip the features-only metric call")
     parser.add_argument("--gnc2-blocks", type=int, default=0, help="time GNC2's screening on this many blocks")
     parser.add_argument("--rhubarbwu-tokens", type=int, default=0, help="tokens for its statistics phase")
+    parser.add_argument("--rhubarbwu-tile", type=int, default=1024,
+                        help="its variability_cdnv tile_size (its kernel holds two tile x tile x d float32 arrays)")
+    parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
     parser.add_argument("--rhubarbwu-stats-only", action="store_true", help="time only its statistics phase")
+    parser.add_argument("--feature-pass", type=int, default=0,
+                        help="only time SmolLM2-135M's forward pass over this many tokens (the issue's target)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -294,12 +326,15 @@ def main() -> None:
         print(json.dumps(one_case(k, d, args)))
         return
     print(machine(torch.device("cpu")), flush=True)
+    if args.feature_pass:
+        print(json.dumps(feature_pass(args.feature_pass, args)), flush=True)
+        return
     for size in args.sizes.split(","):
         k, d = map(int, size.split("x"))
         from kdcollapse.metrics import accumulation_dtype
 
         width = accumulation_dtype(k, d, args.accumulate).itemsize
-        need = estimated_peak_gib(k, d, width)
+        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only else 15)
         room = min(args.max_gib, available_gib() - 2)
         if need > room:
             print(json.dumps({"K": k, "d": d, "skipped": f"estimated peak {need:.1f} GiB > {room:.1f} GiB "
