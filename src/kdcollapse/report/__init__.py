@@ -3,6 +3,8 @@
 from kdcollapse.report._curves import plot_curves
 from kdcollapse.report._markdown import markdown_table
 from kdcollapse.report._stats import VERDICTS, holm, mean_difference_ci, mean_std, paired_t_test, verdict
+from kdcollapse.report._tables import comparisons_table, paired_comparisons, seeds_cell, seeds_table
 
 __all__ = ["VERDICTS", "holm", "markdown_table", "mean_difference_ci", "mean_std", "paired_t_test", "plot_curves",
            "verdict"]
+__all__ += ["comparisons_table", "paired_comparisons", "seeds_cell", "seeds_table"]  # _tables
