@@ -331,3 +331,23 @@ def test_nc4_keeps_float32_class_means_in_float32_and_agrees_with_brute_force(mo
     assert float(metric.compute()["ncc_accuracy"]) == pytest.approx(float((brute == labels).double().mean()))
     assert torch.equal(nearest_class_mean(features, means), brute)
     assert torch.equal(nearest_class_mean(features, means.double()), brute)
+
+
+def test_statistics_keep_no_second_k_by_d_copy_for_reset():
+    stats = FeatureStatistics(50, 8, accumulate="float32")
+    for name in ("class_sums", "unit_class_sums"):
+        default = stats._defaults[name]
+        assert default.shape == (50, 8) and default.dtype == torch.float32
+        assert default.untyped_storage().nbytes() == 4  # one zero, not 50 x 8
+    h, y = gaussian_classes([6] * 50, 8, seed=3)
+    stats.update(h, y)
+    before = collapse_metrics(stats)
+    stats.reset()  # back to full zero states, which update can add into
+    assert stats.class_sums.shape == (50, 8) and stats.class_sums.is_contiguous()
+    assert not stats.class_sums.any() and int(stats.class_counts.sum()) == 0
+    stats.update(h, y)
+    again = collapse_metrics(stats)
+    assert all(torch.equal(before[k], again[k]) or bool(before[k].isnan().all() & again[k].isnan().all())
+               for k in before)
+    moved = stats.to(torch.device("cpu"))  # _apply keeps the defaults lean
+    assert moved._defaults["class_sums"].untyped_storage().nbytes() == 4
