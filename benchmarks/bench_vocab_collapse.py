@@ -15,14 +15,24 @@ rest uniform). Phases, timed separately:
 With ``--rhubarbwu`` (and ``neural_collapse`` importable: ``pip install --no-deps`` of
 rhubarbwu/neural-collapse) the same inputs go through its accumulators (means; covariance and variance
 norms in a second pass) and measures (covariance_ratio, simplex_etf_error, self_duality_error,
-variability_cdnv with tile_size=1024, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
+variability_cdnv with tile_size ``--rhubarbwu-tile``, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
 grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 32000x576,49152x576
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 128256x4096 --accumulate float32
 
 ``--accumulate float32`` keeps the K x d class sums (and the metric phase's K x d matrices and tiles) in
-float32 (docs/metrics.md, "Float32 accumulation").
+float32 (docs/metrics.md, "Float32 accumulation"); the classifier W is then float32 too.
+
+Cells too large for the CPU budget: ``--sample-tiles N`` runs only N of the upper-triangle tiles of each
+pairwise kernel (NC2 equiangularity of the means and of W, CDNV), evenly spread, and reports the measured
+time per tile entry and ``*_extrapolated`` = measured phase - sampled tiles + (time per entry) x (entries of
+all tiles). Everything else of the phase (the d x d Grams, pseudo-inverses, ETF errors, ...) runs in full,
+and the peak memory is that of the full pass (a tile's memory does not depend on how many run).
+``--single-call`` skips the features-only ``collapse_metrics(stats)`` call and times only the call with W
+(every metric but GNC2). ``--gnc2-blocks B`` times GNC2's screening (the O(K^2 d) part of
+``min_one_vs_rest_distance``) on its first B blocks of classes and scales it to all K classes. Every phase
+reports wall and process CPU seconds (``*_cpu``): on a shared machine the CPU time is the cost.
 """
 
 from __future__ import annotations
@@ -60,42 +70,153 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
+def clocked(out: dict, key: str, fn):
+    """Run ``fn``; record its wall seconds under ``key`` and its process CPU seconds under ``key + "_cpu"``."""
+    cpu, start = time.process_time(), time.perf_counter()
+    value = fn()
+    out[key], out[key + "_cpu"] = time.perf_counter() - start, time.process_time() - cpu
+    return value
+
+
+class Stopwatch:
+    """Wall and process CPU seconds summed over the calls it times."""
+
+    def __init__(self):
+        self.wall = self.cpu = 0.0
+
+    def __call__(self, fn):
+        cpu, start = time.process_time(), time.perf_counter()
+        value = fn()
+        self.wall += time.perf_counter() - start
+        self.cpu += time.process_time() - cpu
+        return value
+
+    def per_million(self, out: dict, key: str, count: int) -> None:
+        out[key + "_s_per_M"], out[key + "_cpu_per_M"] = self.wall / count * 1e6, self.cpu / count * 1e6
+
+
+def peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+class TileSampler:
+    """Stands in for ``kdcollapse.metrics._pairwise._upper_tiles``: yields every tile, or ``per_call`` of them
+    evenly spread, and times each tile's kernel (the consumer's work between two yields)."""
+
+    def __init__(self, original, per_call: int | None):
+        self.original, self.per_call = original, per_call
+        self.wall = self.cpu = 0.0
+        self.entries_run = self.entries_all = self.tiles_run = self.tiles_all = 0
+
+    def __call__(self, num_rows: int, tile: int):
+        tiles = list(self.original(num_rows, tile))
+
+        def entries(rows: slice, cols: slice) -> int:
+            return (min(rows.stop, num_rows) - rows.start) * (min(cols.stop, num_rows) - cols.start)
+
+        self.tiles_all += len(tiles)
+        self.entries_all += sum(entries(r, c) for r, c, _ in tiles)
+        n = self.per_call
+        if n is not None and len(tiles) > n:
+            tiles = [tiles[round(i * (len(tiles) - 1) / max(n - 1, 1))] for i in range(n)]
+        for rows, cols, diagonal in tiles:
+            cpu, start = time.process_time(), time.perf_counter()
+            yield rows, cols, diagonal
+            self.wall += time.perf_counter() - start
+            self.cpu += time.process_time() - cpu
+            self.entries_run += entries(rows, cols)
+            self.tiles_run += 1
+
+    def report(self, out: dict, key: str) -> None:
+        """Tile counts and, for ``key`` (a phase timed by ``clocked``), its value with every tile run."""
+        out[key + "_tiles"] = f"{self.tiles_run} of {self.tiles_all}"
+        out[key + "_tile_cpu"] = self.cpu
+        if self.entries_run < self.entries_all:
+            scale = self.entries_all / self.entries_run
+            for suffix, spent in (("", self.wall), ("_cpu", self.cpu)):
+                out[key + suffix + "_extrapolated"] = out[key + suffix] - spent + spent * scale
+        self.wall = self.cpu = 0.0
+        self.entries_run = self.entries_all = self.tiles_run = self.tiles_all = 0
+
+
+def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict) -> None:
+    """Time ``min_one_vs_rest_distance``'s screening (bounds for every class) on its first ``blocks`` blocks,
+    and scale by the number of blocks; the exact solve of the few classes it leaves is not included."""
+    from kdcollapse.geometry import _distances as dist
+
+    num_classes, dim = weight.shape
+    m = min(dist._CANDIDATES, num_classes - 1)
+    size = dist._block(num_classes, dim, m)
+    rows = dist._UnitRows(weight)
+    chunks = torch.arange(num_classes).split(size)
+    cpu, start = time.process_time(), time.perf_counter()
+    for k in chunks[:blocks]:  # the screening loop of min_one_vs_rest_distance
+        cand, lam = dist._screen(rows.W32, k, m)
+        lam = lam / lam.sum(1, keepdim=True)
+        dist._certify(rows, k, lam, rows.gather(cand) - rows.gather(k)[:, None, :])
+    run = min(blocks, len(chunks))
+    out["gnc2_blocks"] = f"{run} of {len(chunks)} (block {size})"
+    out["gnc2_screen_s_extrapolated"] = (time.perf_counter() - start) * len(chunks) / run
+    out["gnc2_screen_cpu_extrapolated"] = (time.process_time() - cpu) * len(chunks) / run
+
+
 def one_case(num_classes: int, dim: int, args) -> dict:
     from kdcollapse.geometry import min_one_vs_rest_distance
     from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
     import kdcollapse.metrics._collapse as collapse
+    import kdcollapse.metrics._pairwise as pairwise
 
     torch.set_num_threads(args.threads)
+    if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
+        from kdcollapse.metrics import accumulation_dtype
+
+        out = {"K": num_classes, "d": dim, "accumulate": args.accumulate}
+        dtype = accumulation_dtype(num_classes, dim, args.accumulate)
+        gnc2_screening(torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1), dtype=dtype),
+                       args.gnc2_blocks, out)
+        return out | {"peak_rss_gib": peak_gib()}
     tokens = max(args.tokens, num_classes)
-    out = {"K": num_classes, "d": dim, "tokens": tokens}
+    out = {"K": num_classes, "d": dim, "tokens": tokens, "ncc_tokens": args.ncc_tokens}
     stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
     out["accumulate"] = stats.accumulate
     warm = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports
     warm.update(*next(batches(num_classes, dim, BATCH, seed=3)))
     del warm
-    elapsed = 0.0
+    watch = Stopwatch()
     for x, y in batches(num_classes, dim, tokens):
-        elapsed += timed(lambda: stats.update(x, y))[1]
-    out["stats_s_per_M"] = elapsed / tokens * 1e6
-    values, out["metrics_s"] = timed(lambda: collapse_metrics(stats))
-    weight = torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        watch(lambda: stats.update(x, y))
+    watch.per_million(out, "stats", tokens)
+    out["peak_rss_stats_gib"] = peak_gib()
+    sampler = TileSampler(pairwise._upper_tiles, args.sample_tiles)
+    pairwise._upper_tiles = sampler
+    if not args.single_call:
+        clocked(out, "metrics_s", lambda: collapse_metrics(stats))
+        sampler.report(out, "metrics_s")
+    dtype = torch.float32 if stats.accumulate == "float32" else torch.float64
+    weight = torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1), dtype=dtype)
     if not args.gnc2:
         collapse.min_one_vs_rest_distance = lambda w: min_one_vs_rest_distance(w[:2])  # skipped: 2 classes
-    full, out["classifier_s"] = timed(lambda: collapse_metrics(stats, weight))
+    full = clocked(out, "classifier_s", lambda: collapse_metrics(stats, weight))
+    sampler.report(out, "classifier_s")
+    out["peak_rss_metrics_gib"] = peak_gib()
     if args.gnc2:
         gnc2, out["gnc2_s"] = timed(lambda: min_one_vs_rest_distance(weight))
         out["classifier_s"] -= out["gnc2_s"]
         out["gnc2_solved_exactly"] = gnc2.solved.numel()
+    if args.gnc2_blocks:
+        gnc2_screening(weight, args.gnc2_blocks, out)
     means = stats.class_means()
     ncc = NearestClassMeanAccuracy(means, sync_on_compute=False)
-    elapsed, count = 0.0, 0
+    del means
+    head = weight.float()
+    watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
-        elapsed += timed(lambda: ncc.update(x, y, x @ weight.float().T))[1]
+        watch(lambda: ncc.update(x, y, x @ head.T))
         count += len(y)
-    out["ncc_s_per_M"] = elapsed / count * 1e6
+    watch.per_million(out, "ncc", count)
     out["values"] = {k: float(full[k]) for k in ("nc1", "nc2_etf_error", "nc3_self_duality", "cdnv", "vci", "gnc1")}
     out["values"]["ncc_agreement"] = float(ncc.compute()["ncc_agreement"])
-    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["peak_rss_gib"] = peak_gib()
     if args.rhubarbwu:
         out |= rhubarbwu_case(num_classes, dim, tokens, weight.float(), args)
     return out
@@ -110,34 +231,69 @@ def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor
         return {"rhubarbwu": "not installed"}
     out = {}
     MeanAccumulator(num_classes, dim, "cpu").accumulate(*next(batches(num_classes, dim, BATCH, seed=3)))  # warm-up
-    mean_acc = MeanAccumulator(num_classes, dim, "cpu")
-    elapsed = sum(timed(lambda: mean_acc.accumulate(x, y))[1] for x, y in batches(num_classes, dim, tokens))
+    tokens = args.rhubarbwu_tokens or tokens  # its one-hot K x B products make its statistics phase slow
+    mean_acc, watch = MeanAccumulator(num_classes, dim, "cpu"), Stopwatch()
+    for x, y in batches(num_classes, dim, tokens):
+        watch(lambda: mean_acc.accumulate(x, y))
     means, m_g = mean_acc.compute()
     var_acc = VarNormAccumulator(num_classes, dim, "cpu", M=means)
     cov_acc = CovarAccumulator(num_classes, dim, "cpu", M=means)
     for x, y in batches(num_classes, dim, tokens):
-        elapsed += timed(lambda: (var_acc.accumulate(x, y, means), cov_acc.accumulate(x, y, means)))[1]
-    out["rw_stats_s_per_M"] = elapsed / tokens * 1e6
+        watch(lambda: (var_acc.accumulate(x, y, means), cov_acc.accumulate(x, y, means)))
+    watch.per_million(out, "rw_stats", tokens)
+    out["rw_tokens"] = tokens
     var_norms, _ = var_acc.compute()
     covariance = cov_acc.compute()
+    if args.rhubarbwu_stats_only:
+        return out
     if 3 * 4 * num_classes**2 > args.max_gib * 2**30:  # its ETF errors and CDNV hold ~3 K x K float32 grids
         return out | {"rhubarbwu_metrics": f"skipped: 3 K x K float32 grids exceed --max-gib {args.max_gib}"}
-    start = time.perf_counter()
-    values = {"nc1": covariance_ratio(covariance, means, m_g), "nc2_etf_error": simplex_etf_error(means, m_g),
-              "nc3_self_duality": self_duality_error(weight, means, m_g),
-              "cdnv": variability_cdnv(var_norms, means, tile_size=1024)}
-    out["rw_metrics_s"] = time.perf_counter() - start
+    values = clocked(out, "rw_metrics_s", lambda: {
+        "nc1": covariance_ratio(covariance, means, m_g), "nc2_etf_error": simplex_etf_error(means, m_g),
+        "nc3_self_duality": self_duality_error(weight, means, m_g),
+        "cdnv": variability_cdnv(var_norms, means, tile_size=args.rhubarbwu_tile)})
     dec = DecAccumulator(num_classes, dim, "cpu", M=means, W=weight)
-    elapsed, count = 0.0, 0
+    watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
-        elapsed += timed(lambda: dec.accumulate(x, y, weight, means))[1]
+        watch(lambda: dec.accumulate(x, y, weight, means))
         count += len(y)
-    out["rw_ncc_s_per_M"] = elapsed / count * 1e6
+    watch.per_million(out, "rw_ncc", count)
     _, rates = dec.compute(None, True)
     values["ncc_agreement"] = float(rates)
     out["rw_values"] = {k: float(v) for k, v in values.items()}
-    out["rw_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out["rw_peak_rss_gib"] = peak_gib()
     return out
+
+
+def feature_pass(tokens: int, args) -> dict:
+    """CPU seconds per 10^6 tokens of SmolLM2-135M's forward pass with every hidden state (what ``analyze --lm``
+    runs per batch: blocks of 64 tokens, batches of 8), on random token ids; the model's loading not counted."""
+    from kdcollapse.lm import load_language_model
+
+    torch.set_num_threads(args.threads)
+    model = load_language_model("smollm2-135m").model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (max(1, tokens // 64), 64), generator=g)
+    watch = Stopwatch()
+    with torch.inference_mode():
+        model(ids[:8], output_hidden_states=True)  # warm-up
+        for batch in ids.split(8):
+            watch(lambda: model(batch, output_hidden_states=True))
+    out = {"model": "smollm2-135m", "feature_pass_tokens": ids.numel()}
+    watch.per_million(out, "feature_pass", ids.numel())
+    return out | {"peak_rss_gib": peak_gib()}
+
+
+def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 15) -> float:
+    """Peak RSS of one case, fitted to earlier runs: torch's baseline, about 15 K x d copies of the class sums'
+    width (states, metric phase, W, the inputs), about 16 d x d float64 matrices."""
+    return 1.4 + (copies * width * num_classes * dim + 127 * dim * dim) / 2**30
+
+
+def available_gib() -> float:
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
 
 
 def main() -> None:
@@ -152,6 +308,17 @@ def main() -> None:
     parser.add_argument("--max-gib", type=float, default=8.0, help="skip cases whose states exceed this")
     parser.add_argument("--accumulate", choices=("float64", "float32", "auto"), default="float64",
                         help="dtype of the K x d class sums (FeatureStatistics(accumulate=...))")
+    parser.add_argument("--sample-tiles", type=int, default=None,
+                        help="run only this many tiles of each pairwise kernel and extrapolate (see above)")
+    parser.add_argument("--single-call", action="store_true", help="skip the features-only metric call")
+    parser.add_argument("--gnc2-blocks", type=int, default=0, help="time GNC2's screening on this many blocks")
+    parser.add_argument("--rhubarbwu-tokens", type=int, default=0, help="tokens for its statistics phase")
+    parser.add_argument("--rhubarbwu-tile", type=int, default=1024,
+                        help="its variability_cdnv tile_size (its kernel holds two tile x tile x d float32 arrays)")
+    parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
+    parser.add_argument("--rhubarbwu-stats-only", action="store_true", help="time only its statistics phase")
+    parser.add_argument("--feature-pass", type=int, default=0,
+                        help="only time SmolLM2-135M's forward pass over this many tokens (the issue's target)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -159,14 +326,19 @@ def main() -> None:
         print(json.dumps(one_case(k, d, args)))
         return
     print(machine(torch.device("cpu")), flush=True)
+    if args.feature_pass:
+        print(json.dumps(feature_pass(args.feature_pass, args)), flush=True)
+        return
     for size in args.sizes.split(","):
         k, d = map(int, size.split("x"))
         from kdcollapse.metrics import accumulation_dtype
 
         width = accumulation_dtype(k, d, args.accumulate).itemsize
-        need = (2 * k * d * width + 2 * d * d * 8) / 2**30
-        if need > args.max_gib:
-            print(json.dumps({"K": k, "d": d, "skipped": f"states {need:.1f} GiB > --max-gib"}), flush=True)
+        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only else 15)
+        room = min(args.max_gib, available_gib() - 2)
+        if need > room:
+            print(json.dumps({"K": k, "d": d, "skipped": f"estimated peak {need:.1f} GiB > {room:.1f} GiB "
+                              "(--max-gib, or the memory available now less 2 GiB)"}), flush=True)
             continue
         command = [sys.executable, __file__, "--one", size, *sys.argv[1:]]
         result = subprocess.run(command, capture_output=True, text=True)

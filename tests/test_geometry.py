@@ -100,7 +100,7 @@ def test_certificate_bounds_the_error_of_a_poor_solution():
     k = torch.arange(30)
     cand = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 30)]) for i in range(30)])
     lam = torch.full(cand.shape, 1 / 29, dtype=torch.float64)
-    y, gap, _ = _distances._certify(W, k, lam, W[cand] - W[k][:, None, :])
+    y, gap, _ = _distances._certify(_distances._UnitRows(W), k, lam, W[cand] - W[k][:, None, :])
     error = y.norm(dim=1).numpy() - reference_distances(W.numpy())
     assert error.min() > 1e-3  # genuinely suboptimal
     assert (error <= gap.numpy() + 1e-13).all()

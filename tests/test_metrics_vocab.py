@@ -274,3 +274,80 @@ def test_screened_gnc2_equals_the_exact_solver_on_every_class(num_classes, dim, 
     assert bool((screened.upper >= every - 1e-9).all()) and bool((screened.lower <= every + 1e-9).all())
     assert int(every.argmin()) in screened.solved.tolist()
     assert float(screened.gap) <= 1e-10
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory: GNC2's solver and NC4 make no K x d float64 copy of a float32 input, and answer as the dense code
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1, 7])
+def test_gnc2_solver_keeps_float32_rows_and_equals_the_dense_solver(monkeypatch, chunk_rows):
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(120, 12, generator=g) + 0.3  # float32, as under float32 accumulation
+    dense = one_vs_rest_distances(weight.double())  # the same float32 values, widened as a whole
+    if chunk_rows is not None:
+        monkeypatch.setattr(_distances, "_CHUNK_ENTRIES", 12 * chunk_rows)  # chunks of 1 or 7 rows
+    rows = _distances._UnitRows(weight)
+    # W itself (same storage, float32) and float32 unit rows: no float64 (K, d) copy is kept
+    assert rows.W.data_ptr() == weight.data_ptr() and rows.W.dtype == rows.W32.dtype == torch.float32
+    assert torch.equal(rows.gather(torch.arange(120)), _distances.unit_rows(weight.double()))
+    y = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    assert torch.allclose(rows.scores(y), y @ _distances.unit_rows(weight.double()).T, rtol=0, atol=1e-14)
+    screened = min_one_vs_rest_distance(weight, candidates=16)
+    assert float(screened.value) == pytest.approx(float(dense.min()), abs=1e-10)
+    assert float(screened.gap) <= 1e-10
+    assert torch.allclose(one_vs_rest_distances(weight), dense, rtol=0, atol=1e-10)
+    widened = weight.double()
+    assert _distances._UnitRows(widened).W.data_ptr() == widened.data_ptr()  # a float64 W is not copied either
+
+
+def test_collapse_metrics_gnc2_does_not_depend_on_the_weight_dtype():
+    h, y = gaussian_classes([30] * 40, 8, seed=21)
+    weight = torch.randn(40, 8, generator=torch.Generator().manual_seed(2)).double()
+    stats = FeatureStatistics(40, 8)
+    stats.update(h, y)
+    from kdcollapse.geometry import one_vs_rest_distances
+
+    assert float(collapse_metrics(stats, weight)["gnc2"]) == pytest.approx(
+        float(one_vs_rest_distances(weight).min()), abs=1e-10)
+
+
+def test_nc4_keeps_float32_class_means_in_float32_and_agrees_with_brute_force(monkeypatch):
+    import kdcollapse.metrics._ncc as ncc
+
+    g = torch.Generator().manual_seed(4)
+    means = 3 * torch.randn(60, 6, generator=g) + 100.0  # far from the origin: centring matters
+    labels = torch.randint(0, 60, (500,), generator=g)
+    features = means[labels] + torch.randn(500, 6, generator=g)
+    brute = torch.cdist(features.double(), means.double()).argmin(1)
+    metric = NearestClassMeanAccuracy(means)
+    assert metric.centred_means.dtype == torch.float32  # the one K x d copy, in the means' dtype
+    assert NearestClassMeanAccuracy(means.double()).centred_means.dtype == torch.float64
+    monkeypatch.setattr(ncc, "_SCORES", 60 * 9)  # blocks of 9 rows
+    metric.update(features, labels)
+    assert float(metric.compute()["ncc_accuracy"]) == pytest.approx(float((brute == labels).double().mean()))
+    assert torch.equal(nearest_class_mean(features, means), brute)
+    assert torch.equal(nearest_class_mean(features, means.double()), brute)
+
+
+def test_statistics_keep_no_second_k_by_d_copy_for_reset():
+    stats = FeatureStatistics(50, 8, accumulate="float32")
+    for name in ("class_sums", "unit_class_sums"):
+        default = stats._defaults[name]
+        assert default.shape == (50, 8) and default.dtype == torch.float32
+        assert default.untyped_storage().nbytes() == 4  # one zero, not 50 x 8
+    h, y = gaussian_classes([6] * 50, 8, seed=3)
+    stats.update(h, y)
+    before = collapse_metrics(stats)
+    stats.reset()  # back to full zero states, which update can add into
+    assert stats.class_sums.shape == (50, 8) and stats.class_sums.is_contiguous()
+    assert not stats.class_sums.any() and int(stats.class_counts.sum()) == 0
+    stats.update(h, y)
+    again = collapse_metrics(stats)
+    assert all(torch.equal(before[k], again[k]) or bool(before[k].isnan().all() & again[k].isnan().all())
+               for k in before)
+    moved = stats.to(torch.device("cpu"))  # _apply keeps the defaults lean
+    assert moved._defaults["class_sums"].untyped_storage().nbytes() == 4

@@ -21,7 +21,7 @@ from pathlib import Path
 from scipy.stats import spearmanr
 
 from kdcollapse.analysis import plot_token_layers
-from kdcollapse.report import holm, markdown_table, mean_std, paired_t_test, verdict
+from kdcollapse.report import comparisons_table, markdown_table, paired_comparisons, seeds_table
 
 ARMS = {"forward KL": "forward_kl", "reverse KL": "reverse_kl", "cross-entropy only": "ce_only",
         "untrained": "untrained"}
@@ -45,11 +45,6 @@ def load(directory: Path) -> tuple[dict, dict[str, list[dict]], list[int]]:
     return teacher, arms, seeds
 
 
-def cell(values: list[float], digits: int) -> str:
-    """mean ± std, or "nan" when a seed's value is nan (CDNV's 0/0 at the embeddings)."""
-    return "nan" if any(math.isnan(v) for v in values) else mean_std(values, digits)
-
-
 def last(result: dict) -> dict:
     return result["layers"][str(result["num_hidden_states"] - 1)]
 
@@ -63,29 +58,20 @@ def main() -> None:
     print(f"seeds {seeds}; {c['tokens']} next-token positions, {c['classes_kept']} classes kept "
           f"(min_count {c['min_count']}), {c['tokens_excluded']} positions excluded\n")
 
-    rows = [["teacher (SmolLM2-135M)", f"{teacher['perplexity']:.2f}",
-             *(f"{last(teacher)[k]:.3f}" for k in KEYS)]]
-    for label, results in arms.items():
-        rows.append([f"{label} (3 seeds)", mean_std([r["perplexity"] for r in results], 1),
-                     *(mean_std([last(r)[k] for r in results], 3) for k in KEYS)])
-    print(markdown_table(["model", "perplexity", *(f"{k} (last)" for k in KEYS)], rows))
+    models = {"teacher (SmolLM2-135M)": [teacher],
+              **{f"{label} ({len(results)} seeds)": results for label, results in arms.items()}}
+    print(seeds_table(["model", "perplexity", *(f"{k} (last)" for k in KEYS)],
+                      [(name, [[r["perplexity"] for r in results], *([last(r)[k] for r in results] for k in KEYS)])
+                       for name, results in models.items()],
+                      digits=[1, *[3] * len(KEYS)], single_digits=[2, *[3] * len(KEYS)]))
+    print(seeds_table(["students, per layer", *arms],
+                      [(f"{key}, hidden state {layer}", [[r["layers"][str(layer)][key] for r in results]
+                                                         for results in arms.values()])
+                       for key in ("nc1", "cdnv", "vci", "gnc1") for layer in range(3)], digits=3))
 
-    per_layer = [[f"{key}, hidden state {layer}",
-                  *(cell([r["layers"][str(layer)][key] for r in results], 3) for results in arms.values())]
-                 for key in ("nc1", "cdnv", "vci", "gnc1") for layer in range(3)]
-    print(markdown_table(["students, per layer", *arms], per_layer))
-
-    tests = []
-    for a, b in PAIRS:
-        for key in KEYS:
-            diff, p = paired_t_test([last(r)[key] for r in arms[a]], [last(r)[key] for r in arms[b]])
-            tests.append({"a": a, "b": b, "metric": key, "difference": diff, "p": p})
-    for test, corrected in zip(tests, holm([t["p"] for t in tests])):
-        word = verdict(test["difference"], corrected)
-        test |= {"holm_p": corrected, "verdict": {"better": "higher", "worse": "lower"}.get(word, word)}
-    print(markdown_table(["comparison (last hidden state)", "metric", "paired difference", "Holm p", "verdict"],
-                         [[f"{t['a']} − {t['b']}", t["metric"], f"{t['difference']:+.4g}", f"{t['holm_p']:.2g}",
-                           t["verdict"]] for t in tests]))
+    values = {label: {key: [last(r)[key] for r in results] for key in KEYS} for label, results in arms.items()}
+    tests = paired_comparisons(values, PAIRS, KEYS, words=("higher", "lower"))  # Holm over all of them
+    print(comparisons_table(tests, "comparison (last hidden state)"))
 
     trained = [r for label, results in arms.items() if label != "untrained" for r in results]
     correlations = {}

@@ -20,8 +20,12 @@ so a returned distance is certified to lie in [dist - gap, dist]. The solver, pe
 3. certificate against *all* K - 1 other classes; classes whose gap exceeds ``tol`` get their most
    violated classes added to the candidates (column generation) and go back to step 2.
 
-Everything is batched tensors on the device of W. Memory per block is about
-``block * candidates * d * 12`` bytes plus ``block * K * 16``; blocks are sized to stay near 256 MB.
+Everything is batched tensors on the device of W. W is never copied to float64 as a whole (``_UnitRows``):
+it is kept as given (float64, or float32 as under float32 accumulation), with its float64 row norms and
+one float32 copy of the unit rows for screening; float64 unit rows are formed per block of classes, and
+the certificate's scores against all K classes in chunks of ``_CHUNK_ENTRIES`` entries. Memory beyond W:
+``4 K d`` bytes (the float32 unit rows), plus per block about ``block * candidates * d * 12`` bytes and
+``block * K * 16``; blocks are sized to stay near 256 MB.
 """
 
 from __future__ import annotations
@@ -44,10 +48,12 @@ _MAX_ROUNDS = 10  # column-generation rounds
 _BLOCK_BYTES = 256 * 2**20
 _PROXIMAL_DELTA = 1e-10  # relative ridge of the affine sub-problems (handles dependent supports)
 _PROXIMAL_STEPS = 3
+_CHUNK_ENTRIES = 2**24  # rows of W widened to float64 at a time: 128 MiB whatever d
 
 
-def unit_rows(W: Tensor, name: str = "W") -> Tensor:
-    """Validate a (K, d) matrix of class vectors and return its rows normalised, in float64.
+def _checked(W: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """Validate a (K, d) matrix of class vectors; return it (detached; float32 stays float32, any other dtype
+    becomes float64) and its float64 row norms, computed ``_CHUNK_ENTRIES`` entries at a time.
 
     Raises ``KdcollapseError`` for a wrong shape, fewer than two rows, NaN/inf entries or zero rows.
     """
@@ -59,15 +65,58 @@ def unit_rows(W: Tensor, name: str = "W") -> Tensor:
         raise KdcollapseError(f"{name} needs at least 2 classes (rows) and 1 dimension, got shape {tuple(W.shape)}")
     if W.is_complex():
         raise KdcollapseError(f"{name} must be real, got dtype {W.dtype}")
-    W = W.detach().to(torch.float64)
-    bad = (~torch.isfinite(W)).any(1).nonzero().flatten()
+    W = W.detach()
+    W = W if W.dtype == torch.float32 else W.to(torch.float64)
+    norms, finite = W.new_empty(W.shape[0], dtype=torch.float64), W.new_empty(W.shape[0], dtype=torch.bool)
+    for rows in _chunks(W.shape[0], W.shape[1], W.device):
+        block = W[rows].to(torch.float64)
+        norms[rows], finite[rows] = block.norm(dim=1), torch.isfinite(block).all(1)
+    bad = (~finite).nonzero().flatten()
     if len(bad):
         raise KdcollapseError(f"{name} has NaN or infinite entries in rows {bad[:10].tolist()}")
-    norms = W.norm(dim=1, keepdim=True)
-    zero = (norms.flatten() == 0).nonzero().flatten()
+    zero = (norms == 0).nonzero().flatten()
     if len(zero):
         raise KdcollapseError(f"{name} has zero rows {zero[:10].tolist()}, which have no direction")
-    return W / norms
+    return W, norms
+
+
+def _chunks(num_rows: int, dim: int, device) -> tuple[Tensor, ...]:
+    """Row indices in chunks of at most ``_CHUNK_ENTRIES`` entries."""
+    return torch.arange(num_rows, device=device).split(max(1, _CHUNK_ENTRIES // max(dim, 1)))
+
+
+def unit_rows(W: Tensor, name: str = "W") -> Tensor:
+    """Validate a (K, d) matrix of class vectors and return its rows normalised, in float64.
+
+    Raises ``KdcollapseError`` for a wrong shape, fewer than two rows, NaN/inf entries or zero rows.
+    """
+    W, norms = _checked(W, name)
+    return W.to(torch.float64) / norms[:, None]
+
+
+class _UnitRows:
+    """The rows of W normalised, without a (K, d) float64 copy: W as given (float64, or float32), its float64
+    norms, and the float32 unit rows the screening uses. ``gather`` and ``scores`` form float64 unit rows on
+    the fly; for a float64 W they equal ``unit_rows(W)``'s rows exactly."""
+
+    def __init__(self, W: Tensor, name: str = "W"):
+        self.W, self.norms = _checked(W, name)
+        self.shape = self.W.shape
+        self.device = self.W.device
+        self.W32 = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+        for rows in _chunks(*self.shape, self.device):
+            self.W32[rows] = self.gather(rows).float()
+
+    def gather(self, index: Tensor) -> Tensor:
+        """Float64 unit rows ``index`` (any shape of indices; the result has a trailing d)."""
+        return self.W[index].to(torch.float64) / self.norms[index][..., None]
+
+    def scores(self, y: Tensor) -> Tensor:
+        """``y @ U.T`` (b, K) for float64 ``y`` (b, d), U the unit rows, a chunk of rows of W at a time."""
+        out = y.new_empty(y.shape[0], self.shape[0])
+        for rows in _chunks(*self.shape, self.device):
+            out[:, rows] = y @ self.gather(rows).mT
+        return out
 
 
 class NearestPoints(NamedTuple):
@@ -92,30 +141,45 @@ def nearest_points(
     Rows of ``W`` (K, d) are normalised first (the paper's classifiers live on the sphere). With
     ``classes`` (indices) only those QPs are solved; the other entries of the result are nan.
     """
-    W = unit_rows(W)
-    K, d = W.shape
+    rows = _UnitRows(W)
+    K, d = rows.shape
     if tol <= 0:
         raise KdcollapseError(f"tol must be positive, got {tol}")
     if candidates < 1:
         raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
+    todo = torch.arange(K, device=rows.device) if classes is None else torch.as_tensor(classes, device=rows.device)
+    solved = _solve_classes(rows, todo, tol=tol, candidates=candidates, block_size=block_size, progress=progress)
+    distances = torch.full((K,), math.nan, dtype=torch.float64, device=rows.device)
+    gaps = distances.clone()
+    offsets = torch.full((K, d), math.nan, dtype=torch.float64, device=rows.device)
+    distances[todo], gaps[todo], offsets[todo] = solved
+    return NearestPoints(distances, gaps, offsets)
+
+
+def _solve_classes(rows: _UnitRows, todo: Tensor, *, tol: float, candidates: int, block_size: int | None,
+                   progress: bool = False) -> NearestPoints:
+    """The QPs of the classes ``todo`` only: (len(todo),) distances and gaps, (len(todo), d) offsets."""
+    K, d = rows.shape
     m = min(candidates, K - 1)
     block = block_size or _block(K, d, m)
-    W32 = W.float()
-    distances, gaps, offsets = (torch.full_like(t, math.nan) for t in (W[:, 0], W[:, 0], W))
-    todo = torch.arange(K, device=W.device) if classes is None else torch.as_tensor(classes, device=W.device)
-    for k in tqdm(todo.split(block), desc="one-vs-rest distances", unit="block", disable=not progress):
-        cand, lam = _screen(W32, k, m)
+    distances = torch.full((len(todo),), math.nan, dtype=torch.float64, device=rows.device)
+    gaps = distances.clone()
+    offsets = torch.full((len(todo), d), math.nan, dtype=torch.float64, device=rows.device)
+    positions = torch.arange(len(todo), device=rows.device)
+    for where in tqdm(positions.split(block), desc="one-vs-rest distances", unit="block", disable=not progress):
+        k = todo[where]
+        cand, lam = _screen(rows.W32, k, m)
         for _ in range(_MAX_ROUNDS):
-            lam, P = _solve(W, k, cand, lam, tol)
-            y, gap, scores = _certify(W, k, lam, P)
-            distances[k], gaps[k], offsets[k] = y.norm(dim=1), gap, y
+            lam, P = _solve(rows, k, cand, lam, tol)
+            y, gap, scores = _certify(rows, k, lam, P)
+            distances[where], gaps[where], offsets[where] = y.norm(dim=1), gap, y
             bad = gap > tol
             if not bad.any():
                 break
-            k, (cand, lam) = k[bad], _price(scores[bad], cand[bad], lam[bad], m)
-    worst = gaps.nan_to_num(0.0).max().item()
+            k, where, (cand, lam) = k[bad], where[bad], _price(scores[bad], cand[bad], lam[bad], m)
+    worst = gaps.nan_to_num(0.0).max().item() if len(todo) else 0.0
     if worst > tol:
-        warnings.warn(f"one-vs-rest distances certified only to {worst:.3g} (> tol={tol:g})", stacklevel=3)
+        warnings.warn(f"one-vs-rest distances certified only to {worst:.3g} (> tol={tol:g})", stacklevel=4)
     return NearestPoints(distances, gaps, offsets)
 
 
@@ -187,24 +251,28 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     minimum with the exact solver's certificate, at the cost of one screening pass (O(K^2 d) for the
     similarities, O(K m^2 d) for the candidate Grams) instead of K exact QPs.
     """
-    W = unit_rows(W)
-    K, d = W.shape
+    rows = _UnitRows(W)
+    K, d = rows.shape
     if screen_candidates < 1:
         raise KdcollapseError(f"screen_candidates must be at least 1, got {screen_candidates}")
+    if tol <= 0:
+        raise KdcollapseError(f"tol must be positive, got {tol}")
+    if candidates < 1:
+        raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
     m = min(screen_candidates, K - 1)
     block = block_size or _block(K, d, m)
-    W32 = W.float()
-    upper, lower = W.new_empty(K), W.new_empty(K)
-    for k in torch.arange(K, device=W.device).split(block):
-        cand, lam = _screen(W32, k, m)
+    upper = torch.empty(K, dtype=torch.float64, device=rows.device)
+    lower = torch.empty_like(upper)
+    for k in torch.arange(K, device=rows.device).split(block):
+        cand, lam = _screen(rows.W32, k, m)
         lam = lam / lam.sum(1, keepdim=True)  # float32 weights back onto the simplex: y is then feasible
-        y, gap, _ = _certify(W, k, lam, W[cand] - W[k][:, None, :])
+        y, gap, _ = _certify(rows, k, lam, rows.gather(cand) - rows.gather(k)[:, None, :])
         upper[k] = y.norm(dim=1)
         lower[k] = upper[k] - gap
     solved = (lower <= upper.min() + tol).nonzero().flatten()
-    exact = nearest_points(W, tol=tol, candidates=candidates, block_size=block_size, classes=solved)
-    best = exact.distances[solved].argmin()
-    return MinimumDistance(exact.distances[solved][best], exact.gaps[solved].max(), upper, lower, solved)
+    exact = _solve_classes(rows, solved, tol=tol, candidates=candidates, block_size=block_size)
+    best = exact.distances.argmin()
+    return MinimumDistance(exact.distances[best], exact.gaps.max(), upper, lower, solved)
 
 
 def _block(K: int, d: int, m: int) -> int:
@@ -260,21 +328,21 @@ def _price(scores: Tensor, cand: Tensor, lam: Tensor, m: int) -> tuple[Tensor, T
     return new, dense.gather(1, new)
 
 
-def _solve(W: Tensor, k: Tensor, cand: Tensor, lam: Tensor, tol: float) -> tuple[Tensor, Tensor]:
+def _solve(rows: _UnitRows, k: Tensor, cand: Tensor, lam: Tensor, tol: float) -> tuple[Tensor, Tensor]:
     """Float64 solve of the QPs restricted to the candidates; returns weights and P = w_cand - w_k."""
-    P = W[cand] - W[k][:, None, :]
+    P = rows.gather(cand) - rows.gather(k)[:, None, :]
     M = P @ P.mT
     lam = _pairwise_frank_wolfe(M, lam, _SOLVE_STEPS)
     return _wolfe_active_set(M, lam, tol / 10), P
 
 
-def _certify(W: Tensor, k: Tensor, lam: Tensor, P: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _certify(rows: _UnitRows, k: Tensor, lam: Tensor, P: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """y = sum lambda_j p_j, its certified gap against all classes, and the scores <w_j, y>."""
     y = torch.einsum("bm,bmd->bd", lam, P)
     norm = y.norm(dim=1)
-    scores = y @ W.T
+    scores = rows.scores(y)
     scores[torch.arange(len(k), device=k.device), k] = math.inf
-    lower = (scores.min(1).values - (y * W[k]).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
+    lower = (scores.min(1).values - (y * rows.gather(k)).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
     gap = torch.where(norm > 0, torch.minimum((norm - lower).clamp_min(0), norm), 0.0)
     return y, gap, scores
 

@@ -231,12 +231,12 @@ def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights:
     return float(fdtrc(rank, dof - rank + 1, f_statistic)) > OFFSET_TEST_LEVEL
 
 
-def _classifier(raw: Scatter, unit: Scatter, weight: Tensor, gnc_convention: str, tile: int) -> dict[str, Tensor]:
+def _classifier(centred: Tensor, unit: Scatter, weight: Tensor, gnc_convention: str, tile: int) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020; Kothapalli's self-duality
-    error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``)."""
+    error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``);
+    ``centred`` is ``class_centred`` of the raw features' scatter."""
     optimum = softmax_code_optimum(*weight.shape)
 
-    centred = class_centred(raw)
     unit_weight = F.normalize(weight, dim=1)
     equinorm, equiangle_w = _equinorm_equiangle(weight, tile)
     unit_means = F.normalize(unit.centred, dim=1) if gnc_convention == "official" else unit.class_means
@@ -245,7 +245,7 @@ def _classifier(raw: Scatter, unit: Scatter, weight: Tensor, gnc_convention: str
         "nc2_equiangle_w": equiangle_w,
         "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(dtype=torch.float64),
         "nc3_self_duality": etf_error(centred, weight),
-        "gnc2": min_one_vs_rest_distance(unit_weight.double()).value,
+        "gnc2": min_one_vs_rest_distance(weight).value,  # W in its dtype: no K x d float64 copy
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
         "gnc3": (1 - (unit_weight * unit_means).sum(1, dtype=torch.float64)).mean(),
     }
@@ -297,5 +297,5 @@ def metrics_from_statistics(
         weight = classifier_weight.detach().to(device=raw.total.device, dtype=raw.centred.dtype)
         if not bool(torch.isfinite(weight).all()):
             raise KdcollapseError("classifier_weight contains NaN or inf")
-        out |= _classifier(raw, unit, weight, gnc_convention, tile)
+        out |= _classifier(centred, unit, weight, gnc_convention, tile)
     return out

@@ -15,22 +15,40 @@ from kdcollapse.metrics._statistics import check_batch
 _SCORES = 2**24  # entries of one (rows, K) block of distances in nearest_class_mean: 128 MiB in float64
 
 
+def _work_dtype(class_means: Tensor) -> torch.dtype:
+    """float32 means (float32 accumulation) stay float32; every other dtype is widened to float64."""
+    return torch.float32 if class_means.dtype == torch.float32 else torch.float64
+
+
+def centred_means(class_means: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(centre, means - centre, |means - centre|^2): the mean of the class means (float64, d), the class means
+    about it in float32 if given in float32 else float64 (the one K x d copy NC4 makes), their squared norms."""
+    dtype = _work_dtype(class_means)
+    centre = class_means.mean(0, dtype=torch.float64)
+    widened = class_means.to(dtype)  # no copy for float32 and float64 means
+    means = widened - centre.to(dtype) if widened is class_means else widened.sub_(centre)
+    return centre, means, means.square().sum(1, dtype=torch.float64).to(dtype)
+
+
+def _nearest(features: Tensor, centre: Tensor, means: Tensor, norms: Tensor) -> Tensor:
+    """Index of the nearest of ``means`` (centred on ``centre``) for each row of ``features``, in row blocks."""
+    nearest = torch.empty(features.shape[0], dtype=torch.int64, device=features.device)
+    for block in torch.arange(features.shape[0], device=features.device).split(max(1, _SCORES // len(means))):
+        h = (features[block].to(torch.float64) - centre).to(means.dtype)
+        nearest[block] = (norms - 2 * h @ means.mT).argmin(dim=1)
+    return nearest
+
+
 def nearest_class_mean(features: Tensor, class_means: Tensor) -> Tensor:
     """Index of the nearest class mean (Euclidean) for each row of ``features`` ``(B, d)``.
 
-    Computed in float64 about the mean of the class means, so ``|mu_k|^2 - 2 h^T mu_k`` does not cancel
-    for features far from the origin; rows go in blocks of at most ``2**24 / K`` (128 MiB of distances
-    whatever K, for vocabulary-sized K).
+    Computed about the mean of the class means, so ``|mu_k|^2 - 2 h^T mu_k`` does not cancel for features
+    far from the origin, in float64, or in float32 when ``class_means`` are float32 (float32 accumulation:
+    no K x d float64 copy; two distances closer than float32's rounding may then be ordered differently);
+    rows go in blocks of at most ``2**24 / K`` (128 MiB of float64 distances whatever K, for
+    vocabulary-sized K).
     """
-    class_means = class_means.to(torch.float64)
-    centre = class_means.mean(0)
-    means = class_means - centre
-    norms = means.square().sum(1)
-    nearest = torch.empty(features.shape[0], dtype=torch.int64, device=features.device)
-    for block in torch.arange(features.shape[0], device=features.device).split(max(1, _SCORES // len(means))):
-        h = features[block].to(torch.float64) - centre
-        nearest[block] = (norms - 2 * h @ means.mT).argmin(dim=1)
-    return nearest
+    return _nearest(features, *centred_means(class_means))
 
 
 class NearestClassMeanAccuracy(Metric):
@@ -64,15 +82,19 @@ class NearestClassMeanAccuracy(Metric):
             raise KdcollapseError(f"class_means must be a (K, d) tensor with K >= 2, got {shape}")
         if not bool(torch.isfinite(class_means).all()):
             raise KdcollapseError("class_means contain NaN or inf (a class without samples?)")
-        self.register_buffer("class_means", class_means.detach().to(torch.float64), persistent=False)
+        centre, means, norms = centred_means(class_means.detach())
+        # The means about their centre in float64 (float32 if given float32): the metric's one K x d copy.
+        self.register_buffer("centre", centre, persistent=False)
+        self.register_buffer("centred_means", means, persistent=False)
+        self.register_buffer("norms", norms, persistent=False)
         for name in ("correct", "agree", "total", "compared"):
             self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
     def update(self, features: Tensor, labels: Tensor, logits: Tensor | None = None) -> None:
         """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K)."""
-        num_classes, dim = self.class_means.shape
+        num_classes, dim = self.centred_means.shape
         check_batch(features, labels, num_classes, dim)
-        predicted = nearest_class_mean(features.to(self.class_means.device), self.class_means)
+        predicted = _nearest(features.to(self.centre.device), self.centre, self.centred_means, self.norms)
         self.correct += (predicted == labels.to(predicted.device)).sum()
         self.total += labels.numel()
         if logits is not None:

@@ -211,6 +211,15 @@ class FeatureStatistics(Metric, States):
         self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
         self.add_state("unit_class_sums", torch.zeros(k, d, dtype=sums), dist_reduce_fx="sum")
         self.add_state("unit_moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
+        self._lean_defaults()
+
+    def _lean_defaults(self) -> None:
+        """torchmetrics keeps a copy of each state's initial value for ``reset()``; for the two K x d sums, a
+        zero-stride view of one zero instead of K x d zeros (``reset()`` clones it into a full tensor), so the
+        states take 2 K x d, not 4."""
+        for name in ("class_sums", "unit_class_sums"):
+            default = self._defaults[name]
+            self._defaults[name] = default.new_zeros(()).expand(default.shape)
 
     def update(self, features: Tensor, labels: Tensor) -> None:
         """Add a batch: ``features`` ``(B, d)`` (any float dtype), ``labels`` ``(B,)`` in ``[0, K)``."""
@@ -237,7 +246,9 @@ class FeatureStatistics(Metric, States):
         def move(tensor: Tensor) -> Tensor:
             return tensor.to(fn(tensor.new_empty(0)).device)
 
-        return super()._apply(move, exclude_state)
+        out = super()._apply(move, exclude_state)
+        self._lean_defaults()
+        return out
 
     def compute(self) -> dict[str, Tensor]:
         """The collapse metrics without a classifier; see :func:`~kdcollapse.metrics.collapse_metrics`."""

@@ -1,0 +1,69 @@
+"""Tables of per-seed values for the results pages: cells written as mean ± std, and paired comparisons with
+Holm's correction across a page and the verdict word chosen by rule (``kdcollapse.report._stats``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.report._markdown import markdown_table
+from kdcollapse.report._stats import holm, mean_std, paired_t_test, verdict
+
+
+def seeds_cell(values: Sequence[float], digits: int = 2, single_digits: int | None = None) -> str:
+    """Per-seed ``values`` as one cell: ``"mean ± std"`` (``mean_std``), a single value as itself (with
+    ``single_digits``, default ``digits``), and ``"nan"`` when any value is nan (a mean over seeds would hide it).
+
+    >>> seeds_cell([1.0, 2.0, 3.0], 1), seeds_cell([46.041], 1, 2), seeds_cell([1.0, math.nan])
+    ('2.0 ± 1.0', '46.04', 'nan')
+    """
+    if len(values) == 0:
+        raise KdcollapseError("seeds_cell needs at least one value, got none")
+    if any(math.isnan(v) for v in values):
+        return "nan"
+    if len(values) == 1:
+        return f"{values[0]:.{single_digits if single_digits is not None else digits}f}"
+    return mean_std(values, digits)
+
+
+def seeds_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Sequence[float]]]],
+                digits: int | Sequence[int] = 2, single_digits: int | Sequence[int | None] | None = None) -> str:
+    """A markdown table whose first column labels the rows and whose other cells are lists of per-seed values,
+    each written by ``seeds_cell``; ``digits`` and ``single_digits`` are one number or one per value column."""
+    width = len(header) - 1
+    per = lambda option: list(option) if isinstance(option, Sequence) else [option] * width  # noqa: E731
+    digits, single_digits = per(digits), per(single_digits)
+    if len(digits) != width or len(single_digits) != width or any(len(cells) != width for _, cells in rows):
+        raise KdcollapseError(f"seeds_table: {width} value columns in the header, but rows or digits differ")
+    return markdown_table(header, [[label, *(seeds_cell(v, d, s) for v, d, s in zip(cells, digits, single_digits))]
+                                   for label, cells in rows])
+
+
+def paired_comparisons(groups: Mapping[str, Mapping[str, Sequence[float]]], pairs: Sequence[tuple[str, str]],
+                       metrics: Sequence[str], *, alpha: float = 0.05, noise_floor: float = 0.0,
+                       words: tuple[str, str] = ("better", "worse")) -> list[dict]:
+    """Paired t-tests of ``a − b`` for every pair and metric, in that order, Holm-corrected across all of them.
+
+    ``groups[g][metric]`` lists a group's per-seed values, in the same seed order for every group (the pairing).
+    Each result: ``a``, ``b``, ``metric``, ``difference`` (mean paired difference), ``p``, ``holm_p`` and
+    ``verdict`` (``verdict``'s rule; ``words`` replaces "better"/"worse", e.g. ("higher", "lower") for a
+    metric that has no better direction).
+    """
+    tests = []
+    for a, b in pairs:
+        for metric in metrics:
+            difference, p = paired_t_test(groups[a][metric], groups[b][metric])
+            tests.append({"a": a, "b": b, "metric": metric, "difference": difference, "p": p})
+    rename = dict(zip(("better", "worse"), words))
+    for test, corrected in zip(tests, holm([t["p"] for t in tests])):
+        word = verdict(test["difference"], corrected, alpha=alpha, noise_floor=noise_floor)
+        test |= {"holm_p": corrected, "verdict": rename.get(word, word)}
+    return tests
+
+
+def comparisons_table(tests: Sequence[dict], first: str = "comparison") -> str:
+    """The markdown table of ``paired_comparisons``' results: pair, metric, paired difference, Holm p, verdict."""
+    return markdown_table([first, "metric", "paired difference", "Holm p", "verdict"],
+                          [[f"{t['a']} − {t['b']}", t["metric"], f"{t['difference']:+.4g}", f"{t['holm_p']:.2g}",
+                            t["verdict"]] for t in tests])
