@@ -32,7 +32,7 @@ from kdcollapse import lm
 from kdcollapse.config import build_section, read_yaml
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.losses import TeacherHead, fused_head_loss
-from kdcollapse.losses.llm import DIVERGENCES, token_divergence
+from kdcollapse.losses.llm import DIVERGENCES, TARGET_DIVERGENCES, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, save_tensors,
                              update_run_record)
@@ -44,15 +44,16 @@ SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 7
 
 @dataclass
 class LossSection:
-    divergence: str = "forward_kl"  # a key of DIVERGENCES, or "none" for cross-entropy only
-    weight: float | None = None  # β of jsd, α of the skew KLs
+    divergence: str = "forward_kl"  # a key of DIVERGENCES or TARGET_DIVERGENCES, or "none" for cross-entropy only
+    weight: float | None = None  # β of jsd and dkd, α of the skew KLs
     temperature: float = 1.0
     ce_weight: float = 0.0
     distill_weight: float = 1.0
 
     def __post_init__(self):
-        if self.divergence != "none" and self.divergence not in DIVERGENCES:
-            raise ConfigError(f"loss.divergence must be one of none, {', '.join(DIVERGENCES)}; got {self.divergence!r}")
+        if self.divergence != "none" and self.divergence not in {**DIVERGENCES, **TARGET_DIVERGENCES}:
+            raise ConfigError(f"loss.divergence must be one of none, {', '.join({**DIVERGENCES, **TARGET_DIVERGENCES})}; "
+                              f"got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
 
