@@ -248,3 +248,15 @@ summary:
     chosen = f"dkd, lr {min(mean, key=mean.get)}"
     assert f"(val_perplexity, seeds 0,1): {chosen}" in text
     assert summary["comparisons"][0]["a"] == chosen and summary["comparisons"][0]["seeds"] == [0, 1]
+
+
+def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teacher(setup, monkeypatch):
+    from kdcollapse.train import _lm
+
+    root, options = setup
+    distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k16'}", "steps=1"]), log=lambda *_: None)
+    monkeypatch.setattr(_lm, "CUT_FROM", (16,))
+    monkeypatch.setattr(_lm._Teacher, "model", property(lambda self: pytest.fail("the teacher was loaded")))
+    record = distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k4'}", "steps=1", "teacher_k=4"]),
+                        log=lambda *_: None)
+    assert record["step"] == 1 and record["test_perplexity"] > 1

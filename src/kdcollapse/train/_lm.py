@@ -165,12 +165,25 @@ def select(blocks: torch.Tensor, count: int | None) -> torch.Tensor:
     return blocks[order]
 
 
+# stored k that a smaller k is cut from (TeacherTokens.top) when the cache holds one, sparing the teacher's pass
+CUT_FROM = (64, 128, 256, 512, 1024)
+
+
 def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str, blocks: torch.Tensor,
                    k: int) -> lm.TeacherTokens:
-    key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherTokens.__name__, k,
-                                     cfg.loss.temperature]).encode() + lm.blocks_digest(blocks).encode())
-    directory = cache_dir(cfg) / f"teacher-tokens-{key.hexdigest()[:16]}"
+    """The teacher's top-``k`` tokens on ``blocks``, from the cache (keyed by teacher, corpus, split, blocks,
+    k and τ), else cut from a cached store of a larger k of :data:`CUT_FROM`, else computed and cached."""
+
+    def directory_of(k: int) -> Path:
+        key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherTokens.__name__, k,
+                                         cfg.loss.temperature]).encode() + lm.blocks_digest(blocks).encode())
+        return cache_dir(cfg) / f"teacher-tokens-{key.hexdigest()[:16]}"
+
+    directory = directory_of(k)
     if not (directory / "manifest.json").is_file():
+        for larger in (c for c in CUT_FROM if c > k):
+            if (directory_of(larger) / "manifest.json").is_file():
+                return lm.TeacherTokens.load(directory_of(larger)).top(k)
         lm.store_teacher_tokens(teacher.model, blocks, directory, k=k, temperature=cfg.loss.temperature)
     return lm.TeacherTokens.load(directory)
 
