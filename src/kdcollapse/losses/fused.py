@@ -123,7 +123,7 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
     ``distill_weight`` is 0 (cross-entropy only). Returns the scalar loss; its
     gradients in ``hidden`` and ``weight`` are computed in the forward pass.
     """
-    rows = divergence_rows(divergence, divergence_weight)
+    rows = divergence_rows(divergence, divergence_weight, targets=True)
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
