@@ -193,3 +193,70 @@ def test_torchrun_two_processes_match_one_batch(setup, tmp_path):
     ddp = lm.load_language_model(tmp_path / "ddp" / "student").model.state_dict()
     for key, value in one.items():
         torch.testing.assert_close(ddp[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_a_study_runs_distill_lm_as_a_step_and_chooses_the_lowest_validation_perplexity(setup, tmp_path):
+    """The study step ``distill_lm``: the run directory is distill-lm's own (equal to the command's run), the
+    result is read back without training again, and the summary chooses each arm's rate on validation
+    perplexity (the lowest) and compares the arms by seed. DKD on tokens trains through the same path."""
+    import dataclasses
+
+    import yaml
+
+    from kdcollapse.study import load_study
+    from kdcollapse.study._execute import execute, state_of
+    from kdcollapse.study._summary import collect, summarise
+
+    root, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    (tmp_path / "study.yaml").write_text(f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0, 1]
+groups:
+  - group: grid
+    run: "{{arm}}/lr{{lr}}/seed{{seed}}"
+    step: distill_lm
+    grid:
+      lr: [0.01, 0.001]
+      arm: [{{arm: ce, divergence: none, ce: 1.0, distill: 0.0}}, {{arm: dkd, divergence: dkd, ce: 0.0, distill: 1.0}}]
+    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.weight: 2.0, loss.ce_weight: "{{ce}}",
+              loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  columns: [{{metric: val_perplexity}}, {{metric: test_perplexity}}]
+  sections:
+    - title: dkd
+      cells: [{{label: "dkd, lr {{lr}}", group: grid, where: {{arm: dkd}}}}, {{label: ce, group: grid, where: {{arm: ce, lr: 0.01}}}}]
+      choose: {{among: "dkd, lr *", by: val_perplexity, lowest: true}}
+      compare: [["{{chosen}}", ce]]
+""")
+    study = load_study(tmp_path / "study.yaml")
+    for run in study.runs.values():
+        assert execute(run).status == "finished" and state_of(run) == "finished"
+    result = json.loads((study.runs["dkd/lr0.01/seed1"].run_dir / "result.json").read_text())
+    direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.weight=2.0", "lr=0.01", "seed=1",
+                                                f"run_dir={tmp_path / 'direct'}"]), log=lambda *_: None)
+    assert result["test_perplexity"] == direct["test_perplexity"] and result["val_perplexity"] == \
+        direct["validation_perplexity"] and result["steps"] == 2 and result["student_parameters"] > 0
+    assert execute(study.runs["dkd/lr0.01/seed1"]).status == "finished"  # read, not trained again
+    records = collect(study)
+    text, summary = summarise(study, records)
+    mean = {lr: sum(records[f"dkd/lr{lr}/seed{s}"]["last"]["val_perplexity"] for s in (0, 1)) for lr in (0.01, 0.001)}
+    chosen = f"dkd, lr {min(mean, key=mean.get)}"
+    assert f"(val_perplexity, seeds 0,1): {chosen}" in text
+    assert summary["comparisons"][0]["a"] == chosen and summary["comparisons"][0]["seeds"] == [0, 1]
+
+
+def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teacher(setup, monkeypatch):
+    from kdcollapse.train import _lm
+
+    root, options = setup
+    distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k16'}", "steps=1"]), log=lambda *_: None)
+    monkeypatch.setattr(_lm, "CUT_FROM", (16,))
+    monkeypatch.setattr(_lm._Teacher, "model", property(lambda self: pytest.fail("the teacher was loaded")))
+    record = distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k4'}", "steps=1", "teacher_k=4"]),
+                        log=lambda *_: None)
+    assert record["step"] == 1 and record["test_perplexity"] > 1

@@ -191,3 +191,17 @@ def test_stored_top_k_keep_the_largest_and_checksums_catch_damage(tmp_path, teac
         lm.TeacherTokens.load(tmp_path)
     with pytest.raises(DataError, match="no complete store"):
         lm.TeacherTokens.load(tmp_path / "nothing")
+
+
+def test_a_store_cut_to_a_smaller_k_equals_the_store_written_at_that_k(tmp_path, teacher_and_blocks):
+    """TeacherTokens.top(k): the top k of a top-k' store (k < k') are the store written at k, the rest's mass
+    to float32 rounding (distill-lm cuts a cached larger store instead of running the teacher again)."""
+    model, blocks = teacher_and_blocks
+    lm.store_teacher_tokens(model, blocks, tmp_path / "k9", k=9, temperature=2.0)
+    lm.store_teacher_tokens(model, blocks, tmp_path / "k3", k=3, temperature=2.0)
+    cut, direct = lm.TeacherTokens.load(tmp_path / "k9").top(3), lm.TeacherTokens.load(tmp_path / "k3")
+    assert torch.equal(cut.indices, direct.indices) and torch.equal(cut.log_probs, direct.log_probs)
+    torch.testing.assert_close(cut.log_rest, direct.log_rest, rtol=1e-5, atol=1e-6)
+    assert cut.temperature == 2.0 and lm.TeacherTokens.load(tmp_path / "k9").top(9).log_rest.shape == blocks.shape
+    with pytest.raises(KdcollapseError, match=r"k must be an int in \[1, 9\]"):
+        lm.TeacherTokens.load(tmp_path / "k9").top(10)

@@ -110,6 +110,8 @@ def test_weights_outside_the_unit_interval_and_unknown_names_are_errors():
                 fn(s, t, bad)
     with pytest.raises(KdcollapseError, match="unknown divergence 'js'.*Valid choices: forward_kl, jsd"):
         token_divergence(s, t, "js")
+    with pytest.raises(KdcollapseError, match="'dkd' needs the target token of every row"):
+        token_divergence(s, t, "dkd")
     with pytest.raises(KdcollapseError, match="temperature"):
         L.forward_kl_loss(s, t, 0.0)
 

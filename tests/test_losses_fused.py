@@ -127,3 +127,74 @@ def test_bad_inputs_are_one_error_each():
         L.fused_head_loss(hidden, weight, L.TeacherLogits(torch.randn(N, 12, dtype=torch.float64)))
     with pytest.raises(KdcollapseError, match="unknown divergence"):
         L.fused_head_loss(hidden, weight, teacher, "kl")
+
+
+def dkd_unfused(hidden, weight, teacher_logits, beta, temperature, labels, mask, ce_weight):
+    """The registered dkd_loss (α = 1) on the logits h Wᵀ, without its τ², plus the cross-entropy; the
+    positions are dropped by dkd_loss's own (B, T) mask and ignore_index."""
+    logits = hidden @ weight.T
+    loss = L.dkd_loss(logits.unsqueeze(0), teacher_logits[:, :V].unsqueeze(0), labels.unsqueeze(0), alpha=1.0,
+                      beta=beta, temperature=temperature, mask=mask.unsqueeze(0)) / temperature**2
+    keep = mask.bool() & (labels != -100)
+    return loss + ce_weight * F.cross_entropy(logits[keep], labels[keep]) if ce_weight else loss
+
+
+def dkd_by_hand(logits, teacher_logits, labels, keep, beta, temperature):
+    """DKD with α = 1 written out row by row: TCKD on [p_y, 1 − p_y], NCKD on the renormalised non-targets."""
+    total = 0.0
+    for z, t, y in zip(logits[keep], teacher_logits[keep], labels[keep]):
+        q, p = F.softmax(z / temperature, -1), F.softmax(t / temperature, -1)
+        others = torch.arange(len(q)) != y
+        b_q, b_p = torch.stack([q[y], 1 - q[y]]), torch.stack([p[y], 1 - p[y]])
+        q_hat, p_hat = q[others] / q[others].sum(), p[others] / p[others].sum()
+        total = total + (b_p * (b_p / b_q).log()).sum() + beta * (p_hat * (p_hat / q_hat).log()).sum()
+    return total / int(keep.sum())
+
+
+@pytest.mark.parametrize("beta,temperature,ce_weight", [(8.0, 1.0, 0.0), (1.0, 2.0, 0.5), (0.0, 1.0, 1.0)])
+@pytest.mark.parametrize("form", ["logits", "head", "top-k with k = V"])
+def test_fused_dkd_equals_the_registered_dkd_loss_in_value_and_gradients(beta, temperature, ce_weight, form):
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher_logits = t_hidden @ t_weight.T
+    teacher = {"logits": L.TeacherLogits(teacher_logits), "head": L.TeacherHead(t_hidden, t_weight),
+               "top-k with k = V": L.TopKTeacher.from_logits(teacher_logits[:, :V], V, temperature)}[form]
+    if form.startswith("top-k"):  # float32 storage: compare with the distribution it holds
+        teacher_logits = teacher.log_probs(slice(None), V, temperature).double() * temperature
+    expected = grads(dkd_unfused(hidden, weight, teacher_logits, beta, temperature, labels, mask, ce_weight),
+                     hidden, weight)
+    if not ce_weight:  # the registered loss is DKD as written out
+        by_hand = dkd_by_hand((hidden @ weight.T).detach(), teacher_logits[:, :V], labels,
+                              mask.bool() & (labels != -100), beta, temperature)
+        torch.testing.assert_close(expected[0], by_hand, rtol=1e-10, atol=1e-12)
+    for chunk in (5, 64):
+        got = grads(L.fused_head_loss(hidden, weight, teacher, "dkd", beta, temperature, labels=labels,
+                                      ce_weight=ce_weight, mask=mask, chunk_size=chunk), hidden, weight)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_fused_dkd_on_stored_top_k_is_dkd_against_the_stored_distribution():
+    """k < V: DKD against the teacher whose top k are exact and whose rest is spread evenly; a target outside
+    the top k gets the even share as its teacher probability."""
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher_logits = (t_hidden @ t_weight[:V].T)
+    stored = L.TopKTeacher.from_logits(teacher_logits, 4)
+    as_stored = stored.log_probs(slice(None), V, 1.0).double()
+    outside = ~(stored.indices.long() == labels.clamp_min(0).unsqueeze(1)).any(1)
+    assert outside.any() and (~outside).any()  # both cases occur in these inputs
+    expected = grads(dkd_unfused(hidden, weight, as_stored, 8.0, 1.0, labels, mask, 0.0), hidden, weight)
+    got = grads(L.fused_head_loss(hidden, weight, stored, "dkd", 8.0, labels=labels, mask=mask, chunk_size=6),
+                hidden, weight)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_fused_dkd_refuses_missing_labels_and_a_negative_beta():
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teacher = L.TeacherHead(t_hidden, t_weight)
+    with pytest.raises(KdcollapseError, match="'dkd' needs labels"):
+        L.fused_head_loss(hidden, weight, teacher, "dkd", 8.0)
+    with pytest.raises(KdcollapseError, match="beta of dkd must be a number >= 0"):
+        L.fused_head_loss(hidden, weight, teacher, "dkd", -1.0, labels=labels)
+    with pytest.raises(KdcollapseError, match=r"labels must be in \[0, 17\)"):
+        L.fused_head_loss(hidden, weight, teacher, "dkd", 8.0, labels=labels.clamp_min(0) + 5)

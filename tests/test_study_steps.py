@@ -140,12 +140,25 @@ def test_a_summary_without_selection_reads_last_epochs_with_section_columns(tmp_
     assert summary["comparisons"][0]["per_seed"] == [10.0, 9.0]
 
 
+@pytest.mark.parametrize("lowest, chosen", [(False, "lr 0.05"), (True, "lr 1e+30")])
+def test_a_summary_without_selection_chooses_on_the_last_validation_value(tmp_path, lowest, chosen):
+    """Runs without epochs to select (run steps such as distill_lm) are chosen on their last validation number;
+    ``lowest`` chooses the smallest (a perplexity)."""
+    text = LAST_ONLY.replace("cells: [", f"choose: {{among: '*', by: val_ppl, lowest: {str(lowest).lower()}}}\n      cells: [")
+    study = load_study(write_study(tmp_path, text), runs_dir=tmp_path / "runs")
+    records = {f"lr0.05/seed{s}": {"last": {"test_acc": 80.0 + s, "max_logit": 1.0, "val_ppl": 50.0 + s}} for s in (0, 1)}
+    records |= {f"lr1e+30/seed{s}": {"last": {"test_acc": 70.0 + 2 * s, "max_logit": 1.0, "val_ppl": 20.0}} for s in (0, 1)}
+    text, _ = summarise(study, records)
+    assert f"chosen on validation (val_ppl, seeds 0,1): {chosen}" in text and f"| {chosen} (chosen on val) |" in text
+
+
 @pytest.mark.parametrize("change, message", [
     (("metric: {metric: test_acc, at: last}", "metric: {metric: test_acc, at: best}"), "selects no epoch"),
-    (("cells: [", "choose: {among: '*', by: val_acc}\n      cells: ["), "no validation split"),
+    (("cells: [", "choose: {among: '*', by: test_acc}\n      cells: ["), "validation metrics only"),
+    (("cells: [", "choose: {among: '*', by: val_acc, highest: true}\n      cells: ["), "a section's choose is"),
     (("digits: 4", "digits: 12"), "'digits' is an integer"),
 ])
-def test_a_summary_without_selection_refuses_best_epochs_and_choices(tmp_path, change, message):
+def test_a_summary_without_selection_refuses_best_epochs_and_test_choices(tmp_path, change, message):
     study = load_study(write_study(tmp_path, LAST_ONLY.replace(*change)), runs_dir=tmp_path / "runs")
     with pytest.raises(ConfigError, match=message):
         summarise(study, {})

@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from kdcollapse.report import mean_std, paired_t_test
+from kdcollapse.report import holm, mean_std, paired_t_test
 
 ARMS = {"ce": "cross-entropy only", "fkl": "forward KL", "rkl": "reverse KL", "jsd": "JSD(0.5)",
         "skl": "skew forward KL (α = 0.1)"}
@@ -32,16 +32,6 @@ NAME = re.compile(r"(?P<arm>[a-z]+)_lr(?P<lr>[0-9.e-]+)_s(?P<seed>\d+)$")
 
 def last_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input order."""
-    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
-    adjusted, running = [0.0] * len(pvalues), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 def finished_runs(study: Path) -> dict[str, dict[float, dict[int, dict]]]:

@@ -110,6 +110,21 @@ class TeacherTokens:
         return cls(*(torch.cat([p[name] for p in parts]) for name in ("log_probs", "indices", "log_rest")),
                    manifest["temperature"], manifest["vocab"], manifest["blocks_sha256"])
 
+    def top(self, k: int) -> TeacherTokens:
+        """The store cut to its top ``k`` (≤ its own k): the first k of the sorted top-k log-probabilities and
+        their ids, and the rest's mass grown by the entries cut, log_rest' = log(exp(log_rest) + Σ_cut p).
+        Equal, to float32 rounding of that sum, to a store written at ``k`` (the top k of the top k' > k are
+        the top k); ``tests/test_lm.py``."""
+        stored = self.log_probs.shape[-1]
+        if not (isinstance(k, int) and 1 <= k <= stored):
+            raise KdcollapseError(f"k must be an int in [1, {stored}] to cut a store of k = {stored}, got {k!r}")
+        if k == stored:
+            return self
+        cut = self.log_probs[..., k:].float().logsumexp(-1)
+        return TeacherTokens(self.log_probs[..., :k].contiguous(), self.indices[..., :k].contiguous(),
+                             torch.logaddexp(self.log_rest.float(), cut), self.temperature, self.vocab,
+                             self.blocks_sha256)
+
     def rows(self, block_index: torch.Tensor, positions: slice = slice(None)) -> TopKTeacher:
         """The stored tokens of blocks ``block_index`` at ``positions``, flattened to rows (B·T', ...)."""
         k = self.log_probs.shape[-1]

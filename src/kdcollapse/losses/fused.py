@@ -10,7 +10,15 @@ mass (:class:`TopKTeacher`). Values and gradients equal the unfused loss (``test
 
 The loss is ``ce_weight``·CE(z, labels) + ``distill_weight``·D(p_teacher ‖ q_student), both the mean
 over the kept tokens (``mask`` set and label not ``ignore_index``), D one of
-:data:`kdcollapse.losses.llm.DIVERGENCES` at temperature τ. The teacher receives no gradient.
+:data:`kdcollapse.losses.llm.DIVERGENCES` at temperature τ, or ``dkd``
+(:data:`kdcollapse.losses.llm.TARGET_DIVERGENCES`: DKD with α = 1 and β = ``divergence_weight``, the label of
+each row its target; equal to ``dkd_loss(..., alpha=1, beta=β, temperature=τ) / τ²``). The teacher receives
+no gradient.
+
+DKD on stored top-k teacher tokens: the teacher's target probability p_y, hence TCKD's split [p_y, 1 − p_y],
+is exact when y is among the teacher's top k and is the even share of the rest's mass, (rest)/(V − k),
+when it is not; the non-target distribution keeps the top k (less y) exactly and spreads the rest evenly, as
+the forward KL on stored tokens does.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX
 from kdcollapse.losses._shapes import check_positive, check_tensor
-from kdcollapse.losses.llm import divergence_rows
+from kdcollapse.losses.llm import TARGET_DIVERGENCES, divergence_rows
 
 
 @dataclass(frozen=True)
@@ -110,11 +118,12 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
 
     ``hidden`` (N, H) and ``weight`` (V, H) of one floating dtype (bf16 logits accumulate in float32);
     ``labels`` (N,) with ``ignore_index`` (needed when ``ce_weight`` > 0); ``mask`` (N,) bool or 0/1;
-    ``divergence_weight`` is the β of ``jsd`` or the α of the skew KLs; ``teacher`` may be None when
+    ``divergence_weight`` is the β of ``jsd`` or ``dkd`` or the α of the skew KLs (``dkd`` needs ``labels``:
+    the target of every row); ``teacher`` may be None when
     ``distill_weight`` is 0 (cross-entropy only). Returns the scalar loss; its
     gradients in ``hidden`` and ``weight`` are computed in the forward pass.
     """
-    rows = divergence_rows(divergence, divergence_weight)
+    rows = divergence_rows(divergence, divergence_weight, targets=True)
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
@@ -136,9 +145,14 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
                                   f"may be padded beyond the student's, not smaller)")
     if ce_weight and labels is None:
         raise KdcollapseError("ce_weight > 0 needs labels")
+    if distill_weight and divergence in TARGET_DIVERGENCES and labels is None:
+        raise KdcollapseError(f"divergence {divergence!r} needs labels (the target token of every row)")
     keep = _kept(hidden.shape[0], labels, mask, ignore_index, hidden.device)
+    if labels is not None and labels.numel() and bool(((labels < 0) | (labels >= weight.shape[0]))[keep].any()):
+        raise KdcollapseError(f"labels must be in [0, {weight.shape[0]}) (or ignore_index), got "
+                              f"{labels[keep].min().item()}..{labels[keep].max().item()}")
     return _FusedHead.apply(hidden, weight, teacher, rows, temperature, labels, keep, float(ce_weight),
-                            float(distill_weight), chunk_size)
+                            float(distill_weight), chunk_size, divergence in TARGET_DIVERGENCES)
 
 
 def _kept(n: int, labels: Tensor | None, mask: Tensor | None, ignore_index: int, device) -> Tensor:
@@ -162,7 +176,7 @@ class _FusedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, teacher, rows, temperature, labels, keep, ce_weight, distill_weight,
-                chunk_size):
+                chunk_size, with_target):
         vocab, count = weight.shape[0], keep.sum()
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32 if weight.dtype != torch.float64
@@ -176,10 +190,12 @@ class _FusedHead(torch.autograd.Function):
                 z = _upcast(h @ weight.T).detach().requires_grad_()
                 log_q = F.log_softmax(z / temperature, -1)
                 values = torch.zeros(len(z), dtype=z.dtype)
+                target = None if labels is None else torch.where(kept, labels[span], 0).long()
                 if distill_weight:
-                    values = distill_weight * rows(log_q, teacher.log_probs(span, vocab, temperature).to(z.dtype))
+                    log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
+                    values = distill_weight * (rows(log_q, log_p, target) if with_target else rows(log_q, log_p))
                 if ce_weight:
-                    ce = F.cross_entropy(z, torch.where(kept, labels[span], 0).long(), reduction="none")
+                    ce = F.cross_entropy(z, target, reduction="none")
                     values = values + ce_weight * ce
                 loss = torch.where(kept, values, 0).sum() / count
                 (grad_z,) = torch.autograd.grad(loss, z)
@@ -198,4 +214,4 @@ class _FusedHead(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (None if grad_hidden is None else grad_hidden * grad_output.to(grad_hidden.dtype),
                 None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype),
-                *([None] * 8))
+                *([None] * 9))

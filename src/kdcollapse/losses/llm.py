@@ -12,7 +12,11 @@ distribution at temperature τ (softmax(z / τ)), per token:
   β KL(p ‖ m) + (1 − β) KL(q ‖ m); β = 0 is KL(p ‖ q) and β = 1 is KL(q ‖ p), as in TRL;
 * ``skew_forward_kl`` (DistiLLM, Ko et al. 2024, eq. 3): KL(p ‖ α p + (1 − α) q);
   ``skew_reverse_kl``: KL(q ‖ α q + (1 − α) p); α = 0 gives the plain KLs;
-* ``tvd``: ½ Σ |p − q|.
+* ``tvd``: ½ Σ |p − q|;
+* ``dkd`` (Zhao et al. 2022, decoupled KD, with α = 1; needs the target token y of every row,
+  :data:`TARGET_DIVERGENCES`): KL(b_p ‖ b_q) + β KL(p̂ ‖ q̂), b = [r_y, 1 − r_y] the target / non-target
+  split and r̂ the distribution among the non-targets; it is :func:`kdcollapse.losses.dkd_loss` with
+  ``alpha=1`` divided by its τ².
 
 No τ² factor (TRL's, DistiLLM's and torchtune's convention; :func:`kd_loss` keeps Hinton's τ²). Mixtures
 are formed in log space (``logaddexp``), so no probability is clamped or logged at zero.
@@ -94,6 +98,27 @@ def _jsd(log_q: Tensor, log_p: Tensor, beta: float) -> Tensor:
     return beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)
 
 
+def _dkd(log_q: Tensor, log_p: Tensor, target: Tensor, beta: float) -> Tensor:
+    """TCKD + β·NCKD per row (DKD with α = 1, no τ²) from log-probabilities and the target token of each row.
+    The non-target softmax is the rows with the target column removed, computed as a log-sum-exp over the
+    other columns (equal to :func:`kdcollapse.losses.dkd.target_split` without its (N, V − 1) index)."""
+    y = target.unsqueeze(-1)
+
+    def split(log_r: Tensor) -> tuple[Tensor, Tensor]:
+        log_target = log_r.gather(-1, y).squeeze(-1)
+        others = log_r.scatter(-1, y, float("-inf"))
+        log_others = others.logsumexp(-1)
+        log_total = torch.logaddexp(log_target, log_others)
+        log_b = torch.stack([log_target - log_total, log_others - log_total], -1)
+        # the target column holds 0 in both sides' log r̂, so it adds 0 · (0 − 0) to NCKD and no gradient
+        return log_b, (others - log_others.unsqueeze(-1)).scatter(-1, y, 0.0)
+
+    log_b_q, log_nt_q = split(log_q)
+    log_b_p, log_nt_p = split(log_p)
+    non_target = (log_nt_p.exp() * (log_nt_p - log_nt_q)).scatter(-1, y, 0.0).sum(-1)
+    return _kl(log_b_p, log_b_q) + beta * non_target
+
+
 # name -> (per-row divergence f(student log-probs, teacher log-probs, parameter), its parameter or None)
 DIVERGENCES: dict[str, tuple[Callable[..., Tensor], str | None]] = {
     "forward_kl": (lambda log_q, log_p: _kl(log_p, log_q), None),
@@ -105,11 +130,27 @@ DIVERGENCES: dict[str, tuple[Callable[..., Tensor], str | None]] = {
 }
 
 
-def divergence_rows(divergence: str, weight: float | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+# divergences that also take each row's target token: f(student log-probs, teacher log-probs, target, parameter)
+TARGET_DIVERGENCES: dict[str, tuple[Callable[..., Tensor], str]] = {"dkd": (_dkd, "beta")}
+
+
+def divergence_rows(divergence: str, weight: float | None = None, *, targets: bool = False) -> Callable[..., Tensor]:
     """The per-row function ``f(student_log_probs, teacher_log_probs) -> (N,)`` of ``divergence``, with its
-    β (``jsd``) or α (skew KLs) bound to ``weight`` (in [0, 1])."""
+    β (``jsd``) or α (skew KLs) bound to ``weight`` (in [0, 1]); for a :data:`TARGET_DIVERGENCES` entry
+    ``f(student_log_probs, teacher_log_probs, target)``, with DKD's β ≥ 0 bound to ``weight`` (default 8,
+    :func:`kdcollapse.losses.dkd_loss`'s), accepted only where the caller has ``targets``."""
+    if divergence in TARGET_DIVERGENCES and not targets:
+        raise KdcollapseError(f"divergence {divergence!r} needs the target token of every row: use "
+                              f"kdcollapse.losses.{divergence}_loss, or fused_head_loss with labels")
+    if divergence in TARGET_DIVERGENCES:
+        fn, parameter = TARGET_DIVERGENCES[divergence]
+        weight = 8.0 if weight is None else weight
+        if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 <= weight < math.inf):
+            raise KdcollapseError(f"{parameter} of {divergence} must be a number >= 0, got {weight!r}")
+        return lambda log_q, log_p, target: fn(log_q, log_p, target, float(weight))
     if divergence not in DIVERGENCES:
-        raise KdcollapseError(unknown_choice("divergence", divergence, DIVERGENCES))
+        raise KdcollapseError(unknown_choice("divergence", divergence,
+                                             {**DIVERGENCES, **TARGET_DIVERGENCES} if targets else DIVERGENCES))
     fn, parameter = DIVERGENCES[divergence]
     if parameter is None:
         return fn

@@ -1,6 +1,7 @@
 """Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
 command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
-runs instead of training (``ufm``), written to ``result.json`` in their run directory. A
+runs instead of an image training run (``ufm``; ``distill_lm``, a ``kdcollapse distill-lm`` run, which takes
+its run directory and locks it itself), written to ``result.json`` in their run directory. A
 study names one as ``post: [{step: NAME, creates: FILE.json}]`` (the GNC and VCI measurements are in
 :mod:`kdcollapse.experiments` and imported when they run); the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
@@ -96,4 +97,32 @@ def ufm(seed: int, **params) -> dict:
     return {**{k: float(v) for k, v in result.final.items()}, "norm_ratio": float(norms.max() / norms.min())}
 
 
-RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm}
+def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
+    """A ``kdcollapse distill-lm`` run (:func:`kdcollapse.train.distill_lm`) of the config file ``config`` with
+    ``overrides`` (``{"loss.divergence": "jsd", "lr": 0.001}``: the command's ``key=value`` overrides) and
+    ``seed``, in ``run_dir``; an interrupted run is resumed, a finished one (its ``student/`` saved) only read.
+    Returns its last evaluation, the validation numbers named ``val_*`` (a study chooses on them), with the
+    student's parameter count, the training tokens and the run's CPU seconds (this process's, when it trained)."""
+    import json
+    import time
+
+    import yaml
+
+    from kdcollapse.train import distill_lm as train
+    from kdcollapse.train import load_lm_config
+
+    run_dir = Path(run_dir)
+    cfg = load_lm_config(config, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                                  for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
+    began = time.process_time()
+    if not (run_dir / "student").is_dir():
+        train(cfg, resume=(run_dir / "config.yaml").is_file(), log=lambda line: None)
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    record = json.loads((run_dir / "run.json").read_text())
+    out = {k.replace("validation_", "val_"): v for k, v in last.items() if k.startswith(("validation_", "test_"))}
+    return {**out, "train_loss": last["train_loss"], "steps": last["step"],
+            "student_parameters": record["student_parameters"], "train_tokens": record["train_tokens"],
+            "cpu_seconds": time.process_time() - began}
+
+
+RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm}

@@ -104,10 +104,10 @@ def check_summary(spec: dict) -> dict:
         for key in section:
             if key not in SECTION_KEYS:
                 raise ConfigError(unknown_choice("key of a summary section", key, SECTION_KEYS))
-        if "choose" in section:
-            if spec["select"] is None:
-                raise ConfigError("a summary section chooses among cells, but the summary has no validation split "
-                                  "(select: null); a choice may read validation metrics only")
+        if "choose" in section:  # without a selected epoch (select: null), on the last epoch's validation value
+            if set(section["choose"]) - {"among", "by", "lowest"}:
+                raise ConfigError(f"a section's choose is {{among: CELLS, by: val_METRIC, lowest: false}}, got "
+                                  f"{section['choose']!r}")
             _validation_only(section["choose"].get("by", ""), "chooses among cells on")
     return spec
 
@@ -128,9 +128,10 @@ def measures(spec: dict, section: dict | None = None) -> list[Measure]:
 
 
 def _keys(spec: dict) -> set[str]:
-    """The metrics a run's record keeps: the columns', the compared one and the selection's."""
+    """The metrics a run's record keeps: the columns', the compared one, the selection's and the choices'."""
     return {m.metric for m in measures(spec)} | {Measure.parse(spec["metric"], spec["select"]).metric} | (
-        {spec["select"]} if spec["select"] else set())
+        {spec["select"]} if spec["select"] else set()) | {
+        s["choose"]["by"] for s in spec.get("sections") or [] if "choose" in s}
 
 
 def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
@@ -246,22 +247,23 @@ def _cells(study: Study, records: dict, section: dict) -> tuple[dict[str, dict[i
     return cells, shorts
 
 
-def _choose(cells: dict, choose: dict) -> tuple[str | None, list[int]]:
-    """The candidate cell with the highest mean of validation metric ``by`` over the seeds every candidate has
-    (the first on a tie); ``(None, [])`` while no seed is shared by every candidate that has finished runs."""
+def _choose(cells: dict, choose: dict, at: str = "best") -> tuple[str | None, list[int]]:
+    """The candidate cell with the highest mean (``lowest: true``: the lowest, e.g. a perplexity) of validation
+    metric ``by`` at epoch ``at`` over the seeds every candidate has (the first on a tie); ``(None, [])`` while
+    no seed is shared by every candidate that has finished runs."""
     candidates = [c for c in cells if fnmatch.fnmatchcase(c, choose["among"]) and cells[c]]
     shared = sorted(set.intersection(*(set(cells[c]) for c in candidates))) if candidates else []
     if not shared:
         return None, []
-    by = Measure(choose["by"], "best", choose["by"])
-    return max(candidates, key=lambda c: statistics.mean(by.of(cells[c][s]) for s in shared)), shared
+    by, sign = Measure(choose["by"], at, choose["by"]), -1 if choose.get("lowest") else 1
+    return max(candidates, key=lambda c: sign * statistics.mean(by.of(cells[c][s]) for s in shared)), shared
 
 
 def summarise(study: Study, records: dict) -> tuple[str, dict]:
     """The page's generated markdown (cell tables, comparison tables with verdicts) and its JSON summary."""
     spec = check_summary(study.summary)
     metric = Measure.parse(spec["metric"], spec["select"])
-    sections = [_section(study, records, section, measures(spec, section), metric)
+    sections = [_section(study, records, section, measures(spec, section), metric, spec["select"])
                 for section in spec.get("sections") or []]
     comparisons = [c for _, _, section, _ in sections for c in section]
     for c, p in zip(comparisons, holm([c["p"] for c in comparisons])):  # across the whole page
@@ -438,14 +440,16 @@ def _correlation_row(c: dict) -> list[str]:
             f"{sum(v > 0 for v in r)} of {len(r)}"]
 
 
-def _section(study: Study, records: dict, section: dict, columns: list[Measure], metric: Measure):
+def _section(study: Study, records: dict, section: dict, columns: list[Measure], metric: Measure,
+             select: str | None = "val_acc"):
     """``(title, cell rows, comparisons)`` of one section, the choice (on validation) made first."""
     cells, shorts = _cells(study, records, section)
     broke = {label: {s: r["diverged"]["epoch"] for s, r in runs.items() if "diverged" in r}
              for label, runs in cells.items()}
     cells = {label: {s: r for s, r in runs.items() if "diverged" not in r} for label, runs in cells.items()}
     short = {label: name for name, label in shorts.items()}
-    chosen, shared = _choose(cells, section["choose"]) if "choose" in section else (None, [])
+    chosen, shared = _choose(cells, section["choose"], "best" if select else "last") if "choose" in section \
+        else (None, [])
     title = section.get("title", "")
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"

@@ -32,7 +32,7 @@ from kdcollapse import lm
 from kdcollapse.config import build_section, read_yaml
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import TeacherHead, fused_head_loss
-from kdcollapse.losses.llm import DIVERGENCES, divergence_rows, token_divergence
+from kdcollapse.losses.llm import DIVERGENCES, TARGET_DIVERGENCES, divergence_rows, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, save_tensors,
                              update_run_record)
@@ -44,24 +44,25 @@ SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 7
 
 @dataclass
 class LossSection:
-    divergence: str = "forward_kl"  # a key of DIVERGENCES, or "none" for cross-entropy only
-    weight: float | None = None  # β of jsd, α of the skew KLs
+    divergence: str = "forward_kl"  # a key of DIVERGENCES or TARGET_DIVERGENCES, or "none" for cross-entropy only
+    weight: float | None = None  # β of jsd and dkd, α of the skew KLs
     temperature: float = 1.0
     ce_weight: float = 0.0
     distill_weight: float = 1.0
 
     def __post_init__(self):
-        if self.divergence != "none" and self.divergence not in DIVERGENCES:
-            raise ConfigError(f"loss.divergence must be one of none, {', '.join(DIVERGENCES)}; got {self.divergence!r}")
+        if self.divergence != "none" and self.divergence not in {**DIVERGENCES, **TARGET_DIVERGENCES}:
+            raise ConfigError(f"loss.divergence must be one of none, {', '.join({**DIVERGENCES, **TARGET_DIVERGENCES})}; "
+                              f"got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
-        takes = [name for name, (_, parameter) in DIVERGENCES.items() if parameter]
+        takes = [name for name, (_, parameter) in {**DIVERGENCES, **TARGET_DIVERGENCES}.items() if parameter]
         if self.weight is not None and self.divergence not in takes:
             raise ConfigError(f"loss.weight={self.weight!r}: loss.divergence={self.divergence} takes no weight (only "
                               f"{', '.join(takes)} do); remove loss.weight")
         if self.divergence in takes:
             try:
-                divergence_rows(self.divergence, self.weight)  # its β or α in [0, 1], before the teacher loads
+                divergence_rows(self.divergence, self.weight, targets=True)  # its β or α, before the teacher loads
             except KdcollapseError as err:
                 raise ConfigError(f"loss.weight: {err}") from None
         _check_number("loss.temperature", self.temperature, positive=True)
@@ -192,12 +193,25 @@ def select(blocks: torch.Tensor, count: int | None) -> torch.Tensor:
     return blocks[order]
 
 
+# stored k that a smaller k is cut from (TeacherTokens.top) when the cache holds one, sparing the teacher's pass
+CUT_FROM = (64, 128, 256, 512, 1024)
+
+
 def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str, blocks: torch.Tensor,
                    k: int) -> lm.TeacherTokens:
-    key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherTokens.__name__, k,
-                                     cfg.loss.temperature]).encode() + lm.blocks_digest(blocks).encode())
-    directory = cache_dir(cfg) / f"teacher-tokens-{key.hexdigest()[:16]}"
+    """The teacher's top-``k`` tokens on ``blocks``, from the cache (keyed by teacher, corpus, split, blocks,
+    k and τ), else cut from a cached store of a larger k of :data:`CUT_FROM`, else computed and cached."""
+
+    def directory_of(k: int) -> Path:
+        key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherTokens.__name__, k,
+                                         cfg.loss.temperature]).encode() + lm.blocks_digest(blocks).encode())
+        return cache_dir(cfg) / f"teacher-tokens-{key.hexdigest()[:16]}"
+
+    directory = directory_of(k)
     if not (directory / "manifest.json").is_file():
+        for larger in (c for c in CUT_FROM if c > k):
+            if (directory_of(larger) / "manifest.json").is_file():
+                return lm.TeacherTokens.load(directory_of(larger)).top(k)
         lm.store_teacher_tokens(teacher.model, blocks, directory, k=k, temperature=cfg.loss.temperature)
     return lm.TeacherTokens.load(directory)
 
