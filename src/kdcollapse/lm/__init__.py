@@ -10,12 +10,12 @@ from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, T
                                    read_documents, split_of, tokenize_corpus)
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
-from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary,
+from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary, language_model_config,
                                  load_language_model, load_tokenizer, smollm2_path)
 
 __all__ = [
     "load_language_model", "load_tokenizer", "LanguageModel", "check_same_vocabulary", "check_gguf", "smollm2_path", "SMOLLM2",
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
     "TokenSplit", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
-    "sample_completions", "Completions",
+    "sample_completions", "Completions", "language_model_config",
 ]

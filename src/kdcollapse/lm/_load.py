@@ -130,6 +130,13 @@ def check_gguf(path: Path) -> None:
 
 
 def _from_config(config: Mapping[str, Any], seed: int | None):
+    return _initialised(language_model_config(config), seed)
+
+
+def language_model_config(config: Mapping[str, Any]) -> Any:
+    """The ``transformers`` config that a mapping with ``model_type`` and the config's keys describes, checked:
+    an unknown model type or key, or values ``transformers`` rejects (a hidden size that the heads do not
+    divide), are a one-line ``KdcollapseError`` (nothing is built)."""
     transformers = require("transformers", PURPOSE)
     options = dict(config)
     model_type = options.pop("model_type", None)
@@ -143,7 +150,11 @@ def _from_config(config: Mapping[str, Any], seed: int | None):
     unknown = sorted(set(options) - known)
     if unknown:  # transformers would keep them silently and build the default (large) model
         raise KdcollapseError(f"unknown keys for a {model_type} config: {', '.join(unknown)}")
-    return _initialised(config_class(**options), seed)
+    try:
+        return config_class(**options)
+    except Exception as err:  # noqa: BLE001 - transformers' validators raise their own classes (not ValueError)
+        cause = err.__cause__ or err
+        raise KdcollapseError(f"invalid {model_type} config {options}: {_first_line(cause)}") from None
 
 
 def _initialised(cfg: Any, seed: int | None):

@@ -134,6 +134,12 @@ class LMConfig:
             raise ConfigError(f"'seed' must be an int in [0, 2**31), got {self.seed!r}")
         _check_number("lr", self.lr, positive=True)
         _check_number("weight_decay", self.weight_decay)
+        if not isinstance(self.student, dict):
+            raise ConfigError(f"'student' must be a mapping (a transformers config), got {self.student!r}")
+        try:  # the student's architecture, checked before the teacher loads (the vocabulary comes from it)
+            lm.language_model_config({"vocab_size": 2, **self.student})
+        except KdcollapseError as err:
+            raise ConfigError(f"student: {err}") from None
         self._check_generation()
 
     def _check_generation(self) -> None:
