@@ -219,8 +219,9 @@ groups:
     step: distill_lm
     grid:
       lr: [0.01, 0.001]
-      arm: [{{arm: ce, divergence: none, ce: 1.0, distill: 0.0}}, {{arm: dkd, divergence: dkd, ce: 0.0, distill: 1.0}}]
-    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.weight: 2.0, loss.ce_weight: "{{ce}}",
+      arm: [{{arm: ce, divergence: none, weight: null, ce: 1.0, distill: 0.0}},
+            {{arm: dkd, divergence: dkd, weight: 2.0, ce: 0.0, distill: 1.0}}]
+    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.weight: "{{weight}}", loss.ce_weight: "{{ce}}",
               loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
 summary:
   select: null

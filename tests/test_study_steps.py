@@ -259,3 +259,21 @@ def test_killing_a_launch_ends_its_workers_and_the_run_resumes_later(tmp_path):
         assert time.time() < deadline, "the worker outlived its launch"
         time.sleep(0.2)
     assert state_of(study.runs["lr0.05/seed0"]) == "interrupted"
+
+
+@pytest.mark.parametrize("better, word", [(None, "better"), ("lower", "worse")])
+def test_a_summary_where_lower_is_better_turns_the_verdict(tmp_path, better, word):
+    text = LAST_ONLY if better is None else LAST_ONLY.replace("summary:\n", f"summary:\n  better: {better}\n", 1)
+    study = load_study(write_study(tmp_path, text), runs_dir=tmp_path / "runs")
+    records = {f"lr0.05/seed{s}": {"last": {"test_acc": 80.0 + s, "max_logit": 1.0}} for s in (0, 1)}
+    records |= {f"lr1e+30/seed{s}": {"last": {"test_acc": 70.0 + 2 * s, "max_logit": 1.0}} for s in (0, 1)}
+    text, summary = summarise(study, records)
+    assert summary["comparisons"][0]["mean"] == 9.5 and summary["comparisons"][0]["verdict"] == word
+    assert ("(a lower value is better)" in text) == (better == "lower")
+
+
+def test_a_summary_refuses_an_unknown_direction(tmp_path):
+    study = load_study(write_study(tmp_path, LAST_ONLY.replace("summary:\n", "summary:\n  better: smaller\n", 1)),
+                       runs_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match="summary 'better'"):
+        summarise(study, {})

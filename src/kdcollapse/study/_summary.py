@@ -29,7 +29,8 @@ from kdcollapse.study._spec import Study, _flat
 
 # best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
 AT = ("best", "last", "first", "falls")
-SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "sections", "plots")
+SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
+                "plots")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale")
 BETTER = ("higher", "lower", "none")
@@ -49,7 +50,8 @@ class Measure:
     digits: int = 2
     noise_floor: float | None = None  # for a comparison of this measure; None: the page's
     unit: str | None = None  # of this measure's differences; None: the page's
-    better: str = "higher"  # which direction the verdict calls "better": higher, lower, or none ("higher"/"lower")
+    better: str | None = None  # which direction the verdict calls "better": higher, lower, or none
+    # ("higher"/"lower"); None: the page's (the summary's ``better``, higher by default)
     scale: float = 1.0  # the stored number times this (100: a fraction shown in %)
 
     @classmethod
@@ -71,8 +73,8 @@ class Measure:
         floor = spec.get("noise_floor")
         if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int | float) or floor < 0):
             raise ConfigError(f"summary column {spec['metric']!r}: 'noise_floor' is a number ≥ 0, got {floor!r}")
-        better = spec.get("better", "higher")
-        if better not in BETTER:
+        better = spec.get("better")
+        if better is not None and better not in BETTER:
             raise ConfigError(unknown_choice(f"summary column {spec['metric']!r} 'better'", better, BETTER))
         scale = spec.get("scale", 1.0)
         if isinstance(scale, bool) or not isinstance(scale, int | float) or scale <= 0:
@@ -95,7 +97,11 @@ def check_summary(spec: dict) -> dict:
     for key in spec:
         if key not in SUMMARY_KEYS:
             raise ConfigError(unknown_choice("key of summary", key, SUMMARY_KEYS))
-    spec = {"select": "val_acc", "noise_floor": 0.0, "unit": "pp", "alpha": 0.05, "correction": "holm", **spec}
+    spec = {"select": "val_acc", "noise_floor": 0.0, "unit": "pp", "alpha": 0.05, "correction": "holm",
+            "better": "higher", **spec}
+    if spec["better"] not in BETTER:
+        raise ConfigError(unknown_choice("summary 'better' (which direction of the compared metrics is better, "
+                                         "unless a column says its own)", spec["better"], BETTER))
     if spec["select"] is not None:
         _validation_only(spec["select"], "selects each run's epoch on")
     if spec["correction"] != "holm":
@@ -271,7 +277,7 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
         c["holm_p"] = p
         c["verdict"] = _worded(verdict(c["mean"], p, alpha=spec["alpha"],
                                        noise_floor=spec["noise_floor"] if m.noise_floor is None else m.noise_floor),
-                               m.better)
+                               m.better or spec["better"])
         c["_digits"], c["_unit"], c["_label"] = m.digits, spec["unit"] if m.unit is None else m.unit, m.label
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
     for (title, rows, section, correlations), part in zip(sections, spec.get("sections") or []):
@@ -584,7 +590,8 @@ def _caption(spec: dict, metric: Measure, tests: int) -> str:
     what = "Accuracies in %, mean" if spec["unit"] == "pp" else "Mean"
     return (f"{what} ± std over the seeds listed; {read}. Differences: paired t-tests over the "
             f"seeds both cells share; Holm's correction across this page's {tests} tests; the verdict is **better** / "
-            f"**worse** only when the Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise "
+            f"**worse**{' (a lower value is better)' if spec['better'] == 'lower' else ''} only when the "
+            f"Holm-corrected p < {spec['alpha']} and the mean difference is at least the noise "
             f"floor of {spec['noise_floor']} {spec['unit']}, otherwise **no difference shown** (not a claim of equality).\n")
 
 
