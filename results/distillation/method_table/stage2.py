@@ -25,16 +25,21 @@ CELL = re.compile(r'(\s*- \{label: )"[^"]*"(, short: "[^"]*", group: (grid|final
 
 
 def choices(path: Path) -> dict[str, str]:
-    """Method key -> the value label its stage-1 section chose (only the sections whose seed-0 runs all ran)."""
+    """Method key -> the value label its stage-1 section chose, for the methods whose whole grid ran."""
     study = load_study(path)
     _, summary = summarise(study, collect(study))
+    grid = {}
+    for m in ENTRY.finditer(path.read_text()):
+        grid[m["key"]] = grid.get(m["key"], 0) + 1
     out = {}
     for section, spec in zip(summary["sections"], study.summary["sections"]):
         if "choose" not in spec:
             continue
         key = spec["cells"][0]["where"]["key"]
         picked = [label.removesuffix(CHOSEN) for label in section["cells"] if label.endswith(CHOSEN)]
-        if picked:
+        if len(section["cells"]) < grid[key]:
+            print(f"{key}: {len(section['cells'])} of {grid[key]} grid values ran; no choice yet", file=sys.stderr)
+        elif picked:
             out[key] = picked[0]
     return out
 
