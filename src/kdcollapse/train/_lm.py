@@ -39,7 +39,7 @@ from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, 
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-               "tie_word_embeddings": True}  # 16.1 M parameters with SmolLM2's 49,152 tokens (12.6 M of them embeddings)
+               "tie_word_embeddings": True}  # 15,730,944 parameters with SmolLM2's 49,152 tokens (12.6 M of them embeddings)
 
 
 @dataclass
