@@ -261,3 +261,18 @@ def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teac
     record = distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k4'}", "steps=1", "teacher_k=4"]),
                         log=lambda *_: None)
     assert record["step"] == 1 and record["test_perplexity"] > 1
+
+
+def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_student(tmp_path):
+    from kdcollapse.train._lm import SMALL_LLAMA
+
+    cfg = load_lm_config(None, ["student.hidden_size=128", "student.num_hidden_layers=2"])
+    assert cfg.student == {**SMALL_LLAMA, "hidden_size": 128, "num_hidden_layers": 2}
+    assert load_lm_config(None, []).student == SMALL_LLAMA  # the default is not changed for the next config
+    config = tmp_path / "lm.yaml"
+    config.write_text("student: {model_type: llama, hidden_size: 64, num_hidden_layers: 1}\n")
+    assert load_lm_config(config, ["student.hidden_size=32"]).student == {
+        "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1}  # a YAML student replaces the default
+    whole = {"model_type": "llama", "hidden_size": 16, "num_attention_heads": 2}
+    assert load_lm_config(None, [f"student={json.dumps(whole)}", "student.num_hidden_layers=1"]).student == {
+        **whole, "num_hidden_layers": 1}

@@ -182,3 +182,38 @@ def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkey
     assert fresh["layers"] == result["layers"] and fresh["perplexity"] == result["perplexity"]
     assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
     assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err
+
+
+def test_analyze_lm_into_a_run_directory_is_listed_removed_by_overwrite_and_flagged_stale(tmp_path, monkeypatch):
+    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+
+    from kdcollapse.cli import main
+    from kdcollapse.lm import load_language_model
+    from kdcollapse.runs import Run, read_outputs
+    from kdcollapse.runs._derived import remove_outputs
+
+    monkeypatch.setenv("KDCOLLAPSE_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"  # a distill-lm run directory: config.yaml, run.json and its student/
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    (run / "run.json").write_text("{}\n")
+    tokenizer = tiny_tokenizer()
+    student = run / "student"
+    load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=0).model.save_pretrained(student)
+    tokenizer.save_pretrained(student)
+    corpus = write_corpus(tmp_path / "text")
+    argv = ["analyze", "--lm", str(student), "--corpus", str(corpus), "--split", "train", "--block-size", "16",
+            "--no-ncc", "--no-progress", "--out"]
+    assert main([*argv, str(run / "lm_analysis")]) == 0
+    assert main([*argv, str(tmp_path / "elsewhere")]) == 0  # outside the run: not its output
+    listed = set(read_outputs(run))
+    assert {"lm_analysis/analysis.json", "lm_analysis/analysis.md", "lm_analysis/token_counts.json"} <= listed
+    assert all(name.startswith("lm_analysis/") for name in listed)
+    assert Run(run).stale_outputs() == {}
+    load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=1).model.save_pretrained(student)
+    stale = Run(run).stale_outputs()  # the student was trained further: its analysis no longer describes it
+    assert {"lm_analysis/analysis.json", "lm_analysis/analysis.md"} <= set(stale)
+    assert "other weights than" in stale["lm_analysis/analysis.json"]
+    removed = remove_outputs(run)  # what train/distill-lm --overwrite does first
+    assert {p.name for p in removed} >= {"analysis.json", "analysis.md", "token_counts.json"}
+    assert not (run / "lm_analysis").exists() and (student / "config.json").is_file()

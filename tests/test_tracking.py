@@ -39,3 +39,35 @@ def test_wandb_tracker_writes_an_offline_run_in_the_group(tmp_path, tiny_config,
     (data,) = offline.glob("run-*.wandb")  # the records W&B would sync: config, group, each epoch's metrics
     content = data.read_bytes()
     assert b"my_study" in content and b"test_acc" in content and b"train_loss" in content
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_mlflow_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(tmp_path, tiny_config, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from kdcollapse.config import load_config
+    from kdcollapse.runs._tracking import MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    log = MlflowTracker.log
+
+    def crash_at_epoch_2(self, record):  # epoch 2 is committed, then the process dies before MLflow hears of it
+        if record["epoch"] == 2:
+            raise _Crash
+        log(self, record)
+
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(MlflowTracker, "log", crash_at_epoch_2)
+        with pytest.raises(_Crash):
+            fit(tiny_config(run_dir, "train.epochs=3", "train.trackers=[mlflow]"))
+    assert [r["epoch"] for r in records(run_dir)] == [1, 2]  # committed
+    fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}"]), resume=True)
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("kdcollapse").experiment_id])
+    for key in ("test_acc", "train_loss"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted((m.step, m.value) for m in history) == [(r["epoch"], r[key]) for r in records(run_dir)]

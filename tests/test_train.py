@@ -204,3 +204,24 @@ def test_torchrun_run_dir_failure_on_rank_0_stops_every_rank(tmp_path, empty_yam
     assert proc.returncode != 0
     assert proc.stderr.count("cannot write to run directory") == 1, proc.stderr[-3000:]
     assert "could not prepare the run directory" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_cli_seeds_into_a_folder_in_use_is_refused_before_any_run(tmp_path, capsys, empty_yaml, tiny_overrides):
+    from kdcollapse.runs import RunLock
+
+    (tmp_path / "s").mkdir()
+    held = RunLock(tmp_path / "s")  # another --seeds command writing into s/ (and its seeds.json)
+    try:
+        code = main(["train", "--config", empty_yaml, *tiny_overrides, *RUN, f"run_dir={tmp_path / 's'}",
+                     "train.epochs=1", "--seeds", "0,1"])
+    finally:
+        held.release()
+    assert code == 2 and "is in use by another process" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [".lock"]  # no seed run started, nothing written
+    used = tmp_path / "used"  # refused by the check of its seeds' directories: the folder as it was, no lock file
+    (used / "seed1").mkdir(parents=True)
+    (used / "seed1" / "config.yaml").write_text("seed: 7\n")
+    assert main(["train", "--config", empty_yaml, *tiny_overrides, *RUN, f"run_dir={used}", "train.epochs=1",
+                 "--seeds", "0,1"]) == 2
+    capsys.readouterr()
+    assert sorted(p.name for p in used.iterdir()) == ["seed1"]

@@ -11,6 +11,7 @@ checked) by the chosen method's own ``Config`` dataclass.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -453,5 +454,18 @@ def build_section(cls, data: dict, overrides: list[str] | tuple[str, ...] = ()):
     overrides, with the same checks as the run config: unknown keys and mistyped values are errors."""
     data = dict(data)
     for item in overrides:
+        name = item.partition("=")[0].strip().split(".")[0]
+        if "." in item.partition("=")[0] and name not in data:  # a dotted key into a mapping with a default
+            data[name] = _default_mapping(cls, name)  # (e.g. student.hidden_size=128): changes that key only
         _apply_override(data, item)
     return _build(cls, data, "")
+
+
+def _default_mapping(cls, name: str) -> dict:
+    """A copy of the default of ``cls``'s mapping field ``name`` (a plain ``dict`` field), so that a dotted
+    override merges into it; ``{}`` for any other field (a dataclass section takes its defaults in ``_build``)."""
+    spec = next((f for f in dataclasses.fields(cls) if f.name == name and f.init), None)
+    if spec is None or spec.default_factory is dataclasses.MISSING:
+        return {}
+    default = spec.default_factory()
+    return copy.deepcopy(default) if isinstance(default, dict) else {}

@@ -170,6 +170,7 @@ def _analyze(args: argparse.Namespace) -> int:
 def _analyze_lm(args: argparse.Namespace, device) -> int:
     from kdcollapse.analysis import analyze_tokens, token_batches
     from kdcollapse.lm import load_language_model, tokenize_corpus
+    from kdcollapse.runs import lm_source, record_outputs, run_lock_for
 
     if not args.out:
         raise ConfigError("--out DIR is required with --lm")
@@ -181,9 +182,13 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
     split = "validation" if args.split == "val" else args.split
     batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
-    result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
-                            ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
-                            accumulate=args.accumulate, progress=not args.no_progress, source=source)
+    with run_lock_for(args.out) as run_dir:  # a report written into a run directory: never beside its trainer
+        result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
+                                ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
+                                accumulate=args.accumulate, progress=not args.no_progress, source=source)
+        if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it, stale_outputs checks it
+            written = [Path(args.out) / n for n in ("analysis.json", "token_counts.json", "analysis.md", "layers.png")]
+            record_outputs(run_dir, [p for p in written if p.is_file()], lm_source(args.lm, run_dir, args.random_init))
     c, last = result["classes"], result["layers"][max(result["layers"])]
     print(f"{source} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
           f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")

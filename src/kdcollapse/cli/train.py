@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 import json
@@ -85,14 +86,52 @@ def _train(args) -> None:
 
     runs = [check_config(dataclasses.replace(cfg, seed=seed, run_dir=str(Path(cfg.run_dir) / f"seed{seed}")))
             for seed in seeds]
-    check_run_dirs(runs, overwrite=args.overwrite, is_main=report)
-    results = []
-    for run in runs:
-        results.append(_fit(run, args))
+    with _seeds_lock(Path(cfg.run_dir), report) as lock:  # one --seeds command per run_dir: one seeds.json writer
+        check_run_dirs(runs, overwrite=args.overwrite, is_main=report)
+        if lock is not None:
+            lock.write_owner()
+        results = []
+        for run in runs:
+            results.append(_fit(run, args))
+            if report:
+                _report(results[-1])
         if report:
-            _report(results[-1])
-    if report:
-        _summarise(Path(cfg.run_dir), seeds, results)
+            lock.check()  # still this command's directory: its seeds.json is the summary of its runs
+            _summarise(Path(cfg.run_dir), seeds, results)
+
+
+@contextlib.contextmanager
+def _seeds_lock(run_dir: Path, is_main: bool):
+    """Hold the lock of the folder of a ``--seeds`` command's runs (``run_dir/.lock``, on the main process) for
+    the command, so that a second ``--seeds`` command into it is refused before it starts (CheckpointError
+    naming the holder) instead of overwriting ``seeds.json`` with a summary of other runs. A command refused
+    here, or by a later check before its first run, leaves the folder as it found it."""
+    from kdcollapse.runs import RunLock, on_main_process
+
+    created, held = not run_dir.exists(), []
+
+    def take() -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            held.append(RunLock(run_dir, owner=False))
+        except BaseException:
+            if created:
+                run_dir.rmdir()
+            raise
+
+    on_main_process(is_main, take, f"the main process could not lock {run_dir} for the --seeds runs")
+    if not held:  # the other processes under torchrun
+        yield None
+        return
+    lock = held[0]
+    try:
+        yield lock
+    finally:
+        refused = lock.created and lock.path.is_file() and lock.path.stat().st_size == 0  # before write_owner
+        lock.release(undo=refused)
+        if refused and created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()
 
 
 def _check_resume_overrides(overrides: list[str]) -> None:

@@ -27,8 +27,8 @@ __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_s
 __all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
             "read_extra_heads", "split_prefix", "unflatten_optimizer"]  # the checkpoint format, for the trainer's checkpointer
 __all__ += ["RunLock", "committed_path", "file_digest", "write_text"]  # derived outputs: atomic, locked, with provenance
-from kdcollapse.runs._derived import (containing_run, figure_source, metrics_source, outputs_stale, read_outputs,
+from kdcollapse.runs._derived import (containing_run, figure_source, lm_source, metrics_source, outputs_stale, read_outputs,
                                       read_robust_eval, record_outputs, run_lock_for, save_figure, seal_problem, sealed,
                                       source_of, stale_reason)
 __all__ += ["containing_run", "figure_source", "metrics_source", "outputs_stale", "read_outputs", "read_robust_eval",
-            "record_outputs", "run_lock_for", "save_figure", "seal_problem", "sealed", "source_of", "stale_reason"]  # provenance of derived outputs: what they were computed from, and whether it still holds
+            "lm_source", "record_outputs", "run_lock_for", "save_figure", "seal_problem", "sealed", "source_of", "stale_reason"]  # provenance of derived outputs: what they were computed from, and whether it still holds

@@ -72,6 +72,31 @@ def metrics_source(run_dir: str | Path) -> dict:
             "weights_sha256": files["files"].get(WEIGHTS_FILE, {}).get("sha256")}
 
 
+def lm_source(source: str | Path, run_dir: str | Path, random_init: int | None = None) -> dict:
+    """What an analysis of a language model (``analyze --lm``) written into ``run_dir`` records: the ``--lm``
+    source and, for a model directory inside ``run_dir`` (a ``distill-lm`` run's ``student/``) analysed with its
+    own weights, that folder (``lm_dir``) and the digest of its weights and config (``lm_sha256``), so that
+    :func:`outputs_stale` flags the analysis once the folder holds other weights."""
+    record = {"lm": str(source), "random_init": random_init}
+    folder = Path(source)
+    if random_init is None and folder.is_dir():
+        try:
+            rel = folder.resolve().relative_to(Path(run_dir).resolve()).as_posix()
+        except ValueError:
+            return record
+        record |= {"lm_dir": rel, "lm_sha256": lm_digest(folder)}
+    return record
+
+
+def lm_digest(folder: Path) -> str:
+    """SHA-256 over the names and bytes of a model directory's ``*.safetensors`` files and ``config.json``."""
+    digest = hashlib.sha256()
+    for path in [*sorted(folder.glob("*.safetensors")), folder / "config.json"]:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def stale_reason(record: dict, run_dir: str | Path) -> str | None:
     """Why ``record`` (an output with the keys of :func:`source_of`) no longer describes the weights committed
     in ``run_dir``; ``None`` while it does."""
@@ -193,10 +218,15 @@ def outputs_stale(run_dir: str | Path) -> dict[str, str]:
     found = {}
     for rel, entry in read_outputs(run_dir).items():
         path = _inside(run_dir, rel)
-        if path is None or not path.is_file() or path.name == "analysis.json":
-            continue
         source = entry.get("source") or {}
-        if "weights_sha256" in source and "runs" not in source:  # of the weights of the run that holds it
+        if path is None or not path.is_file() or (path.name == "analysis.json" and "lm" not in source):
+            continue
+        if "lm_sha256" in source:  # an analyze --lm of a model directory inside the run
+            folder = _inside(run_dir, source.get("lm_dir") or "")
+            changed = folder is None or not folder.is_dir() or lm_digest(folder) != source["lm_sha256"]
+            reason = (f"it was computed from other weights than {run_dir / source.get('lm_dir', '?')} holds now"
+                      if changed else None)
+        elif "weights_sha256" in source and "runs" not in source:  # of the weights of the run that holds it
             reason = stale_reason(source, run_dir)
         else:
             reason = next(filter(None, (_metrics_changed(r) for r in source.get("runs", [])

@@ -15,7 +15,7 @@ from kdcollapse.methods import get_method
 from kdcollapse.models.heads import layers_from_spec
 from kdcollapse.runs import _checkpoint as ckpt
 from kdcollapse.runs._commit import STATE_FILE, committed_path
-from kdcollapse.runs._derived import (OUTPUTS_FILE, ROBUST_EVAL_FILE, outputs_stale, read_robust_eval, seal_problem,
+from kdcollapse.runs._derived import (OUTPUTS_FILE, ROBUST_EVAL_FILE, outputs_stale, read_outputs, read_robust_eval, seal_problem,
                                       stale_reason)
 from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import UserData, check_split, run_dataset
@@ -98,7 +98,13 @@ class Run:
         of ``robust_eval.json``, and the figures ``outputs.json`` lists (``plot``/``analyze --out`` into the run
         directory): ``{output: reason}``."""
         found = {}
+        try:  # analyze --lm reports: checked against their model directory by outputs_stale
+            of_lm = {rel for rel, entry in read_outputs(self.dir).items() if "lm" in (entry.get("source") or {})}
+        except CheckpointError:
+            of_lm = set()
         for path in sorted(self.dir.glob("**/analysis.json")):  # analysis_<split>/ and any other --out folder
+            if path.relative_to(self.dir).as_posix() in of_lm:
+                continue
             report, reason = self._report(path)
             if reason:
                 found[str(path.relative_to(self.dir))] = reason if report else f"it is damaged ({reason})"

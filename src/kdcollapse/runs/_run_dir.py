@@ -535,6 +535,8 @@ class MetricsLog:
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
             cfg = load_config(run_dir / "config.yaml")
             self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
+            for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
+                tracker.replay(self.records)
 
     def write(self, record: dict) -> None:
         """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit, TensorBoard

@@ -5,7 +5,8 @@ experiment and tag ``kdcollapse.group``.
 
 Both keep their own defaults for where they write: ``WANDB_MODE=offline`` keeps W&B on disk (under the run
 directory), ``MLFLOW_TRACKING_URI`` picks MLflow's store (a local ``mlruns`` folder without it). A resumed
-run continues the same tracked run (its id is derived from the run directory).
+run continues the same tracked run (its id is derived from the run directory); MLflow is then given the committed
+epochs it does not hold (a crash between an epoch's commit and its log), W&B is not (see ``WandbTracker.replay``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class WandbTracker:
     def log(self, record: dict) -> None:
         self.run.log(_numbers(record), step=int(record["epoch"]))
 
+    def replay(self, records: list[dict]) -> None:
+        """Not done for W&B: which steps a resumed run holds is known only to its server (an offline run
+        resumes as a new local segment that starts at step 0), so a committed epoch whose log a crash
+        interrupted stays missing there; ``metrics.jsonl`` has it."""
+
     def close(self) -> None:
         self.run.finish()
 
@@ -63,6 +69,16 @@ class MlflowTracker:
     def log(self, record: dict) -> None:
         for key, value in _numbers(record).items():
             self.client.log_metric(self.run_id, key, value, step=int(record["epoch"]))
+
+    def replay(self, records: list[dict]) -> None:
+        """Log the values of the committed ``records`` (a resumed run's) that the tracked run does not hold
+        (a crash after a commit and before its log), each (key, epoch) once: MLflow keeps every value logged."""
+        keys = sorted({k for record in records for k in _numbers(record)})
+        held = {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
+        for record in records:
+            for key, value in _numbers(record).items():
+                if int(record["epoch"]) not in held[key]:
+                    self.client.log_metric(self.run_id, key, value, step=int(record["epoch"]))
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
