@@ -206,3 +206,13 @@ def test_a_front_pairs_each_seed_with_its_own_interpolated_front_and_never_extra
     assert c["p"] == pytest.approx(stats.ttest_rel([53.0, 52.0], [48.0, 48.5]).pvalue)
     runs["i"][1] = (90.0, 52.0)  # now one seed only: no test
     assert front_study(tmp_path, runs) == []
+
+
+def test_a_single_seed_cell_shows_its_value_not_a_zero_std(tmp_path):
+    study = make(tmp_path)
+    records = {k: r for k, r in RECORDS.items() if not k.startswith("x1/") or k == "x1/seed0"}
+    text, _ = summarise(study, records)
+    row = next(line for line in text.splitlines() if line.startswith("| x = 1 |"))
+    assert row.startswith(f"| x = 1 | 0 | {value('acc', 1, 0):.2f} | {value('spread', 1, 0):.3f} |")
+    assert "±" not in row
+    assert "±" in next(line for line in text.splitlines() if line.startswith("| x = 2 |"))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
-from kdcollapse.report import (holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, pearson, plot_panels,
+from kdcollapse.report import (holm, markdown_table, mean_difference_ci, paired_t_test, pearson, plot_panels, seeds_cell,
                                verdict)
 from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
                              write_text)
@@ -454,7 +454,7 @@ def _section(study: Study, records: dict, section: dict, columns: list[Measure],
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(mean_std(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
+             *(seeds_cell(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
                for m in columns)]
             + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
                if any(broke.values()) else [])
