@@ -117,6 +117,9 @@ def test_plots_come_from_the_records_and_are_checked_like_the_tables(tmp_path):
     ("  plots: [{file: a.svg, section: grid, x: x, panels: [[acc]]}]", "a summary plot is"),
     ("  plots: [{file: a.png, section: grid, x: y, panels: [[acc]]}]", "must be a grid field"),
     ("  plots: [{file: a.png, section: grid, x: x, panels: [[accuracy]]}]", "'accuracy'"),
+    ("  plots: [{file: a.png, kind: curves, section: grid}]", "'metrics' lists column metrics"),
+    ("  plots: [{file: a.png, kind: curves, section: grid, metrics: [acc], cells: 'y*'}]", "'cells' matches"),
+    ("  plots: [{file: a.png, kind: curve, section: grid, metrics: [acc]}]", "curves: file, kind, title"),
 ])
 def test_bad_plots_are_refused_with_the_key_named(tmp_path, plots, message):
     with pytest.raises(ConfigError, match=message):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
-from kdcollapse.report import (holm, markdown_table, mean_difference_ci, paired_t_test, pearson, plot_panels, seeds_cell,
-                               verdict)
+from kdcollapse.report import (holm, markdown_table, mean_difference_ci, paired_t_test, pearson, plot_panels,
+                               seeds_cell, verdict)
 from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
                              write_text)
 from kdcollapse.runs._atomic import replacing
@@ -341,9 +341,9 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
         kind = plot.get("kind", "cells") if isinstance(plot, dict) else None
         if kind not in PLOT_KEYS or set(plot) - set(PLOT_KEYS[kind]) or "file" not in plot \
                 or not str(plot["file"]).endswith(".png") or "/" in str(plot["file"]):
-            raise ConfigError(f"a summary plot is {{kind: cells, {', '.join(PLOT_KEYS['cells'][2:])}}} or {{kind: "
-                              f"scatter, {', '.join(PLOT_KEYS['scatter'][2:])}}} with a file NAME.png beside the study "
-                              f"file, got {plot!r}")
+            kinds = "; ".join(f"{k}: {', '.join(keys)}" for k, keys in PLOT_KEYS.items())
+            raise ConfigError(f"a summary plot is a file NAME.png beside the study file and, by kind, the keys {kinds} "
+                              f"(kind: cells if left out); got {plot!r}")
         titles = list(plot.get("sections") or []) if kind == "scatter" else [plot.get("section")]
         for title in titles:
             if title not in by_title:
