@@ -149,6 +149,20 @@ def test_local_executor_trains_teacher_then_students_and_a_rerun_skips_them(loca
     assert metrics(again) == metrics(spec.run_dir) and len(metrics(again)) == 2
 
 
+def test_a_record_keeps_per_epoch_series_only_for_the_metrics_a_curves_plot_names(local_study):
+    from kdcollapse.study import check_summary, run_record
+
+    study, _ = local_study
+    run_dir = study.runs["kd/t2/seed0"].run_dir
+    spec = check_summary(study.summary)
+    assert "epochs" not in run_record(run_dir, spec)  # opt-in: the committed records do not grow
+    plot = {"file": "c.png", "kind": "curves", "section": "tiny", "metrics": ["test_acc", "train_loss"]}
+    record = run_record(run_dir, {**spec, "plots": [plot]})
+    rows = metrics(run_dir)
+    assert record["epochs"] == {k: [[r["epoch"], r[k]] for r in rows] for k in ("test_acc", "train_loss")}
+    assert [e for e, _ in record["epochs"]["test_acc"]] == [1, 2]
+
+
 def test_an_interrupted_run_is_resumed_to_the_run_that_never_stopped(local_study, tmp_path):
     """A run stopped after its first epoch (here: trained with train.epochs=1) is "interrupted" for the
     study, which asks for 2, and resuming it gives the uninterrupted run's records exactly."""

@@ -117,6 +117,9 @@ def test_plots_come_from_the_records_and_are_checked_like_the_tables(tmp_path):
     ("  plots: [{file: a.svg, section: grid, x: x, panels: [[acc]]}]", "a summary plot is"),
     ("  plots: [{file: a.png, section: grid, x: y, panels: [[acc]]}]", "must be a grid field"),
     ("  plots: [{file: a.png, section: grid, x: x, panels: [[accuracy]]}]", "'accuracy'"),
+    ("  plots: [{file: a.png, kind: curves, section: grid}]", "'metrics' lists column metrics"),
+    ("  plots: [{file: a.png, kind: curves, section: grid, metrics: [acc], cells: 'y*'}]", "'cells' matches"),
+    ("  plots: [{file: a.png, kind: curve, section: grid, metrics: [acc]}]", "curves: file, kind, title"),
 ])
 def test_bad_plots_are_refused_with_the_key_named(tmp_path, plots, message):
     with pytest.raises(ConfigError, match=message):
@@ -206,3 +209,33 @@ def test_a_front_pairs_each_seed_with_its_own_interpolated_front_and_never_extra
     assert c["p"] == pytest.approx(stats.ttest_rel([53.0, 52.0], [48.0, 48.5]).pvalue)
     runs["i"][1] = (90.0, 52.0)  # now one seed only: no test
     assert front_study(tmp_path, runs) == []
+
+
+def test_a_single_seed_cell_shows_its_value_not_a_zero_std(tmp_path):
+    study = make(tmp_path)
+    records = {k: r for k, r in RECORDS.items() if not k.startswith("x1/") or k == "x1/seed0"}
+    text, _ = summarise(study, records)
+    row = next(line for line in text.splitlines() if line.startswith("| x = 1 |"))
+    assert row.startswith(f"| x = 1 | 0 | {value('acc', 1, 0):.2f} | {value('spread', 1, 0):.3f} |")
+    assert "±" not in row
+    assert "±" in next(line for line in text.splitlines() if line.startswith("| x = 2 |"))
+
+
+def test_curves_are_each_cells_mean_and_std_over_seeds_per_epoch_from_the_records(tmp_path):
+    from kdcollapse.study._summary import _curve_panels, check_summary
+
+    study = make(tmp_path, "  plots: [{file: c.png, kind: curves, section: grid, metrics: [acc], cells: 'x = [12]'}]")
+    epochs = {k: {**r, "epochs": {"acc": [[e, r["last"]["acc"] - 3 + e] for e in (1, 2, 3)
+                                          if not (e == 2 and k == "x1/seed2")]}} for k, r in RECORDS.items()}
+    spec = check_summary(study.summary)
+    (panel,) = _curve_panels(study, epochs, spec, spec["sections"][0], spec["plots"][0])
+    one, two = panel["series"]
+    assert [one["label"], two["label"]] == ["x = 1 (3 seeds)", "x = 2 (3 seeds)"]
+    assert one["x"] == [1, 3] and two["x"] == [1, 2, 3]  # the epochs every seed of the cell evaluated
+    at = [[value("acc", 2, s) - 3 + e for s in range(3)] for e in (1, 2, 3)]
+    assert two["y"] == [statistics.mean(v) for v in at] and two["yerr"] == [statistics.stdev(v) for v in at]
+    pytest.importorskip("matplotlib")
+    image = figures(study, epochs)["c.png"]
+    assert image.startswith(b"\x89PNG") and figures(study, epochs)["c.png"] == image
+    with pytest.raises(ConfigError, match="keep no per-epoch acc"):
+        figures(study, RECORDS)  # records written without the opt-in

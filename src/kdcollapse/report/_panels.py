@@ -10,6 +10,7 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
 
     * ``errorbar`` (default): markers joined by lines with ±yerr bars;
     * ``line``: black, ``linestyle`` (default dashed), no markers;
+    * ``band``: a line with a shaded ±yerr band (e.g. a mean over seeds against epoch);
     * ``scatter``: points;
     * ``bar``: one bar per category of ``x``, grouped with the panel's other bar series;
     * ``points``: ±xerr and ±yerr bars, each point annotated with ``labels``, joined by a line when ``joined``.
@@ -47,6 +48,11 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
                                 capsize=2, linestyle="-" if series.get("joined") else "none", label=series["label"])
                     for px, py, text in zip(x, y, series.get("labels") or []):
                         ax.annotate(text, (px, py), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                elif kind == "band":
+                    line, = ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, label=series["label"])
+                    err = list(series.get("yerr") or [0.0] * len(y))
+                    ax.fill_between(x, [v - e for v, e in zip(y, err)], [v + e for v, e in zip(y, err)],
+                                    color=line.get_color(), alpha=0.2, linewidth=0)
                 elif kind == "line":
                     ax.plot(x, y, color="k", linestyle=series.get("linestyle", "--"), label=series["label"])
                 else:

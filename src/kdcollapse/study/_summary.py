@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
-from kdcollapse.report import (holm, markdown_table, mean_difference_ci, mean_std, paired_t_test, pearson, plot_panels,
-                               verdict)
+from kdcollapse.report import (holm, markdown_table, mean_difference_ci, paired_t_test, pearson, plot_panels,
+                               seeds_cell, verdict)
 from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
                              write_text)
 from kdcollapse.runs._atomic import replacing
@@ -140,6 +140,18 @@ def _keys(spec: dict) -> set[str]:
         s["choose"]["by"] for s in spec.get("sections") or [] if "choose" in s}
 
 
+def _curve_keys(spec: dict) -> list[str]:
+    """The metrics whose per-epoch series a run's record keeps (``epochs``): those a ``kind: curves`` plot draws."""
+    return sorted({m for plot in spec.get("plots") or [] if isinstance(plot, dict) and plot.get("kind") == "curves"
+                   for m in plot.get("metrics") or []})
+
+
+def epoch_series(rows: list[dict], keys) -> dict:
+    """``{metric: [[epoch, value], ...]}`` of ``metrics.jsonl`` rows, for each of ``keys`` some row has (the epochs
+    that evaluated it): a record's ``epochs``."""
+    return {k: series for k in sorted(keys) if (series := [[r["epoch"], r[k]] for r in rows if k in r])}
+
+
 def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
     """The summary's numbers of one finished run: every column's metric at the selected and the last epoch;
     the numbers of its JSON post steps (``post``: their files) count as last-epoch metrics; ``source``: the
@@ -177,6 +189,8 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
         falls = {m.metric for m in measures(spec) if m.at == "falls"}
         record["falls"] = {k: sum(b < a for a, b in zip(series, series[1:]))
                            for k in sorted(falls) if (series := [r[k] for r in records if k in r])}
+    if curves := _curve_keys(spec):  # opt-in: only the metrics a curves plot draws
+        record["epochs"] = epoch_series(records, curves)
     return record | {"source": metrics_source(run_dir)}
 
 
@@ -310,7 +324,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
 PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines", "log_x", "xlabel"),
              "scatter": ("file", "kind", "title", "sections", "x", "y"),
              "bars": ("file", "kind", "title", "section", "bars", "ylabel"),
-             "means": ("file", "kind", "title", "section", "x", "y", "line")}
+             "means": ("file", "kind", "title", "section", "x", "y", "line"),
+             "curves": ("file", "kind", "title", "section", "metrics", "cells")}
 
 
 def figures(study: Study, records: dict) -> dict[str, bytes]:
@@ -321,7 +336,10 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
     of ``bars``. ``kind: cells``: one panel per entry of ``panels`` (a list of column metrics of ``section``),
     each metric's cell mean ± std against the grid field ``x`` (``lines``: metrics drawn as black lines, e.g.
     bounds). ``kind: scatter``: one row per section of ``sections``, one panel per column metric of ``x``, each
-    run a point (``x``, ``y``), one colour per seed."""
+    run a point (``x``, ``y``), one colour per seed. ``kind: curves``: one panel per column metric of ``metrics``
+    against epoch, one line per cell of ``section`` (those matching the glob ``cells``) at its mean over seeds with a
+    ± std band, at the epochs every seed of the cell evaluated; it needs the per-epoch series, which a run's record
+    keeps (``epochs``) for exactly the metrics a curves plot names."""
     spec = check_summary(study.summary)
     by_title = {part.get("title", ""): part for part in spec.get("sections") or []}
     out = {}
@@ -329,10 +347,10 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
         kind = plot.get("kind", "cells") if isinstance(plot, dict) else None
         if kind not in PLOT_KEYS or set(plot) - set(PLOT_KEYS[kind]) or "file" not in plot \
                 or not str(plot["file"]).endswith(".png") or "/" in str(plot["file"]):
-            raise ConfigError(f"a summary plot is {{kind: cells, {', '.join(PLOT_KEYS['cells'][2:])}}} or {{kind: "
-                              f"scatter, {', '.join(PLOT_KEYS['scatter'][2:])}}} with a file NAME.png beside the study "
-                              f"file, got {plot!r}")
-        titles = [plot.get("section")] if kind == "cells" else list(plot.get("sections") or [])
+            kinds = "; ".join(f"{k}: {', '.join(keys)}" for k, keys in PLOT_KEYS.items())
+            raise ConfigError(f"a summary plot is a file NAME.png beside the study file and, by kind, the keys {kinds} "
+                              f"(kind: cells if left out); got {plot!r}")
+        titles = list(plot.get("sections") or []) if kind == "scatter" else [plot.get("section")]
         for title in titles:
             if title not in by_title:
                 raise ConfigError(unknown_choice(f"section of plot {plot['file']!r}", title, tuple(by_title)))
@@ -342,6 +360,9 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
             rows = [[_bar_panel(study, records, spec, by_title[plot["section"]], plot)]]
         elif kind == "means":
             rows = [[_means_panel(study, records, spec, by_title[plot["section"]], plot)]]
+        elif kind == "curves":
+            panels = _curve_panels(study, records, spec, by_title[plot["section"]], plot)
+            rows = [panels[i:i + 4] for i in range(0, len(panels), 4)]  # four to a row
         else:
             rows = [_scatter_panels(study, records, spec, by_title[t], plot) for t in titles]
         out[plot["file"]] = plot_panels(rows, plot.get("title"))
@@ -384,6 +405,36 @@ def _cell_panels(study, records, spec, section, plot) -> list[dict]:
                            "y": [statistics.mean(m.of(r) for r in cells[c].values()) for c in order]})
         panels.append({"title": series[0]["label"] if series else "", "xlabel": plot.get("xlabel", field),
                        "log_x": bool(plot.get("log_x")), "series": series})
+    return panels
+
+
+def _curve_panels(study, records, spec, section, plot) -> list[dict]:
+    """One panel per metric of ``metrics``: each cell's mean ± std over its seeds at every epoch all of them
+    evaluated, from the records' ``epochs``."""
+    columns, cells, _ = _cell_means(study, records, spec, section)
+    title = section.get("title", "")
+    cells = {label: runs for label, runs in cells.items() if fnmatch.fnmatchcase(label, plot.get("cells") or "*")}
+    if not plot.get("metrics") or not cells:
+        raise ConfigError(f"plot {plot['file']!r}: 'metrics' lists column metrics of section {title!r} and 'cells' "
+                          f"matches some of its cells with records, got {plot.get('metrics')!r}, "
+                          f"{plot.get('cells')!r}")
+    panels = []
+    for name in plot["metrics"]:
+        m = _column(columns, name, title)
+        series = []
+        for label, runs in cells.items():
+            missing = [s for s, r in runs.items() if m.metric not in r.get("epochs", {})]
+            if missing:
+                raise ConfigError(f"plot {plot['file']!r}: the records of cell {label!r} (seeds "
+                                  f"{','.join(map(str, missing))}) keep no per-epoch {m.metric}; run "
+                                  "`kdcollapse study report` where the runs are, to record it")
+            by_seed = [dict(map(tuple, r["epochs"][m.metric])) for r in runs.values()]
+            epochs = sorted(set.intersection(*(set(e) for e in by_seed)))
+            ys = [[e[epoch] * m.scale for e in by_seed] for epoch in epochs]
+            series.append({"label": f"{label} ({len(by_seed)} seed{'s' if len(by_seed) > 1 else ''})",
+                           "kind": "band", "x": epochs, "y": [statistics.mean(y) for y in ys],
+                           "yerr": [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]})
+        panels.append({"title": m.label, "xlabel": "epoch", "series": series})
     return panels
 
 
@@ -460,7 +511,7 @@ def _section(study: Study, records: dict, section: dict, columns: list[Measure],
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(mean_std(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
+             *(seeds_cell(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
                for m in columns)]
             + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
                if any(broke.values()) else [])
