@@ -17,9 +17,8 @@ from kdcollapse.adversarial import (STANDARD_BUDGET, AttackSetting, Normalized, 
 from kdcollapse.data import TensorDataset, load_dataset
 from kdcollapse.distributed import resolve_device
 from kdcollapse.errors import CheckpointError, KdcollapseError, unknown_choice
-from kdcollapse.runs import (Run, RunLock, committed_path, file_digest, read_robust_eval, seal_problem, sealed,
-                             stale_reason, write_text)
-from kdcollapse.runs._derived import CONTENT_KEY
+from kdcollapse.runs import (CONTENT_KEY, Run, RunLock, committed_path, file_digest, read_robust_eval, seal_problem,
+                             sealed, stale_reason, write_text)
 
 DEFAULT_ATTACKS = ("standard", "pgd")
 WEIGHTS = {"last": "model", "best": "best"}

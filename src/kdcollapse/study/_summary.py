@@ -21,9 +21,8 @@ from pathlib import Path
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
 from kdcollapse.report import (holm, markdown_table, mean_difference_ci, paired_t_test, pearson, plot_panels,
                                seeds_cell, verdict)
-from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
-                             write_text)
-from kdcollapse.runs._atomic import replacing
+from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, replacing,
+                             run_state, write_text)
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study, _flat
 
