@@ -6,7 +6,9 @@ Both start from hidden states: the student's (N, H) requiring grad with its head
 ``TeacherHead`` (the same loss, chunk_size 256 tokens), backward. Peak = the largest running total of
 PyTorch's CPU allocator during one forward + backward (profiler memory events, as in
 ``bench_loss_memory.py``): the inputs are not counted, the gradients of h and W are. Time = the wall time
-of that same call (no warm-up: the first touch of fresh memory is in both), every cell in this one process.
+of that same call, every cell in this one process. Before the first cell, both losses run once, profiled, on
+a small cell of each dtype (unless --no-warm-up): the first profiled call of a process pays one-time costs
+(profiler and kernel start-up) that made the first fused call about 5 s slower than the later ones.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src nice python benchmarks/bench_fused_lm_losses.py \\
         --markdown results/benchmarks/fused_lm_losses.md
@@ -67,6 +69,14 @@ def measure(loss_fn, tensors) -> tuple[float, float]:
     return peak, time.perf_counter() - start
 
 
+def warm_up(dtypes: list[torch.dtype]) -> None:
+    """One profiled forward + backward of each loss on a small cell per dtype, so no measured call is the first."""
+    for dtype in dtypes:
+        tensors = inputs(2 * CHUNK, 4096, 64, dtype)
+        measure(fused, tensors)
+        measure(unfused, tensors)
+
+
 def fits(n: int, v: int, share: float) -> bool:
     """Whether eight float32 (N, V) tensors (about the unfused peak) take under ``share`` of the free memory."""
     free = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemAvailable"))) * 1024
@@ -84,9 +94,13 @@ def main() -> None:
                         help="skip cells with N·V·H above this (each fused call costs about 8·N·V·H flops)")
     parser.add_argument("--memory-share", type=float, default=0.35,
                         help="run the unfused loss only where it needs less than this share of the free memory")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="measure without the small warm-up calls (the first measured call pays start-up costs)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     rows = []
+    if not args.no_warm_up:
+        warm_up([getattr(torch, name) for name in args.dtypes])
     for n, v, h in GRID:
         if n > args.max_tokens or h > args.max_hidden or n * v * h > args.max_cost:
             continue
