@@ -415,14 +415,18 @@ API = _api_cases()
 @pytest.mark.parametrize("case", range(len(API)))
 def test_bad_input_to_the_python_api_is_one_line_kdcollapse_error(tmp_path, monkeypatch, case):
     monkeypatch.chdir(tmp_path)
-    call, names = API[case]
+    assert_one_line_error(*API[case])
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def assert_one_line_error(call, names) -> None:
+    """``call()`` raises a one-line :class:`KdcollapseError` naming every string of ``names``."""
     with pytest.raises(KdcollapseError) as err:
         call()
     message = str(err.value)
     assert "\n" not in message, message
     for name in names:
         assert name in message, (name, message)
-    assert not list(tmp_path.iterdir())  # nothing written
 
 
 # The public API on the shared workspace's run (nothing there may change): Run, robust evaluation, fit, studies.
@@ -472,14 +476,8 @@ RUN_API = _run_api_cases()
 @pytest.mark.parametrize("case", range(len(RUN_API)))
 def test_bad_input_to_the_run_api_is_one_line_and_changes_nothing(workspace, monkeypatch, case):
     monkeypatch.chdir(workspace)
-    call, names = RUN_API[case]
     before = snapshot(workspace)
-    with pytest.raises(KdcollapseError) as err:
-        call()
-    message = str(err.value)
-    assert "\n" not in message, message
-    for name in names:
-        assert name in message, (name, message)
+    assert_one_line_error(*RUN_API[case])
     after = snapshot(workspace)
     if after != before:
         shutil.rmtree(workspace)
