@@ -14,7 +14,7 @@ A table::
         columns:                       # more columns, after those
           - {label: TEXT, values: {CELL: TEXT, ...}, missing: ""}             # fixed text, e.g. a paper's numbers
           - {label: TEXT, summary: PATH/summary.json}                         # the same cell on another page
-          - {label: TEXT, table: PATH.md, column: HEADER, rows: {CELL: ROW}}  # a column of a markdown table
+          - {label: TEXT, table: MARKDOWN_FILE, column: HEADER, rows: {CELL: ROW}}  # a column of a markdown table
 
 A row is named by its cell's short name (``short``) when its label is ``SHORT (SETTING)`` — the second column is
 then SETTING — else by its label (setting "—"). ``CELL`` keys name rows that way. ``summary``: the row's value of
@@ -79,7 +79,7 @@ def check_tables(tables, sections: list) -> None:
             if len(kinds) != 1 or "label" not in column or set(column) - allowed or (
                     kinds == ["table"] and "column" not in column):
                 raise ConfigError(f"{where}: a column is {{label, values: {{CELL: TEXT}}}}, {{label, summary: FILE}} or "
-                                  f"{{label, table: FILE.md, column: HEADER, rows: {{CELL: ROW}}}} (each with an "
+                                  f"{{label, table: MARKDOWN_FILE, column: HEADER, rows: {{CELL: ROW}}}} (each with an "
                                   f"optional 'missing' text), got {column!r}")
 
 
