@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
     run.add_argument("--only", nargs="+", metavar="GLOB", help="only the runs whose name matches one of these")
-    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished, diverged",
+    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished, diverged; and each "
+                        "choice of a 'choose' group still waiting for its runs",
                         formatter_class=HelpFormatter)
     st.add_argument("file", metavar="FILE")
     rep = sub.add_parser("report", help="collect the finished runs' records and write the page's tables",
