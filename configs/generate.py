@@ -346,7 +346,8 @@ def fmnist_recipes(area: str = "fashion_mnist", prefix: str = "fmnist", stems=tu
         if method["name"] != "vanilla":
             body["teacher"] = {"checkpoint": f"runs/{prefix}_teacher"}
         command = "train" if method["name"] == "vanilla" else "distill"
-        found = "not run yet (issue 23)" if stem in BASELINE_STEMS else results
+        found = results if stem not in BASELINE_STEMS else "not run yet (issue 23)" if area == "fashion_mnist" \
+            else "results/distillation/method_table_k100 (issue 24)"
         header = [f"{title}, convnet -> convnet_small: {line}",
                   f"Schedule and augmentation as configs/{area}/teacher.yaml; results: {found}",
                   f"kdcollapse {command} --config configs/{area}/{stem}.yaml --seeds 0,1,2"]
@@ -355,7 +356,9 @@ def fmnist_recipes(area: str = "fashion_mnist", prefix: str = "fmnist", stems=tu
 
 
 # The 100-class task (docs/data.md); configs/fashion_mnist_pairs/teacher.yaml is hand-written, as above.
-PAIRS_STEMS = ("student", "kd", "dkd", "dhkd", "ikl_kd", "dual_head_kd", "ce_binarykl", "binarykl_only")
+PAIRS_STEMS = ("student", "kd", "dkd", "dhkd", "ikl_kd", "dual_head_kd", "ce_binarykl", "binarykl_only",
+               # the feature methods of the K = 10 method table, with the same weights (issue 24)
+               "fitnet", "at", "ofd", "dist", "nst", "sp", "pkt", "crd", "reviewkd", "vid")
 
 
 def pairs_recipes() -> dict[Path, str]:

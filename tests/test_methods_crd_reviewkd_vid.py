@@ -239,6 +239,24 @@ def test_reviewkd_step_is_the_official_hcl_of_its_fusion():
     assert any(k.startswith("fusion") for k in m.state_dict())
 
 
+def test_reviewkd_fuses_non_square_maps_to_the_teachers_shapes():
+    """fashion_mnist_pairs' 28×56 images: each fused map has its teacher map's (H, W), and a map whose width
+    equals its target's but not its height is still resized (the official code compares widths only)."""
+    m = make("reviewkd", warmup_epochs=0)
+    x, y = torch.randn(4, 1, 28, 56), torch.arange(4)
+    m.train()
+    out = m(x, y)
+    h, maps = m.student.forward_intermediates(x, [1, 2, 3])
+    t_h, t_maps = m.teacher.model.forward_intermediates(x, [1, 2, 3], pre_act=True)
+    targets = [*t_maps, t_h[:, :, None, None]]
+    fused = m.fusion([*maps, h[:, :, None, None]], [tuple(t.shape[-2:]) for t in targets])
+    assert [f.shape for f in fused] == [t.shape for t in targets] and targets[0].shape[-2] != targets[0].shape[-1]
+    torch.testing.assert_close(out["reviewkd"], official_hcl(fused, targets).detach(), rtol=1e-5, atol=1e-6)
+    block = m.fusion.blocks[0]  # the deepest (no fusion): a (H, W) target differing in height only
+    z = torch.randn(2, block.conv1[0].in_channels, 6, 8)
+    assert block(z, out_shape=(4, 8))[1].shape[-2:] == (4, 8)
+
+
 def test_reviewkd_and_vid_reject_missing_stages():
     for name in ("reviewkd", "vid"):
         with pytest.raises(ConfigError, match="student_stages: stage.*7.* not offered by the student"):

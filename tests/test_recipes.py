@@ -135,3 +135,14 @@ def test_fashion_mnist_pairs_teacher_and_dhkd_recipes_run_on_the_real_pairs(tmp_
                  f"teacher.checkpoint={tmp_path / 't'}", "method.binary_kl_form=official"]) == 0
     (record,) = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     assert record["selected_on"] == "val" and {"val_acc", "test_acc", "train_binary_kl_norm"} <= record.keys()
+
+
+def test_the_k100_feature_recipes_are_the_k10_ones_on_the_pairs_task():
+    """Each feature method of the K = 10 method table has a fashion_mnist_pairs recipe with the same method block,
+    student, optimiser and schedule; only the task (data, run and teacher directories) differs."""
+    stems = ("fitnet", "at", "ofd", "dist", "nst", "sp", "pkt", "crd", "reviewkd", "vid")
+    for stem in stems:
+        k10, k100 = (load_config(CONFIGS / area / f"{stem}.yaml") for area in ("fashion_mnist", "fashion_mnist_pairs"))
+        assert k100.data.name == "fashion_mnist_pairs" and k100.model == k10.model, stem
+        assert (k100.method, k100.optim, k100.schedule, k100.train) == (k10.method, k10.optim, k10.schedule, k10.train)
+        assert k100.data == load_config(CONFIGS / "fashion_mnist_pairs/kd.yaml").data, stem

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
     run.add_argument("--only", nargs="+", metavar="GLOB", help="only the runs whose name matches one of these")
-    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished, diverged",
+    st = sub.add_parser("status", help="each run's state: new, interrupted, running, finished, diverged; and each "
+                        "choice of a 'choose' group still waiting for its runs",
                         formatter_class=HelpFormatter)
     st.add_argument("file", metavar="FILE")
     rep = sub.add_parser("report", help="collect the finished runs' records and write the page's tables",
@@ -51,23 +52,36 @@ def _study_run(args) -> int:
 
     from kdcollapse.study import load_study, pending, run_local, submit_slurm, write_page
 
-    study = load_study(args.file, args.runs_dir)
-    names = [n for n in study.runs if not args.only or any(fnmatch.fnmatchcase(n, g) for g in args.only)]
-    todo = pending(study, names)
-    print(f"{study.name}: {len(names)} runs, {len(names) - len(todo)} finished, {len(todo)} to do")
-    if args.executor == "slurm":
-        jobs = submit_slurm(study, todo, Path(study.runs_dir) / "_submitit", partition=args.partition,
-                            threads=args.threads)
-        print(f"submitted {len(jobs)} jobs: arrays {', '.join(sorted({j.job_id.split('_')[0] for j in jobs}, key=int))}")
-        if args.no_wait:
-            return 0
-        outcomes = [job.result() for job in jobs]
-        for o in outcomes:
-            print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}")
-    else:
-        outcomes = run_local(study, todo, workers=args.workers, threads=args.threads,
+    outcomes, tried = [], set()
+    while True:  # again after each round: a group that chooses on earlier runs resolves once they finished
+        study = load_study(args.file, args.runs_dir)
+        names = [n for n in study.runs if not args.only or any(fnmatch.fnmatchcase(n, g) for g in args.only)]
+        left = pending(study, names)
+        todo = [r for r in left if r.name not in tried]
+        if tried and not todo:
+            break
+        tried |= {r.name for r in todo}
+        print(f"{study.name}: {len(names)} runs, {len(names) - len(left)} finished, {len(todo)} to do"
+              + (f", {len(study.waiting)} choices waiting" if study.waiting else ""))
+        if not todo:
+            break
+        if args.executor == "slurm":
+            jobs = submit_slurm(study, todo, Path(study.runs_dir) / "_submitit", partition=args.partition,
+                                threads=args.threads)
+            print(f"submitted {len(jobs)} jobs: arrays "
+                  f"{', '.join(sorted({j.job_id.split('_')[0] for j in jobs}, key=int))}")
+            if args.no_wait:
+                _print_waiting(study)
+                return 0
+            done = [job.result() for job in jobs]
+            for o in done:
+                print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}")
+        else:
+            done = run_local(study, todo, workers=args.workers, threads=args.threads,
                              report=lambda o: print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}",
                                                     flush=True))
+        outcomes += done
+    _print_waiting(study)
     if study.summary and not args.only:
         for path in write_page(study):
             print(f"wrote {path}")
@@ -79,11 +93,23 @@ def _status(args) -> int:
 
     from kdcollapse.study import load_study, status
 
-    states = status(load_study(args.file, args.runs_dir))
+    study = load_study(args.file, args.runs_dir)
+    states = status(study)
     for name, state in states.items():
         print(f"{state:12s} {name}")
-    print(", ".join(f"{n} {s}" for s, n in Counter(states.values()).items()))
+    _print_waiting(study)
+    print(", ".join(f"{n} {s}" for s, n in Counter(states.values()).items())
+          + (f", {len(study.waiting)} choices waiting" if study.waiting else ""))
     return 0
+
+
+def _print_waiting(study) -> None:
+    """One line per choice of a ``choose`` group not made yet (its runs are not in the study until it is)."""
+    for group, where, source, missing in study.waiting:
+        of = ", ".join(f"{k}={v}" for k, v in where.items()) or "its setting"
+        print(f"{'waiting':12s} group {group} ({of}): " + (
+            f"chosen on validation once {len(missing)} run(s) of group {source} finish: {', '.join(missing)}"
+            if missing else f"no choice: no run of group {source} has a validation value on a shared seed"))
 
 
 def _report(args) -> int:

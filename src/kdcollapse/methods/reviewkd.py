@@ -31,6 +31,8 @@ class ABF(nn.Module):
     resized to ``shape``×``shape`` (nearest) and the two are mixed by the two channels of
     sigmoid(1×1 conv([x, residual])); the mix is resized to ``out_shape`` if needed and goes through 3×3
     conv + BN to ``out_channels``. ``fused`` is the residual handed to the next (shallower) block.
+    ``shape`` and ``out_shape`` may be (H, W) pairs: the official code's square sizes, generalised to
+    non-square maps (``fashion_mnist_pairs``' 28×56 images); a square size gives the official result.
     """
 
     def __init__(self, in_channels: int, mid_channels: int, out_channels: int, fuse: bool):
@@ -47,12 +49,16 @@ class ABF(nn.Module):
                 out_shape: int | None = None) -> tuple[Tensor, Tensor]:
         x = self.conv1(x)
         if self.att_conv is not None:
-            residual = F.interpolate(residual, (shape, shape), mode="nearest")
+            residual = F.interpolate(residual, _pair(shape), mode="nearest")
             attention = self.att_conv(torch.cat([x, residual], dim=1))
             x = x * attention[:, :1] + residual * attention[:, 1:]
-        if out_shape is not None and x.shape[-1] != out_shape:
-            x = F.interpolate(x, (out_shape, out_shape), mode="nearest")
+        if out_shape is not None and tuple(x.shape[-2:]) != _pair(out_shape):
+            x = F.interpolate(x, _pair(out_shape), mode="nearest")
         return self.conv2(x), x
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 class ReviewFusion(nn.Module):
@@ -78,7 +84,7 @@ class ReviewFusion(nn.Module):
         out, residual = self.blocks[0](maps[0], out_shape=out_sizes[0])
         results = [out]
         for x, block, out_size in zip(maps[1:], self.blocks[1:], out_sizes[1:]):
-            out, residual = block(x, residual, x.shape[-1], out_size)
+            out, residual = block(x, residual, tuple(x.shape[-2:]), out_size)
             results.insert(0, out)
         return results
 
@@ -128,7 +134,7 @@ class ReviewKD(Distiller):
         logits = self.student.forward_head(features)
         teacher = self.read_teacher(x)
         targets = [*teacher.maps, teacher.features[:, :, None, None]]
-        fused = self.fusion([*maps, features[:, :, None, None]], [t.shape[-1] for t in targets])
+        fused = self.fusion([*maps, features[:, :, None, None]], [tuple(t.shape[-2:]) for t in targets])
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
         hcl = sum(hcl_loss(f, t) for f, t in zip(fused, targets))
         review = cfg.reviewkd_weight * warmup_factor(self.epoch, cfg.warmup_epochs) * hcl

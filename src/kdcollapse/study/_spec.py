@@ -15,7 +15,9 @@ from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.study._steps import RUN_STEPS, STEPS
 
 STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary", "tracking")
-GROUP_KEYS = ("group", "run", "config", "step", "params", "grid", "seeds", "teacher", "overrides", "post", "resources")
+GROUP_KEYS = ("group", "run", "config", "step", "params", "grid", "choose", "seeds", "teacher", "overrides", "post",
+              "resources")
+CHOOSE_KEYS = ("group", "per", "by", "lowest")
 RESOURCE_KEYS = ("cpus", "gpus", "tasks", "mem_gb", "minutes", "partition", "threads")
 _FIELD = re.compile(r"\{(\w+)\}")
 
@@ -73,6 +75,8 @@ class Study:
     runs_dir: Path
     runs: dict[str, RunSpec]
     summary: dict | None
+    # the choices not made yet: (group, per-field values, the choice's source group, its runs not finished)
+    waiting: tuple[tuple[str, dict, str, tuple[str, ...]], ...] = ()
 
     def dependencies(self, run: RunSpec) -> list[RunSpec]:
         return [self.runs[run.teacher]] if run.teacher else []
@@ -101,8 +105,13 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
         raise ConfigError(f"{path}: 'tracking' is a list of wandb, mlflow; got {tracking!r}")
     extra = (f"train.trackers=[{', '.join(tracking)}]", f"train.group={name}") if tracking else ()
     runs: dict[str, RunSpec] = {}
+    waiting = []
     for index, group in enumerate(groups):
-        for run in _expand(group, index, data.get("seeds", [0]), root, extra):
+        settings = None
+        if isinstance(group, dict) and "choose" in group:  # its settings: the choices made on the runs so far
+            settings, wait = _chosen(group, index, runs, path, data.get("summary"))
+            waiting += wait
+        for run in _expand(group, index, data.get("seeds", [0]), root, extra, settings):
             if run.name in runs:
                 raise ConfigError(f"{path}: run {run.name!r} is named twice (group {run.group!r}); give each run "
                                   "its own name with the grid's fields, e.g. run: beta{beta}/seed{seed}")
@@ -112,7 +121,7 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
             if run.teacher is not None:
                 run = _with_teacher(run, runs[run.teacher])
             runs[run.name] = run
-    return Study(path=path, name=name, runs_dir=root, runs=runs, summary=data.get("summary"))
+    return Study(path=path, name=name, runs_dir=root, runs=runs, summary=data.get("summary"), waiting=tuple(waiting))
 
 
 def _known(data: dict, keys: tuple[str, ...], where: str) -> None:
@@ -121,7 +130,9 @@ def _known(data: dict, keys: tuple[str, ...], where: str) -> None:
             raise ConfigError(unknown_choice(f"key of {where}", key, keys))
 
 
-def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] = ()) -> list[RunSpec]:
+def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] = (),
+            settings: list[dict] | None = None) -> list[RunSpec]:
+    """The runs of ``group``: its grid (``settings``: the values its ``choose`` resolved to instead) × seeds."""
     if not isinstance(group, dict):
         raise ConfigError(f"groups[{index}] must be a mapping with keys {', '.join(GROUP_KEYS)}")
     label = str(group.get("group", f"groups[{index}]"))
@@ -140,11 +151,16 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
     seeds = group.get("seeds", seeds)
     if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
         raise ConfigError(f"group {label!r}: 'seeds' must be a list of integers, got {seeds!r}")
+    if settings is None:
+        settings = []
+        for combination in itertools.product(*grid.values()):
+            values = {}
+            for key, value in zip(grid, combination):
+                values.update(value if isinstance(value, dict) else {key: value})  # a mapping sets several fields
+            settings.append(values)
     runs = []
-    for seed, combination in itertools.product(seeds, itertools.product(*grid.values())):
-        values = {"seed": seed}
-        for key, value in zip(grid, combination):
-            values.update(value if isinstance(value, dict) else {key: value})  # a mapping sets several fields
+    for seed, setting in itertools.product(seeds, settings):
+        values = {"seed": seed, **setting}
         name = _fill(group["run"], values, label)
         overrides = tuple(_fill(str(o), values, label) for o in _flat(_splice(group.get("overrides") or [], values)))
         if "step" in group:
@@ -225,3 +241,97 @@ def _placed(step: PostStep, run_dir: Path, runs_dir: Path) -> PostStep:
 def _with_teacher(run: RunSpec, teacher: RunSpec) -> RunSpec:
     return replace(run, overrides=(*run.overrides, f"teacher.checkpoint={teacher.run_dir}"),
                    teacher_dir=teacher.run_dir)
+
+
+def _chosen(group: dict, index: int, runs: dict[str, RunSpec], path: Path,
+            summary) -> tuple[list[dict], list[tuple[str, dict, str, tuple[str, ...]]]]:
+    """The settings of a group with ``choose: {group: SOURCE, per: FIELDS, by: val_METRIC, lowest: false}``: for each
+    value of the ``per`` fields among SOURCE's runs, the setting (its grid values) of the SOURCE run with the
+    highest mean validation ``by`` over the seeds every candidate shares, each run read at its epoch selected by the
+    summary's ``select`` (the last without one), the first on a tie: the rule of a summary section's ``choose``.
+    A choice is made once every SOURCE run it reads is finished (its run directory, else its committed record in
+    ``runs.json``); until then it is waiting (second value: group, per values, SOURCE, the runs not finished)."""
+    from kdcollapse.study._summary import _choose, _validation_only
+
+    label = str(group.get("group", f"groups[{index}]"))
+    spec = group["choose"]
+    if not isinstance(spec, dict) or set(spec) - set(CHOOSE_KEYS) or "group" not in spec:
+        raise ConfigError(f"group {label!r}: 'choose' is {{group: an earlier group, per: its field(s), by: val_METRIC, "
+                          f"lowest: false}}, got {spec!r}")
+    if "grid" in group:
+        raise ConfigError(f"group {label!r} takes its settings from 'choose'; it has no 'grid' of its own")
+    select = summary.get("select", "val_acc") if isinstance(summary, dict) else "val_acc"
+    by = spec.get("by", select)
+    if by is None:
+        raise ConfigError(f"group {label!r}: 'choose' needs 'by' (a validation metric): the summary selects no epoch")
+    _validation_only(by, f"group {label!r} chooses its setting on")
+    source = [r for r in runs.values() if r.group == spec["group"]]
+    if not source:
+        raise ConfigError(unknown_choice(f"group that group {label!r} chooses from (an earlier training group)",
+                                         spec["group"], tuple(dict.fromkeys(r.group for r in runs.values()))))
+    per = [spec["per"]] if isinstance(spec.get("per"), str) else list(spec.get("per") or [])
+    for f in per:
+        if any(f not in r.values for r in source) or f == "seed":
+            raise ConfigError(f"group {label!r}: 'per: {f}' is not a grid field of group {spec['group']!r} "
+                              f"(fields: {', '.join(k for k in source[0].values if k != 'seed')})")
+    records_file = path.parent / "runs.json"
+    records = json.loads(records_file.read_text()) if records_file.is_file() else {}
+    at = "best" if select else "last"
+    members: dict[tuple, list[RunSpec]] = {}
+    for run in source:
+        members.setdefault(tuple(_hashable(run.values[f]) for f in per), []).append(run)
+    settings, waiting = [], []
+    for key, group_runs in members.items():
+        combos: list[dict] = []
+        cells: dict[str, dict[int, dict]] = {}
+        missing = []
+        for run in group_runs:
+            setting = {k: v for k, v in run.values.items() if k != "seed"}
+            if setting not in combos:
+                combos.append(setting)
+            cell = cells.setdefault(str(combos.index(setting)), {})
+            value = _validation_value(run, records.get(run.name), by, select)
+            if value is _NOT_FINISHED:
+                missing.append(run.name)
+            elif value is not None:
+                cell[run.values["seed"]] = {at: {by: value}}
+        where = {f: group_runs[0].values[f] for f in per}
+        if missing:
+            waiting.append((label, where, spec["group"], tuple(missing)))
+            continue
+        chosen, _ = _choose(cells, {"among": "*", "by": by, "lowest": bool(spec.get("lowest", False))}, at)
+        if chosen is None:  # every candidate diverged, or no seed is shared: nothing to choose from
+            waiting.append((label, where, spec["group"], ()))
+            continue
+        settings.append(combos[int(chosen)])
+    return settings, waiting
+
+
+_NOT_FINISHED = object()
+
+
+def _hashable(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+
+
+def _validation_value(run: RunSpec, record: dict | None, by: str, select: str | None):
+    """``by`` of a finished run at its selected epoch (its run directory, else its committed ``record``); None for a
+    diverged run or one without the metric; ``_NOT_FINISHED`` otherwise."""
+    from kdcollapse.runs import read_committed_metrics
+    from kdcollapse.study._execute import state_of
+
+    state = state_of(run) if run.run_dir.is_dir() else "new"
+    if state == "diverged":
+        return None
+    if state == "finished":
+        rows = read_committed_metrics(run.run_dir)
+        if select:
+            row = max((r for r in rows if select in r), key=lambda r: r[select], default=None)  # the first highest
+        else:
+            row = rows[-1] if rows else None
+        return None if row is None else row.get(by)
+    if record is not None:
+        if "diverged" in record:
+            return None
+        return (record.get("best" if select else "last") or {}).get(by)
+    return _NOT_FINISHED

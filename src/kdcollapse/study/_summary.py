@@ -25,11 +25,12 @@ from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metri
                              run_state, write_text)
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study, _flat
+from kdcollapse.study._tables import check_tables, derived_tables, place
 
 # best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
 AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
-                "plots")
+                "plots", "tables")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale")
 BETTER = ("higher", "lower", "none")
@@ -114,6 +115,8 @@ def check_summary(spec: dict) -> dict:
                 raise ConfigError(f"a section's choose is {{among: CELLS, by: val_METRIC, lowest: false}}, got "
                                   f"{section['choose']!r}")
             _validation_only(section["choose"].get("by", ""), "chooses among cells on")
+    if "tables" in spec:
+        check_tables(spec["tables"], spec.get("sections") or [])
     return spec
 
 
@@ -254,8 +257,11 @@ def _cells(study: Study, records: dict, section: dict) -> tuple[dict[str, dict[i
     shorts = {}
     for cell in section.get("cells") or []:
         where = cell.get("where") or {}
+        chosen = _chosen_settings(study, cell)
         for name, run in study.runs.items():
             if run.group != cell["group"] or any(run.values.get(k) != v for k, v in where.items()):
+                continue
+            if chosen is not None and {k: v for k, v in run.values.items() if k != "seed"} not in chosen:
                 continue
             label = str(cell["label"]).format(**run.values)
             if "short" in cell:  # fields allowed, as in the label
@@ -264,6 +270,19 @@ def _cells(study: Study, records: dict, section: dict) -> tuple[dict[str, dict[i
             if name in records:
                 cells[label][run.values["seed"]] = records[name]
     return cells, shorts
+
+
+def _chosen_settings(study: Study, cell: dict) -> list[dict] | None:
+    """With ``chosen_by: GROUP`` (a group with ``choose``), the settings that group chose: a cell of the chosen
+    group's source runs keeps only those (e.g. the seed-0 run of the chosen value beside the chosen group's seeds)."""
+    if "chosen_by" not in cell:
+        return None
+    groups = {run.group for run in study.runs.values()} | {w[0] for w in study.waiting}
+    if cell["chosen_by"] not in groups:
+        raise ConfigError(unknown_choice("a cell's 'chosen_by' (a group with 'choose')", cell["chosen_by"],
+                                         tuple(sorted(groups))))
+    return [{k: v for k, v in run.values.items() if k != "seed"} for run in study.runs.values()
+            if run.group == cell["chosen_by"]]
 
 
 def _choose(cells: dict, choose: dict, at: str = "best") -> tuple[str | None, list[int]]:
@@ -672,6 +691,13 @@ def write_page(study: Study, check: bool = False) -> list[Path]:
                           "where the tables go")
     head, _, rest = page.partition(BEGIN)
     page = head + BEGIN + "\n" + text + "\n" + END + rest.partition(END)[2]
+    if study.summary.get("tables"):  # derived tables (kdcollapse.study._tables), each between its own markers
+        spec = check_summary(study.summary)
+        parts = spec.get("sections") or []
+        page = place(page, derived_tables(
+            spec, [_cells(study, records, part)[1] for part in parts], summary,
+            [[m.label for m in measures(spec, part)] for part in parts],
+            Measure.parse(spec["metric"], spec["select"]).digits, spec["unit"], here), readme)
     files = {here / RECORDS_FILE: json.dumps(records, indent=1, sort_keys=True) + "\n",
              here / "summary.json": json.dumps(_json(summary), indent=1, allow_nan=False) + "\n", readme: page,
              **{here / name: image for name, image in images.items()}}
