@@ -205,10 +205,12 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         out["gnc2_solved_exactly"] = gnc2.solved.numel()
     if args.gnc2_blocks:
         gnc2_screening(weight, args.gnc2_blocks, out)
+    head = weight.float()
+    del weight  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
     means = stats.class_means()
+    del stats
     ncc = NearestClassMeanAccuracy(means, sync_on_compute=False)
     del means
-    head = weight.float()
     watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
         watch(lambda: ncc.update(x, y, x @ head.T))
@@ -218,7 +220,7 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     out["values"]["ncc_agreement"] = float(ncc.compute()["ncc_agreement"])
     out["peak_rss_gib"] = peak_gib()
     if args.rhubarbwu:
-        out |= rhubarbwu_case(num_classes, dim, tokens, weight.float(), args)
+        out |= rhubarbwu_case(num_classes, dim, tokens, head, args)
     return out
 
 
@@ -284,10 +286,11 @@ def feature_pass(tokens: int, args) -> dict:
     return out | {"peak_rss_gib": peak_gib()}
 
 
-def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 15) -> float:
-    """Peak RSS of one case, fitted to earlier runs: torch's baseline, about 15 K x d copies of the class sums'
-    width (states, metric phase, W, the inputs), about 16 d x d float64 matrices."""
-    return 1.4 + (copies * width * num_classes * dim + 127 * dim * dim) / 2**30
+def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 4) -> float:
+    """Peak RSS of one case: torch's baseline, about 4 K x d copies of the class sums' width (the two states and
+    W in the metric phase; W in float32, the class means, their centred copy and the inputs' float32 means in
+    NC4's), about 20 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
+    return 1.4 + (copies * width * num_classes * dim + 20 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
 
 
 def available_gib() -> float:
