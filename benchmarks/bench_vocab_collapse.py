@@ -240,9 +240,9 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     if args.gnc2_blocks:
         gnc2_screening(weight, args.gnc2_blocks, out)
     head = weight.float()
-    del weight  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
+    weight = None  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
     means = stats.class_means()
-    del stats
+    stats = None
     ncc = NearestClassMeanAccuracy(means, sync_on_compute=False)
     del means
     watch, count = Stopwatch(), 0
