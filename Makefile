@@ -42,4 +42,4 @@ lm-collapse: $(VENV)/.dev
 	  $(LM_ANALYZE) --lm $(STUDENTS)/fkl_s$$s/student --random-init $$s --out $(LM_COLLAPSE)/untrained_s$$s \
 	  || exit 1; \
 	done
-	$(PY) results/lm_collapse/summarise.py $(LM_COLLAPSE)
+	$(VENV)/bin/kdcollapse token-report results/lm_collapse/distilled.yaml

@@ -160,6 +160,38 @@ def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict) -> None:
     out["gnc2_screen_cpu_extrapolated"] = (time.process_time() - cpu) * len(chunks) / run
 
 
+def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
+    """GNC2 in full (``min_one_vs_rest_distance``: screening of every class, then the exact solver on the classes
+    that can attain the minimum), CPU seconds of each stage, and its check against the exact solver
+    (``nearest_points``) on the solved classes plus ``subset`` random ones: every exact distance must lie in
+    that class's screened [lower, upper] and none below GNC2. W: Gaussian rows with a common offset
+    0.5 N(0, I) (as the K = 4,096 table), float64."""
+    from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
+
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64)
+    weight += 0.5 * torch.randn(dim, generator=g, dtype=torch.float64)
+    out = {"K": num_classes, "d": dim, "mode": "gnc2_exact"}
+    result = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+    solved = result.solved
+    exact = clocked(out, "gnc2_exact_solve_s", lambda: nearest_points(weight, classes=solved))
+    out["gnc2_screening_cpu"] = out["gnc2_s_cpu"] - out["gnc2_exact_solve_s_cpu"]  # the solve, timed again apart
+    out |= {"gnc2": float(result.value), "gnc2_gap": float(result.gap), "solved_exactly": solved.numel(),
+            "exact_min_over_solved": float(exact.distances[solved].min())}
+    others = torch.randperm(num_classes, generator=g)[:subset]
+    check = clocked(out, "subset_exact_s", lambda: nearest_points(weight, classes=others))
+    dist = check.distances[others]
+    upper, lower = result.upper[others], result.lower[others]
+    out |= {"subset": others.numel(), "subset_exact_min": float(dist.min()),
+            "subset_max_gap": float(check.gaps[others].max()),
+            "subset_below_gnc2": int((dist < result.value - 1e-10).sum()),
+            "subset_outside_screen_bounds": int(((dist < lower - 1e-10) | (dist > upper + 1e-10)).sum()),
+            "subset_screen_upper_minus_exact_max": float((upper - dist).max()),
+            "subset_screen_upper_minus_exact_median": float((upper - dist).median()),
+            "subset_exact_minus_screen_lower_max": float((dist - lower).max())}
+    return out | {"peak_rss_gib": peak_gib()}
+
+
 def one_case(num_classes: int, dim: int, args) -> dict:
     from kdcollapse.geometry import min_one_vs_rest_distance
     from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
@@ -167,6 +199,8 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     import kdcollapse.metrics._pairwise as pairwise
 
     torch.set_num_threads(args.threads)
+    if args.gnc2_exact:
+        return gnc2_exact(num_classes, dim, args.gnc2_exact)
     if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
         from kdcollapse.metrics import accumulation_dtype
 
@@ -205,10 +239,12 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         out["gnc2_solved_exactly"] = gnc2.solved.numel()
     if args.gnc2_blocks:
         gnc2_screening(weight, args.gnc2_blocks, out)
+    head = weight.float()
+    weight = None  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
     means = stats.class_means()
+    stats = None
     ncc = NearestClassMeanAccuracy(means, sync_on_compute=False)
     del means
-    head = weight.float()
     watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
         watch(lambda: ncc.update(x, y, x @ head.T))
@@ -218,7 +254,7 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     out["values"]["ncc_agreement"] = float(ncc.compute()["ncc_agreement"])
     out["peak_rss_gib"] = peak_gib()
     if args.rhubarbwu:
-        out |= rhubarbwu_case(num_classes, dim, tokens, weight.float(), args)
+        out |= rhubarbwu_case(num_classes, dim, tokens, head, args)
     return out
 
 
@@ -284,10 +320,11 @@ def feature_pass(tokens: int, args) -> dict:
     return out | {"peak_rss_gib": peak_gib()}
 
 
-def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 15) -> float:
-    """Peak RSS of one case, fitted to earlier runs: torch's baseline, about 15 K x d copies of the class sums'
-    width (states, metric phase, W, the inputs), about 16 d x d float64 matrices."""
-    return 1.4 + (copies * width * num_classes * dim + 127 * dim * dim) / 2**30
+def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 4) -> float:
+    """Peak RSS of one case: torch's baseline, about 4 K x d copies of the class sums' width (the two states and
+    W in the metric phase; W in float32, the class means, their centred copy and the inputs' float32 means in
+    NC4's), about 20 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
+    return 1.4 + (copies * width * num_classes * dim + 20 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
 
 
 def available_gib() -> float:
@@ -315,6 +352,9 @@ def main() -> None:
     parser.add_argument("--rhubarbwu-tokens", type=int, default=0, help="tokens for its statistics phase")
     parser.add_argument("--rhubarbwu-tile", type=int, default=1024,
                         help="its variability_cdnv tile_size (its kernel holds two tile x tile x d float32 arrays)")
+    parser.add_argument("--gnc2-exact", type=int, default=0, metavar="SUBSET",
+                        help="time GNC2 in full (screening + exact solve) and check it against the exact solver "
+                             "on SUBSET random classes")
     parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
     parser.add_argument("--rhubarbwu-stats-only", action="store_true", help="time only its statistics phase")
     parser.add_argument("--feature-pass", type=int, default=0,
@@ -334,7 +374,7 @@ def main() -> None:
         from kdcollapse.metrics import accumulation_dtype
 
         width = accumulation_dtype(k, d, args.accumulate).itemsize
-        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only else 15)
+        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only or args.gnc2_exact else 4)
         room = min(args.max_gib, available_gib() - 2)
         if need > room:
             print(json.dumps({"K": k, "d": d, "skipped": f"estimated peak {need:.1f} GiB > {room:.1f} GiB "

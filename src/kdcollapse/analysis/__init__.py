@@ -21,6 +21,7 @@ _HOME = {
     "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics", "user_split"),
     "_sample": ("ClassReservoir",),
     "_source": ("Subject", "load_run", "load_weights"),
+    "_token_report": ("load_token_spec", "token_report", "token_report_text"),
     "_tokens": ("TokenClasses", "analyze_tokens", "ncc_pass", "next_token_targets", "resolve_layers",
                 "token_batches", "token_classes", "token_pass"),
 }

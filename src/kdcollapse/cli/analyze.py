@@ -101,6 +101,26 @@ def register(subparsers) -> None:
     add("--title", help="figure title")
     p.set_defaults(func=_plot)
 
+    text = ("Tables, comparisons, rank correlations and the figure of a page of next-token collapse across "
+            "language models, from their `analyze --lm` outputs (a YAML spec beside the page).")
+    p = subparsers.add_parser("token-report", help=text, description=text, formatter_class=HelpFormatter,
+                              epilog="example:\n  kdcollapse token-report results/lm_collapse/distilled.yaml\n"
+                                     "  kdcollapse token-report --check results/lm_collapse/distilled.yaml")
+    p.add_argument("spec", metavar="SPEC", help="the page's YAML spec (kdcollapse.analysis._token_report)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page or summary.json is stale")
+    p.set_defaults(func=_token_report)
+
+
+def _token_report(args: argparse.Namespace) -> int:
+    from kdcollapse.analysis import token_report
+
+    changed = token_report(args.spec, check=args.check)
+    for path in changed:
+        print(f"{'stale' if args.check else 'wrote'}: {path}")
+    if not changed:
+        print("up to date")
+    return 1 if args.check and changed else 0
+
 
 def _adder(parser):
     """``add_argument`` for options whose help states the default in words (no "(default: None)")."""

@@ -34,7 +34,17 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import min_one_vs_rest_distance, softmax_code_optimum
-from kdcollapse.metrics._linalg import cross_gram, psd_pinv, quadratic_forms, symmetric_from_upper, weighted_sum
+from kdcollapse.metrics._linalg import (
+    LazyRows,
+    cross_gram,
+    per_row,
+    psd_pinv,
+    quadratic_forms,
+    row_dots,
+    row_sum,
+    symmetric_from_upper,
+    weighted_sum,
+)
 from kdcollapse.metrics._pairwise import TILE, cdnv, equiangle, etf_error
 
 
@@ -67,12 +77,14 @@ GNC_CONVENTIONS = ("paper", "official")
 OFFSET_TEST_LEVEL = 1e-6
 @dataclass(frozen=True)
 class Scatter:
-    """Class means and covariances of one feature map under the empirical class prior (float64)."""
+    """Class means and covariances of one feature map under the empirical class prior (float64). The two K x d
+    matrices are ``LazyRows`` of the class sums (in their dtype): formed a chunk or a tile at a time, never
+    held whole, so the metric phase keeps no K x d matrix beyond the states and W (docs/metrics.md)."""
 
     counts: Tensor  # (K,) n_k
     prior: Tensor  # (K,) pi_k = n_k / N
-    class_means: Tensor  # (K, d) mu_k
-    centred: Tensor  # (K, d) mu_k - mu_G, formed about the shift (no cancellation far from the origin)
+    class_means: LazyRows  # (K, d) mu_k
+    centred: LazyRows  # (K, d) mu_k - mu_G, formed about the shift (no cancellation far from the origin)
     within: Tensor  # (d, d) Sigma_W
     between: Tensor  # (d, d) Sigma_B^pi
     total: Tensor  # (d, d) Sigma_T
@@ -87,14 +99,18 @@ def scatter(stats: States, *, unit: bool) -> Scatter:
     n = counts.to(torch.float64)
     prior = n / n.sum()
     work = class_sums.dtype  # float64, or float32 under float32 accumulation: the K x d matrices keep it
-    means = class_sums / n.to(work)[:, None]  # mu_k - shift
+    scale = n.to(work)[:, None]
+    means = LazyRows(class_sums.shape, work, class_sums.device,
+                     lambda rows: class_sums[rows] / scale[rows])  # mu_k - shift
     mean = class_sums.sum(0, dtype=torch.float64) / n.sum()  # mu_G - shift
-    centred = means - mean.to(work)
+    centred = means.map(lambda rows: rows - mean.to(work))
     total = symmetric_from_upper(getattr(stats, prefix + "moment")) / n.sum() - torch.outer(mean, mean)
     between = cross_gram(centred, weights=prior)
     variances = None if unit else (stats.class_square_sums / n
-                                   - means.square().sum(1, dtype=torch.float64)).clamp_min(0)
-    return Scatter(n, prior, means + shift.to(work), centred, total - between, between, total, variances)
+                                   - per_row(means, lambda rows: rows.square().sum(1, dtype=torch.float64))
+                                   ).clamp_min(0)
+    class_means = means.map(lambda rows: rows + shift.to(work))
+    return Scatter(n, prior, class_means, centred, total - between, between, total, variances)
 
 
 def class_weights(sc: Scatter, convention: str) -> Tensor:
@@ -105,13 +121,14 @@ def class_weights(sc: Scatter, convention: str) -> Tensor:
 def between_class(sc: Scatter, convention: str) -> Tensor:
     """Sigma_B of the NC1 family: sum_k w_k (mu_k - m)(mu_k - m)^T about m = sum_k w_k mu_k (w_k above)."""
     weights = class_weights(sc, convention)
-    centred = sc.centred - weighted_sum(sc.centred, weights).to(sc.centred.dtype)
-    return cross_gram(centred, weights=weights)
+    centre = weighted_sum(sc.centred, weights).to(sc.centred.dtype)
+    return cross_gram(sc.centred.map(lambda rows: rows - centre), weights=weights)
 
 
-def class_centred(sc: Scatter) -> Tensor:
+def class_centred(sc: Scatter) -> LazyRows:
     """mu_k minus the mean of the class means, the rows NC2 and NC3 compare with a simplex ETF."""
-    return sc.centred - sc.centred.mean(0, dtype=torch.float64).to(sc.centred.dtype)
+    centre = (row_sum(sc.centred) / sc.centred.shape[0]).to(sc.centred.dtype)
+    return sc.centred.map(lambda rows: rows - centre)
 
 
 def _checked_counts(stats: States) -> Tensor:
@@ -158,20 +175,20 @@ def _variability(raw: Scatter, rtol: float | None, convention: str) -> dict[str,
     }
 
 
-def _cosine(unit_means: Tensor) -> dict[str, Tensor]:
+def _cosine(unit_means: LazyRows) -> dict[str, Tensor]:
     r"""Kornblith et al. 2021 (VCI paper Sec. 3.2), from the class means :math:`\bar u_k` of unit features:
     :math:`\bar d_{within} = \frac1K\sum_k (1 - \lVert\bar u_k\rVert^2)` (the mean of 1 - cos over all
     within-class pairs), :math:`\bar d_{total} = 1 - \lVert\frac1K\sum_k \bar u_k\rVert^2`."""
-    within = (1 - unit_means.square().sum(1, dtype=torch.float64)).mean()
-    total = 1 - unit_means.mean(0, dtype=torch.float64).square().sum()
+    within = (1 - per_row(unit_means, lambda rows: rows.square().sum(1, dtype=torch.float64))).mean()
+    total = 1 - (row_sum(unit_means) / unit_means.shape[0]).square().sum()
     return {"cosine_within": within, "class_separation": 1 - within / total}
 
 
-def _equinorm_equiangle(vectors: Tensor, tile: int) -> tuple[Tensor, Tensor]:
+def _equinorm_equiangle(vectors: Tensor | LazyRows, tile: int) -> tuple[Tensor, Tensor]:
     """NC2 (Papyan et al. 2020): coefficient of variation of the norms (std with Bessel's correction, as
     ``torch.std``) and the mean over k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``; rows of ``vectors`` (K, d),
     the cosines in tiles (``kdcollapse.metrics._pairwise``)."""
-    norms = vectors.norm(dim=1).double()
+    norms = per_row(vectors, lambda rows: rows.norm(dim=1).double())
     return norms.std() / norms.mean(), equiangle(vectors, tile)
 
 
@@ -193,8 +210,8 @@ def _generalized(unit: Scatter, rtol: float | None, convention: str, gnc_convent
         return _generalized_official(unit, rtol)
     weights = class_weights(unit, convention)
     offset = weighted_sum(unit.class_means, weights)
-    centred = unit.class_means - offset.to(unit.class_means.dtype)
-    centred_between = cross_gram(centred, weights=weights)
+    work_offset = offset.to(unit.class_means.dtype)
+    centred_between = cross_gram(unit.class_means.map(lambda rows: rows - work_offset), weights=weights)
     pinv, _ = psd_pinv(centred_between, rtol=rtol)
     outside_range = torch.eye(offset.numel(), dtype=offset.dtype, device=offset.device) - pinv @ centred_between
     outside = outside_range @ offset
@@ -231,23 +248,33 @@ def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights:
     return float(fdtrc(rank, dof - rank + 1, f_statistic)) > OFFSET_TEST_LEVEL
 
 
-def _classifier(centred: Tensor, unit: Scatter, weight: Tensor, gnc_convention: str, tile: int) -> dict[str, Tensor]:
+def _classifier(centred: LazyRows, unit: Scatter, weight: Tensor, gnc_convention: str,
+                tile: int) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020; Kothapalli's self-duality
     error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``);
-    ``centred`` is ``class_centred`` of the raw features' scatter."""
+    ``centred`` is ``class_centred`` of the raw features' scatter. No K x d copy of W or of the means: the
+    normalised and scaled rows are formed a chunk at a time (``LazyRows``)."""
     optimum = softmax_code_optimum(*weight.shape)
 
-    unit_weight = F.normalize(weight, dim=1)
+    rows_w = LazyRows.of(weight)
+    unit_weight = rows_w.map(lambda rows: F.normalize(rows, dim=1))
     equinorm, equiangle_w = _equinorm_equiangle(weight, tile)
-    unit_means = F.normalize(unit.centred, dim=1) if gnc_convention == "official" else unit.class_means
+    normalised = unit.centred.map(lambda rows: F.normalize(rows, dim=1))
+    unit_means = normalised if gnc_convention == "official" else unit.class_means
+    weight_norm = weight.norm()
+    centred_norm = per_row(centred, lambda rows: rows.square().sum(1, dtype=torch.float64)).sum().sqrt()
+    centred_norm = centred_norm.to(centred.dtype)
+    difference = rows_w.map(lambda rows: rows / weight_norm)
+    nc3 = sum(((difference[rows] - chunk / centred_norm).square().sum(dtype=torch.float64)
+               for rows, chunk in centred.chunks()), torch.zeros((), dtype=torch.float64, device=weight.device))
     return {
         "nc2_equinorm_w": equinorm,
         "nc2_equiangle_w": equiangle_w,
-        "nc3": (weight / weight.norm() - centred / centred.norm()).square().sum(dtype=torch.float64),
+        "nc3": nc3,
         "nc3_self_duality": etf_error(centred, weight),
         "gnc2": min_one_vs_rest_distance(weight).value,  # W in its dtype: no K x d float64 copy
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
-        "gnc3": (1 - (unit_weight * unit_means).sum(1, dtype=torch.float64)).mean(),
+        "gnc3": (1 - row_dots(unit_weight, unit_means)).mean(),
     }
 
 
@@ -295,7 +322,7 @@ def metrics_from_statistics(
             shape = tuple(classifier_weight.shape) if is_tensor else "not a tensor"
             raise KdcollapseError(f"classifier_weight must be a (K, d) = {expected} tensor, got {shape}")
         weight = classifier_weight.detach().to(device=raw.total.device, dtype=raw.centred.dtype)
-        if not bool(torch.isfinite(weight).all()):
+        if not bool(torch.isfinite(torch.stack(torch.aminmax(weight))).all()):  # NaN propagates; no K x d mask
             raise KdcollapseError("classifier_weight contains NaN or inf")
         out |= _classifier(centred, unit, weight, gnc_convention, tile)
     return out

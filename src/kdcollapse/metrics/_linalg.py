@@ -53,37 +53,111 @@ def symmetric_from_upper(matrix: Tensor) -> Tensor:
     return upper + upper.triu(1).mT
 
 
-# Rows of a float32 K x d matrix widened to float64 at a time (float32 accumulation, ``FeatureStatistics``):
+# Rows of a K x d matrix formed or widened to float64 at a time (float32 accumulation, ``LazyRows``):
 # 8192 x 4096 float64 = 256 MiB; no K x d float64 copy is made.
 CHUNK_ROWS = 8192
 
 
-def cross_gram(a: Tensor, b: Tensor | None = None, weights: Tensor | None = None) -> Tensor:
+class LazyRows:
+    """A K x d matrix that is never held whole: ``rows[a:b]`` forms rows a..b-1 on demand from ``get``.
+
+    The metric phase derives its class means, their centred and normalised copies, ... from the K x d states;
+    as ``LazyRows`` they cost ``CHUNK_ROWS`` (or one pairwise tile of) rows at a time instead of a K x d copy
+    each (docs/metrics.md, "Peak memory bound"). ``get(slice)`` must be row-local: row k of the result
+    depends on row k of the sources only, so chunked results equal the whole matrix's exactly."""
+
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device, get) -> None:
+        self.shape, self.dtype, self.device, self.get = tuple(shape), dtype, device, get
+
+    @classmethod
+    def of(cls, matrix: Tensor | LazyRows) -> LazyRows:
+        """``matrix`` itself if lazy, else its rows (views: no copy)."""
+        if isinstance(matrix, LazyRows):
+            return matrix
+        return cls(matrix.shape, matrix.dtype, matrix.device, matrix.__getitem__)
+
+    def __getitem__(self, rows: slice) -> Tensor:
+        return self.get(rows)
+
+    def map(self, fn) -> LazyRows:
+        """The rows ``fn(rows)``; ``fn`` row-local, shape- and dtype-preserving."""
+        return LazyRows(self.shape, self.dtype, self.device, lambda rows: fn(self.get(rows)))
+
+    def chunks(self):
+        """(slice, rows) of ``CHUNK_ROWS`` rows at a time."""
+        for start in range(0, self.shape[0], CHUNK_ROWS):
+            rows = slice(start, start + CHUNK_ROWS)
+            yield rows, self.get(rows)
+
+    def full(self) -> Tensor:
+        """The whole K x d matrix (one copy: only where a caller needs it, e.g. NC4's class means)."""
+        return self.get(slice(None))
+
+
+Rows = Tensor | LazyRows
+
+
+def _whole(*matrices: Rows) -> bool:
+    """Whether every matrix is a float64 tensor: one product, no chunking (the dense path, as before)."""
+    return all(isinstance(m, Tensor) and m.dtype == torch.float64 for m in matrices)
+
+
+def _float64_chunks(*matrices: Rows):
+    """(slice, float64 rows of each matrix) ``CHUNK_ROWS`` rows at a time."""
+    num = matrices[0].shape[0]
+    for start in range(0, num, CHUNK_ROWS):
+        rows = slice(start, start + CHUNK_ROWS)
+        yield rows, [m[rows].double() for m in matrices]
+
+
+def cross_gram(a: Rows, b: Rows | None = None, weights: Tensor | None = None) -> Tensor:
     """sum_k w_k a_k b_k^T (d x d, float64) of the rows of ``a`` and ``b`` (K x d; b = a, w_k = 1 by default).
-    Float64 rows: one product. Float32 rows (the K x d states of float32 accumulation) are widened
-    ``CHUNK_ROWS`` at a time and the products summed in float64."""
-    b = a if b is None else b
-    if a.dtype == torch.float64 and b.dtype == torch.float64:
+    Float64 tensors: one product. Float32 rows (the K x d states of float32 accumulation) and ``LazyRows`` are
+    formed and widened ``CHUNK_ROWS`` at a time and the products summed in float64."""
+    same = b is None
+    b = a if same else b
+    if _whole(a, b):
         return (a if weights is None else a * weights[:, None]).mT @ b
     out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64, device=a.device)
-    for start in range(0, a.shape[0], CHUNK_ROWS):
-        rows = slice(start, start + CHUNK_ROWS)
-        left = a[rows].double() if weights is None else a[rows].double() * weights[rows, None]
-        out += left.mT @ b[rows].double()
+    for rows, (left, *right) in _float64_chunks(a, *(() if same else (b,))):
+        right = right[0] if right else left
+        out += (left if weights is None else left * weights[rows, None]).mT @ right
     return out
 
 
-def weighted_sum(a: Tensor, weights: Tensor) -> Tensor:
+def weighted_sum(a: Rows, weights: Tensor) -> Tensor:
     """sum_k w_k a_k (d, float64) of the rows of ``a`` (K x d, float64 or float32; see ``cross_gram``)."""
-    if a.dtype == torch.float64:
+    if _whole(a):
         return weights @ a
-    return sum((weights[start:start + CHUNK_ROWS] @ a[start:start + CHUNK_ROWS].double()
-                for start in range(0, a.shape[0], CHUNK_ROWS)), torch.zeros(a.shape[1], dtype=torch.float64,
-                                                                           device=a.device))
+    return sum((weights[rows] @ left for rows, (left,) in _float64_chunks(a)),
+               torch.zeros(a.shape[1], dtype=torch.float64, device=a.device))
 
 
-def quadratic_forms(a: Tensor, matrix: Tensor) -> Tensor:
+def row_sum(a: Rows) -> Tensor:
+    """sum_k a_k (d, float64) of the rows of ``a``."""
+    if isinstance(a, Tensor):
+        return a.sum(0, dtype=torch.float64)
+    return sum((rows.sum(0, dtype=torch.float64) for _, rows in a.chunks()),
+               torch.zeros(a.shape[1], dtype=torch.float64, device=a.device))
+
+
+def per_row(a: Rows, fn) -> Tensor:
+    """``fn(rows)`` (a per-row vector) for every row of ``a``, ``CHUNK_ROWS`` rows at a time: (K,)."""
+    if isinstance(a, Tensor):
+        return fn(a)
+    return torch.cat([fn(rows) for _, rows in a.chunks()])
+
+
+def row_dots(a: Rows, b: Rows) -> Tensor:
+    """a_k . b_k (K, float64; products in the rows' dtype, summed in float64) for every row."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return (a * b).sum(1, dtype=torch.float64)
+    b = LazyRows.of(b)
+    return torch.cat([(left * b[rows]).sum(1, dtype=torch.float64) for rows, left in LazyRows.of(a).chunks()])
+
+
+def quadratic_forms(a: Rows, matrix: Tensor) -> Tensor:
     """a_k^T M a_k for every row of ``a`` (K, float64); M a float64 d x d matrix."""
-    if a.dtype == torch.float64:
+    if _whole(a):
         return ((a @ matrix) * a).sum(1)
-    return torch.cat([((rows.double() @ matrix) * rows.double()).sum(1) for rows in a.split(CHUNK_ROWS)])
+    return torch.cat([((rows @ matrix) * rows).sum(1) for _, (rows,) in _float64_chunks(a)])

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics._linalg import cross_gram
+from kdcollapse.metrics._linalg import LazyRows, Rows, cross_gram, row_dots, row_sum
 
 TILE = 2048  # rows and columns of one pairwise tile
 
@@ -44,30 +44,35 @@ def _upper_tiles(num_rows: int, tile: int) -> Iterator[tuple[slice, slice, bool]
                 yield slice(i, i + tile), slice(j, j + tile), i == j
 
 
-def pair_mean(rows: Tensor, kernel: Callable[[Tensor, Tensor], Tensor], tile: int = TILE) -> Tensor:
+def pair_mean(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor], tile: int = TILE) -> Tensor:
     """Mean of ``kernel(a, b)`` over all unordered pairs k < k' of ``rows`` (K, ...), in tiles.
 
     ``kernel(a, b)`` takes two tiles of rows and returns their ``(len(a), len(b))`` block; it must be
-    symmetric (block (a, b) is the transpose of block (b, a)). Float64 sum, no K x K matrix.
+    symmetric (block (a, b) is the transpose of block (b, a)). Float64 sum, no K x K matrix. ``rows`` may be
+    ``LazyRows``: each tile's rows are then formed when it is visited (the row tile of a tile row once), so
+    no K x d copy of them exists.
     """
     num = rows.shape[0]
     total = torch.zeros((), dtype=torch.float64, device=rows.device)
+    held, a = None, None
     for r, c, diagonal in _upper_tiles(num, tile):
-        block = kernel(rows[r], rows[c])
+        if r != held:
+            held, a = r, rows[r]
+        block = kernel(a, a if diagonal else rows[c])
         if diagonal:
             block = block.triu(1)
         total += block.sum(dtype=torch.float64)
     return total / (num * (num - 1) / 2)
 
 
-def equiangle(vectors: Tensor, tile: int = TILE) -> Tensor:
+def equiangle(vectors: Rows, tile: int = TILE) -> Tensor:
     """NC2 equiangularity (Papyan et al. 2020): mean over k != k' of |cos(v_k, v_k') + 1/(K-1)|."""
     shift = 1 / (vectors.shape[0] - 1)
-    unit = F.normalize(vectors, dim=1)
+    unit = LazyRows.of(vectors).map(lambda rows: F.normalize(rows, dim=1))
     return pair_mean(unit, lambda a, b: (a @ b.mT + shift).abs(), tile)
 
 
-def cdnv(class_means: Tensor, variances: Tensor, tile: int = TILE) -> Tensor:
+def cdnv(class_means: Rows, variances: Tensor, tile: int = TILE) -> Tensor:
     r"""Class-distance normalised variance (Galanti et al. 2022), the mean over k < k' of
     :math:`(\sigma_k^2 + \sigma_{k'}^2) / (2\lVert\mu_k - \mu_{k'}\rVert^2)`, with
     :math:`\sigma_k^2 = \frac1{n_k}\sum_{i: y_i = k}\lVert h_i - \mu_k\rVert^2`.
@@ -75,17 +80,23 @@ def cdnv(class_means: Tensor, variances: Tensor, tile: int = TILE) -> Tensor:
     Distances come from ``|a|^2 + |b|^2 - 2 a.b`` about the mean of the class means (float64: the relative
     error is about eps * |mu_k - mu_bar|^2 / |mu_k - mu_k'|^2). Two equal class means give inf.
     """
-    centred = class_means - class_means.mean(0, dtype=torch.float64).to(class_means.dtype)
-    bundled = torch.cat([centred, centred.square().sum(1, keepdim=True), variances[:, None].to(centred.dtype)], dim=1)
+    means = LazyRows.of(class_means)
+    centre = (row_sum(means) / means.shape[0]).to(means.dtype)
+
+    def bundled(rows: slice) -> Tensor:
+        centred = means[rows] - centre
+        return torch.cat([centred, centred.square().sum(1, keepdim=True), variances[rows, None].to(centred.dtype)],
+                         dim=1)
 
     def kernel(a: Tensor, b: Tensor) -> Tensor:
         squared = (a[:, -2, None] + b[None, :, -2] - 2 * a[:, :-2] @ b[:, :-2].mT).clamp_min(0)
         return (a[:, -1, None] + b[None, :, -1]) / (2 * squared)
 
-    return pair_mean(bundled, kernel, tile)
+    shape = (means.shape[0], means.shape[1] + 2)
+    return pair_mean(LazyRows(shape, means.dtype, means.device, bundled), kernel, tile)
 
 
-def etf_error(A: Tensor, B: Tensor | None = None) -> Tensor:
+def etf_error(A: Rows, B: Rows | None = None) -> Tensor:
     r"""Distance of the normalised cross-Gram ``B A^T`` (K x K) from the simplex ETF's Gram, in O(K d^2).
 
     :math:`\lVert S/\lVert S\rVert_F - (I - \mathbf 1\mathbf 1^\top/K)/\sqrt{K-1}\rVert_F` with
@@ -106,7 +117,7 @@ def etf_error(A: Tensor, B: Tensor | None = None) -> Tensor:
         spread = (eigenvalues - level).square().sum() + (num - 1 - eigenvalues.numel()) * level.square()
         return spread.sqrt() / (level * math.sqrt(num - 1))
     norm = (cross_gram(A) * cross_gram(B)).sum().clamp_min(0).sqrt()
-    trace = (A * B).sum(dtype=torch.float64)
-    total = A.sum(0, dtype=torch.float64) @ B.sum(0, dtype=torch.float64)
+    trace = row_dots(A, B).sum()
+    total = row_sum(A) @ row_sum(B)
     inner = (trace - total / num) / math.sqrt(num - 1)
     return (2 - 2 * inner / norm).clamp_min(0).sqrt()

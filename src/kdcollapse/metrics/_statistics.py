@@ -257,7 +257,7 @@ class FeatureStatistics(Metric, States):
     def class_means(self) -> Tensor:
         """The ``(K, d)`` float64 class means mu_k, gathered across processes (for the NC4 second pass)."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self.sync_on_compute):
-            return scatter(self, unit=False).class_means
+            return scatter(self, unit=False).class_means.full()
 
     def merge_state(self, incoming_state: dict[str, Tensor] | Metric) -> None:
         """Add another ``FeatureStatistics`` (or its ``metric_state`` dict) to this one, exactly, by first

@@ -67,3 +67,33 @@ def comparisons_table(tests: Sequence[dict], first: str = "comparison") -> str:
     return markdown_table([first, "metric", "paired difference", "Holm p", "verdict"],
                           [[f"{t['a']} − {t['b']}", t["metric"], f"{t['difference']:+.4g}", f"{t['holm_p']:.2g}",
                             t["verdict"]] for t in tests])
+
+
+def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float]) -> dict[str, dict]:
+    """Spearman's rank correlation of each ``xs[name]`` with ``y`` (the same items in the same order): per name
+    ``spearman_rho``, its two-sided ``p`` (scipy's, uncorrected: descriptive, outside a page's Holm family) and
+    the number of ``models`` (items). Needs at least 3 items.
+
+    >>> c = rank_correlations({"a": [1.0, 2.0, 3.0, 4.0], "b": [4.0, 3.0, 1.0, 2.0]}, [10.0, 20.0, 30.0, 40.0])
+    >>> c["a"]["spearman_rho"], round(c["b"]["spearman_rho"], 12), c["a"]["models"]
+    (1.0, -0.8, 4)
+    """
+    from scipy.stats import spearmanr  # scipy on use, as the tests of _stats
+
+    out = {}
+    for name, x in xs.items():
+        if len(x) != len(y) or len(y) < 3:
+            raise KdcollapseError(f"rank_correlations: {name} has {len(x)} values for {len(y)} items; "
+                                  "equal numbers, at least 3, are needed")
+        rho, p = spearmanr(x, y)
+        out[name] = {"spearman_rho": float(rho), "p": float(p), "models": len(y)}
+    return out
+
+
+def rank_correlations_table(correlations: Mapping[str, dict], first: str, against: str) -> str:
+    """The markdown table of ``rank_correlations``: row label, Spearman ρ with ``against`` (and the number of
+    items), p (uncorrected)."""
+    count = {c["models"] for c in correlations.values()}
+    items = f", {count.pop()} items" if len(count) == 1 else ""
+    return markdown_table([first, f"Spearman ρ with {against}{items}", "p (uncorrected)"],
+                          [[name, f"{c['spearman_rho']:+.2f}", f"{c['p']:.2g}"] for name, c in correlations.items()])

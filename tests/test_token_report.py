@@ -1,0 +1,94 @@
+"""``kdcollapse token-report``: a page of next-token collapse across models from their ``analyze --lm``
+outputs, with the library's tables (seeds, paired comparisons under Holm, Spearman rank correlations)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from scipy.stats import spearmanr
+
+from kdcollapse.analysis import token_report
+from kdcollapse.analysis._token_report import BEGIN, END
+from kdcollapse.cli import main
+from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.report import paired_t_test, rank_correlations
+
+CLASSES = {"tokens": 630, "classes_kept": 12, "min_count": 2, "tokens_excluded": 5}
+
+
+def analysis(perplexity: float, seed: int, shift: float) -> dict:
+    """An ``analyze --lm`` result of a 2-layer model: hidden states 0..2, metrics varying with seed and shift."""
+    layers = {str(i): {"nc1": 0.1 * i + shift + 0.01 * seed, "cdnv": 1.0 + shift * seed, "vci": 0.8 - 0.01 * seed,
+                       "gnc1": 0.3 + 0.02 * i, "gnc2": 0.2 + shift + 0.003 * seed ** 2} for i in range(3)}
+    return {"classes": CLASSES, "perplexity": perplexity, "num_hidden_states": 3, "layers": layers}
+
+
+@pytest.fixture
+def page(tmp_path):
+    directory = tmp_path / "analyses"
+    models = {"teacher": analysis(40.0, 0, 0.5)}
+    for prefix, shift, base in (("a", 0.0, 100.0), ("b", 0.2, 300.0)):
+        for seed in range(3):
+            models[f"{prefix}_s{seed}"] = analysis(base + 7 * seed ** 2, seed, shift)
+    for name, result in models.items():
+        (directory / name).mkdir(parents=True)
+        (directory / name / "analysis.json").write_text(json.dumps(result))
+    spec = tmp_path / "page.yaml"
+    spec.write_text("page: page.md\ndirectory: analyses\nteacher: {label: the teacher, dir: teacher}\n"
+                    "arms: {arm A: a, arm B: b}\nseeds: [0, 1, 2]\nkeys: [nc1, gnc2]\n"
+                    "per_layer: {keys: [gnc1], layers: [0, 2]}\ncompare: [[arm A, arm B]]\n"
+                    "correlate: {arms: [arm A, arm B], with: log_perplexity}\n")
+    (tmp_path / "page.md").write_text(f"# A page\n\nprose\n\n{BEGIN}\nold\n{END}\n\nmore prose\n")
+    return spec, models
+
+
+def test_the_page_holds_the_library_tables_and_check_sees_staleness(page, capsys):
+    spec, models = page
+    assert main(["token-report", "--check", str(spec)]) == 1  # the page holds "old"
+    assert main(["token-report", str(spec)]) == 0
+    assert main(["token-report", "--check", str(spec)]) == 0
+    text = (spec.parent / "page.md").read_text()
+    assert text.startswith("# A page\n\nprose\n\n" + BEGIN) and text.endswith(END + "\n\nmore prose\n")
+    assert "| the teacher | 40.00 | 0.700 | 0.700 |" in text  # last hidden state: 0.1 * 2 + 0.5
+    assert "| gnc1, hidden state 2 | 0.340 ± 0.000 | 0.340 ± 0.000 |" in text
+    summary = json.loads((spec.parent / "analyses" / "summary.json").read_text())
+    a = [models[f"a_s{s}"]["layers"]["2"]["gnc2"] for s in range(3)]
+    b = [models[f"b_s{s}"]["layers"]["2"]["gnc2"] for s in range(3)]
+    test = next(t for t in summary["comparisons"] if t["metric"] == "gnc2")
+    assert test["difference"] == pytest.approx(paired_t_test(a, b)[0])
+    students = [models[f"{p}_s{s}"] for p in "ab" for s in range(3)]
+    rho, p = spearmanr([m["layers"]["2"]["nc1"] for m in students], [math.log(m["perplexity"]) for m in students])
+    assert summary["correlation_with_log_perplexity"]["nc1"] == {"spearman_rho": pytest.approx(rho),
+                                                                 "p": pytest.approx(p), "models": 6}
+    assert f"| nc1 | {rho:+.2f} | {p:.2g} |" in text
+
+
+def test_an_analysis_not_done_or_on_other_classes_is_refused(page):
+    spec, models = page
+    (spec.parent / "analyses" / "b_s2" / "analysis.json").unlink()
+    with pytest.raises(KdcollapseError, match=r"1 analyses are not done \(no analysis.json\).*b_s2"):
+        token_report(spec)
+    other = models["b_s2"] | {"classes": CLASSES | {"classes_kept": 11}}
+    (spec.parent / "analyses" / "b_s2" / "analysis.json").write_text(json.dumps(other))
+    with pytest.raises(KdcollapseError, match="b_s2 was measured on other tokens or classes"):
+        token_report(spec)
+
+
+def test_bad_specs_and_correlations_are_one_error(page, tmp_path):
+    spec, _ = page
+    spec.write_text(spec.read_text().replace("compare: [[arm A, arm B]]", "compare: [[arm A, arm C]]"))
+    with pytest.raises(ConfigError, match=r"compare/correlate name \['arm C'\], not arms"):
+        token_report(spec)
+    with pytest.raises(ConfigError, match="token report spec not found"):
+        token_report(tmp_path / "nothing.yaml")
+    with pytest.raises(KdcollapseError, match="equal numbers, at least 3"):
+        rank_correlations({"x": [1.0, 2.0]}, [1.0, 2.0])
+
+
+def test_the_committed_lm_collapse_page_is_what_the_report_writes():
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parents[1] / "results" / "lm_collapse" / "distilled.yaml"
+    assert token_report(spec, check=True) == []
