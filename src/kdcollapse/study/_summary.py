@@ -29,7 +29,7 @@ from kdcollapse.study._spec import Study, _flat
 # best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
 AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
-                "plots")
+                "plots", "history")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale")
 BETTER = ("higher", "lower", "none")
@@ -221,6 +221,7 @@ def collect(study: Study) -> dict[str, dict]:
     path = study.path.parent / RECORDS_FILE
     records = json.loads(path.read_text()) if path.is_file() else {}
     groups = {cell["group"] for section in spec.get("sections") or [] for cell in section.get("cells") or []}
+    refreshed = set()
     for name, run in study.runs.items():
         if run.group not in groups:
             continue
@@ -231,12 +232,59 @@ def collect(study: Study) -> dict[str, dict]:
         elif (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
                 state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
             records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))
+            refreshed.add(name)
         elif name in records and _moved_on(records[name], Path(run.run_dir)):
             warnings.warn(f"study {study.name}: left out the record of run {name}: {run.run_dir} no longer holds the "
                           "weights it was read from (overwritten, or trained further); it returns when that run "
                           "finishes", stacklevel=2)
             del records[name]
+    if spec.get("history") is not None and (curves := _curve_keys(spec)):
+        for name in (n for n in study.runs if n in records and n not in refreshed):
+            if (copy := _history_file(study, spec["history"], name)) is not None:
+                records[name] = with_history(records[name], copy, curves, study.path.parent)
     return {name: records[name] for name in study.runs if name in records}
+
+
+def _history_file(study: Study, history, name: str) -> Path | None:
+    """The committed copy of run ``name``'s ``metrics.jsonl`` that the summary's ``history`` names (a template
+    with ``{run}`` and the run's fields, or a mapping run → file; relative to the study file), if it exists."""
+    if isinstance(history, str):
+        try:
+            relative = history.format(run=name, **study.runs[name].values)
+        except (KeyError, IndexError, ValueError):
+            raise ConfigError(f"summary 'history' {history!r}: a template of {{run}} and the run's fields "
+                              f"({', '.join(sorted(study.runs[name].values))}), for run {name!r}") from None
+    elif isinstance(history, dict) and all(isinstance(v, str) for v in history.values()):
+        if unknown := sorted(set(history) - set(study.runs)):
+            raise ConfigError(unknown_choice("run of summary 'history'", unknown[0], tuple(study.runs)))
+        relative = history.get(name)
+    else:
+        raise ConfigError(f"summary 'history' is a file template (e.g. 'metrics/{{run}}.jsonl') or a mapping run → "
+                          f"file, got {history!r}")
+    path = study.path.parent / relative if relative else None
+    return path if path is not None and path.is_file() else None
+
+
+def with_history(record: dict, copy: Path, keys, root: Path) -> dict:
+    """``record`` with the per-epoch series of ``keys`` (``epochs``) read from ``copy``, a committed copy of its
+    run's ``metrics.jsonl`` for a run whose directory is gone, and ``epochs_source``: that file (relative to
+    ``root``) and its SHA-256. The copy must be the run's: the digest its record's ``source`` names, where it names
+    one, and its last epoch equal to the record's last epoch in every number both hold; otherwise it is refused."""
+    import hashlib
+
+    data = copy.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    recorded = (record.get("source") or {}).get("metrics_sha256")
+    if recorded is not None and recorded != digest:
+        raise CheckpointError(f"{copy} is not the metrics.jsonl its record was read from (SHA-256 {digest[:12]}…, "
+                              f"the record's {recorded[:12]}…)")
+    last, final = record.get("last") or {}, rows[-1] if rows else {}
+    if (differ := [k for k in sorted(last) if k in final and final[k] != last[k]]) or "epoch" not in final:
+        raise ConfigError(f"{copy} is not this run's history: its last epoch differs from the record's last epoch in "
+                          f"{', '.join(differ) or 'epoch (none logged)'}")
+    return {**record, "epochs": epoch_series(rows, keys),
+            "epochs_source": {"file": copy.relative_to(root).as_posix(), "sha256": digest}}
 
 
 def _moved_on(record: dict, run_dir: Path) -> bool:
@@ -418,8 +466,8 @@ def _curve_panels(study, records, spec, section, plot) -> list[dict]:
                           f"matches some of its cells with records, got {plot.get('metrics')!r}, "
                           f"{plot.get('cells')!r}")
     panels = []
-    for name in plot["metrics"]:
-        m = _column(columns, name, title)
+    for name in plot["metrics"]:  # a metric that is no column of the section is drawn under its own name
+        m = next((c for c in columns if c.metric == name), None) or Measure(name, "last", name.replace("_", " "))
         series = []
         for label, runs in cells.items():
             missing = [s for s, r in runs.items() if m.metric not in r.get("epochs", {})]
