@@ -5,8 +5,9 @@ from kdcollapse.report._epochs import epoch_table
 from kdcollapse.report._markdown import markdown_table
 from kdcollapse.report._panels import plot_panels
 from kdcollapse.report._stats import VERDICTS, holm, mean_difference_ci, mean_std, paired_t_test, pearson, verdict
-from kdcollapse.report._tables import comparisons_table, paired_comparisons, seeds_cell, seeds_table
+from kdcollapse.report._tables import (comparisons_table, corrected_verdicts, paired_comparisons, seeds_cell,
+                                      seeds_table)
 
-__all__ = ["VERDICTS", "comparisons_table", "epoch_table", "holm", "markdown_table", "mean_difference_ci", "mean_std",
+__all__ = ["VERDICTS", "comparisons_table", "corrected_verdicts", "epoch_table", "holm", "markdown_table", "mean_difference_ci", "mean_std",
            "paired_comparisons", "paired_t_test", "pearson", "plot_curves", "plot_panels", "seeds_cell", "seeds_table",
            "verdict"]
