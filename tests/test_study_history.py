@@ -114,3 +114,18 @@ def test_a_curve_over_two_seeds_is_their_mean_and_std_at_each_epoch(tmp_path):
         assert series["yerr"] == [statistics.stdev([u["acc"], v["acc"]]) for u, v in zip(a, b)]
     pytest.importorskip("matplotlib")
     assert figures(study, records)["c.png"].startswith(b"\x89PNG")
+
+
+def test_a_seeds_column_lists_each_seed_s_value_in_seed_order(tmp_path):
+    from kdcollapse.study import summarise
+
+    study = make(tmp_path)
+    study.summary["columns"] = [{"metric": "acc", "label": "acc, each seed", "seeds": True, "digits": 1},
+                                {"metric": "acc", "label": "acc"}]
+    records = {f"x{x}/seed{s}": {"last": {"epoch": 3, "acc": 50.0 + 10 * x - 3 * s}} for x in (1, 2) for s in (1, 0)}
+    text, summary = summarise(study, records)
+    assert "| x = 1 | 0,1 | 60.0, 57.0 | 58.50 ± 2.12 |" in text
+    assert summary["sections"][0]["cells"]["x = 2"] == ["0,1", "70.0, 67.0", "68.50 ± 2.12"]
+    study.summary["columns"][0]["seeds"] = "yes"
+    with pytest.raises(ConfigError, match="'seeds' is true or false, got 'yes'"):
+        summarise(study, records)

@@ -31,7 +31,7 @@ AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
                 "plots", "history")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
-MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale")
+MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale", "seeds")
 BETTER = ("higher", "lower", "none")
 # a − b > 0 and < 0 in words, by which direction is better: where lower is, "better" and "worse" swap; where neither
 # is, the sign ("higher", "lower"), shown by the same rule
@@ -55,6 +55,7 @@ class Measure:
     better: str | None = None  # which direction the verdict calls "better": higher, lower, or none
     # ("higher"/"lower"); None: the page's (the summary's ``better``, higher by default)
     scale: float = 1.0  # the stored number times this (100: a fraction shown in %)
+    seeds: bool = False  # the cell lists every seed's value (in seed order) instead of mean ± std
 
     @classmethod
     def parse(cls, spec, select: str | None) -> Measure:
@@ -82,7 +83,8 @@ class Measure:
         if isinstance(scale, bool) or not isinstance(scale, int | float) or scale <= 0:
             raise ConfigError(f"summary column {spec['metric']!r}: 'scale' is a number > 0, got {scale!r}")
         return cls(spec["metric"], at, spec.get("label", f"{spec['metric']} at {where}"), digits,
-                   None if floor is None else float(floor), spec.get("unit"), better, float(scale))
+                   None if floor is None else float(floor), spec.get("unit"), better, float(scale),
+                   _flag(spec, "seeds"))
 
     def has(self, record: dict) -> bool:
         return self.metric in record.get(self.at, {})
@@ -90,6 +92,17 @@ class Measure:
     def of(self, record: dict) -> float:
         value = record[self.at][self.metric]
         return value if self.scale == 1.0 else value * self.scale
+
+
+def _flag(spec: dict, key: str) -> bool:
+    if not isinstance(value := spec.get(key, False), bool):
+        raise ConfigError(f"summary column {spec['metric']!r}: {key!r} is true or false, got {value!r}")
+    return value
+
+
+def _value_cell(values: list[float], m: Measure) -> str:
+    """A cell of a column: mean ± std over the seeds (:func:`seeds_cell`), or with ``seeds: true`` each seed's value."""
+    return ", ".join(format(v, f".{m.digits}f") for v in values) if m.seeds else seeds_cell(values, m.digits)
 
 
 def check_summary(spec: dict) -> dict:
@@ -561,7 +574,7 @@ def _section(study: Study, records: dict, section: dict, columns: list[Measure],
     if chosen is not None:
         title += f" — chosen on validation ({section['choose']['by']}, seeds {','.join(map(str, shared))}): {chosen}"
     rows = [[label + (" (chosen on val)" if label == chosen else ""), ",".join(map(str, sorted(runs))),
-             *(seeds_cell(v, m.digits) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
+             *(_value_cell(v, m) if (v := [m.of(runs[s]) for s in sorted(runs) if m.has(runs[s])]) else "–"
                for m in columns)]
             + ([", ".join(f"seed {s}: N.A.({e})" for s, e in sorted(broke[label].items())) or "–"]
                if any(broke.values()) else [])
