@@ -75,7 +75,8 @@ PAGES = sorted(p for p in (ROOT / "results").rglob("*.md") if BLOCK.search(p.rea
 def test_the_pages_have_generated_tables():
     assert {p.relative_to(ROOT).as_posix() for p in PAGES} >= {
         "results/fashion_mnist_teacher/README.md", "results/teachers/fashion_mnist_convnet/README.md",
-        "results/teachers/fashion_mnist_convnet_e25/README.md", "results/teachers/fashion_mnist_pairs_convnet/README.md",
+        "results/teachers/fashion_mnist_convnet_e25/README.md",
+        "results/teachers/fashion_mnist_pairs_convnet/README.md",
         "results/teachers/fashion_mnist_pairs_convnet_e20/README.md"}
 
 

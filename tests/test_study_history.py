@@ -129,3 +129,56 @@ def test_a_seeds_column_lists_each_seed_s_value_in_seed_order(tmp_path):
     study.summary["columns"][0]["seeds"] = "yes"
     with pytest.raises(ConfigError, match="'seeds' is true or false, got 'yes'"):
         summarise(study, records)
+
+
+POST = "    post: [{command: analyze, args: [--split, test], creates: analysis_test/analysis.json}]\n"
+MATRICES = STUDY.replace("    grid: {x: [1, 2]}\n", "    grid: {x: [1, 2]}\n" + POST).replace(
+    "  plots: [{file: c.png, kind: curves, section: grid, metrics: [acc, loss]}]",
+    "  plots: [{file: m.png, kind: matrices, section: grid, matrices: [analysis_test/logit_matrices/main/matrix, "
+    "analysis_test/logit_matrices/aux/matrix], labels: [main, aux]}]")
+
+
+def matrix(x: int, seed: int) -> list[list[float]]:
+    return [[(i - j) * (x + seed) + 0.5 * (i == j) for j in range(3)] for i in range(3)]
+
+
+def test_a_matrices_plot_draws_each_cell_s_mean_abs_matrix_from_the_committed_reports(tmp_path):
+    (tmp_path / "c.yaml").write_text("method: {name: vanilla}\n")
+    page = tmp_path / "page"
+    page.mkdir()
+    reports = "\n".join(f"    x{x}/seed{s}: {{analysis_test/analysis.json: json/x{x}_{s}.json}}"
+                        for x in (1, 2) for s in (0, 1))
+    (page / "study.yaml").write_text(MATRICES.replace("CONFIG", str(tmp_path / "c.yaml")).replace(
+        "HISTORY", "reports:\n" + reports))
+    (page / "json").mkdir()
+    for x in (1, 2):
+        for s in (0, 1):
+            heads = {"main": {"matrix": matrix(x, s)}} | ({"aux": {"matrix": matrix(0, s)}} if x == 2 else {})
+            report = {"metrics": {"nc1": x + s}, "logit_matrices": heads}
+            (page / "json" / f"x{x}_{s}.json").write_text(json.dumps(report))
+    records = {f"x{x}/seed{s}": {"last": {"epoch": 3, "acc": 50.0, "analysis_test/metrics/nc1": x + s}}
+               for x in (1, 2) for s in (0, 1)}
+    (page / "runs.json").write_text(json.dumps(records))
+    study = load_study(page / "study.yaml", runs_dir=tmp_path / "gone")
+    collected = collect(study)
+    assert collected["x2/seed1"]["matrices"] == {"analysis_test/logit_matrices/main/matrix": matrix(2, 1),
+                                                 "analysis_test/logit_matrices/aux/matrix": matrix(0, 1)}
+    assert collected["x1/seed0"]["matrices_source"]["analysis_test/analysis.json"]["file"] == "json/x1_0.json"
+    from kdcollapse.study._summary import _matrix_panels
+
+    spec = check_summary(study.summary)
+    panels = _matrix_panels(study, collected, spec["sections"][0], spec["plots"][0])
+    assert [p["title"].split(":")[0] for p in panels] == ["x = 1, main", "x = 2, main", "x = 2, aux"]
+    for p, (x, head) in zip(panels, ((1, None), (2, None), (2, 0))):
+        a, b = (matrix(x if head is None else head, s) for s in (0, 1))
+        expected = [[0.0 if i == j else (abs(a[i][j]) + abs(b[i][j])) / 2 for j in range(3)] for i in range(3)]
+        assert [v for r in p["matrix"] for v in r] == pytest.approx([v for r in expected for v in r])
+        off = statistics.mean(v for i, r in enumerate(expected) for j, v in enumerate(r) if i != j)
+        assert p["title"].endswith(f"mean {off:.3f} (2 seeds)")
+    assert {p["vmax"] for p in panels} == {max(max(r) for p in panels for r in p["matrix"])}  # one colour scale
+    pytest.importorskip("matplotlib")
+    assert figures(study, collected)["m.png"].startswith(b"\x89PNG")
+    records["x1/seed1"]["last"]["analysis_test/metrics/nc1"] = 9.0  # the copy is not this run's analysis
+    (page / "runs.json").write_text(json.dumps(records))
+    with pytest.raises(ConfigError, match="differs from the record in analysis_test/metrics/nc1"):
+        collect(study)

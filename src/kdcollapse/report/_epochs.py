@@ -1,4 +1,5 @@
-"""A run's per-epoch table: chosen ``metrics.jsonl`` keys at chosen epochs, as markdown (``kdcollapse plot --table``)."""
+"""A run's per-epoch table: chosen ``metrics.jsonl`` keys at chosen epochs, as markdown
+(``kdcollapse plot --table``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def parse_epochs(text: str) -> list[int]:
         except ValueError:
             raise ConfigError(f"--epochs is a comma-separated list of epochs and ranges A-B, got {text!r}") from None
         if low < 1 or high < low:
-            raise ConfigError(f"--epochs: {part!r} is not an epoch ≥ 1 or a range A-B with 1 ≤ A ≤ B, in {text!r}")
+            raise ConfigError(f"--epochs: {part!r} is not an epoch ≥ 1 or a range A-B with 1 ≤ A ≤ B, in "
+                              f"{text!r}")
         epochs += range(low, high + 1)
     return epochs
 

@@ -42,7 +42,8 @@ def seeds_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Sequen
 
 def corrected_verdicts(differences: Sequence[float], p_values: Sequence[float], *, alpha: float = 0.05,
                        noise_floors: float | Sequence[float] = 0.0,
-                       words: tuple[str, str] | Sequence[tuple[str, str]] = ("better", "worse")) -> list[tuple[float, str]]:
+                       words: tuple[str, str] | Sequence[tuple[str, str]] = ("better", "worse"),
+                       ) -> list[tuple[float, str]]:
     """``(Holm p, verdict)`` of each test, in order: Holm's correction across all of them (nan: no test, left out)
     and the verdict word by :func:`verdict`'s rule with the test's noise floor. ``words`` name a positive and a
     negative difference: ("better", "worse") where higher is better, ("worse", "better") where lower is, ("higher",

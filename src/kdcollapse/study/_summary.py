@@ -29,7 +29,7 @@ from kdcollapse.study._spec import Study, _flat
 # best: the selected epoch; last, first: those epochs; falls: how many evaluated epochs were lower than the one before
 AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
-                "plots", "history")
+                "plots", "history", "reports")
 SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale", "seeds")
 BETTER = ("higher", "lower", "none")
@@ -101,7 +101,8 @@ def _flag(spec: dict, key: str) -> bool:
 
 
 def _value_cell(values: list[float], m: Measure) -> str:
-    """A cell of a column: mean ± std over the seeds (:func:`seeds_cell`), or with ``seeds: true`` each seed's value."""
+    """A cell of a column: mean ± std over the seeds (:func:`seeds_cell`), or with ``seeds: true`` each seed's
+    value."""
     return ", ".join(format(v, f".{m.digits}f") for v in values) if m.seeds else seeds_cell(values, m.digits)
 
 
@@ -206,6 +207,8 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
                            for k in sorted(falls) if (series := [r[k] for r in records if k in r])}
     if curves := _curve_keys(spec):  # opt-in: only the metrics a curves plot draws
         record["epochs"] = epoch_series(records, curves)
+    if matrices := _matrix_keys(spec):  # opt-in: only the matrices a matrices plot draws
+        record["matrices"] = {k: m for k in matrices if (m := _post_matrix(run_dir, post, k)) is not None}
     return record | {"source": metrics_source(run_dir)}
 
 
@@ -254,6 +257,10 @@ def collect(study: Study) -> dict[str, dict]:
                           "weights it was read from (overwritten, or trained further); it returns when that run "
                           "finishes", stacklevel=2)
             del records[name]
+    if spec.get("reports") is not None and (matrices := _matrix_keys(spec)):
+        for name in (n for n in study.runs if n in records and n not in refreshed):
+            if copies := _report_files(study, spec["reports"], name):
+                records[name] = with_reports(records[name], copies, matrices, study.path.parent)
     if spec.get("history") is not None and (curves := _curve_keys(spec)):
         for name in (n for n in study.runs if n in records and n not in refreshed):
             if (copy := _history_file(study, spec["history"], name)) is not None:
@@ -301,6 +308,73 @@ def with_history(record: dict, copy: Path, keys, root: Path) -> dict:
                           f"{', '.join(differ) or 'epoch (none logged)'}")
     return {**record, "epochs": epoch_series(rows, keys),
             "epochs_source": {"file": copy.relative_to(root).as_posix(), "sha256": digest}}
+
+
+def _matrix_keys(spec: dict) -> list[str]:
+    """The post-step matrices a run's record keeps (``matrices``): those a ``kind: matrices`` plot draws."""
+    return sorted({m for plot in spec.get("plots") or [] if isinstance(plot, dict) and plot.get("kind") == "matrices"
+                   for m in plot.get("matrices") or []})
+
+
+def _json_path(value, parts: list[str]):
+    for part in parts:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _in_post_file(post_file: str, data, key: str):
+    """The value at ``key`` (``FOLDER/path/in/the/json``, as the records name a post step's numbers) of the JSON
+    ``data`` of post file ``post_file``, or None when the key is not one of its."""
+    folder = _folder(post_file)
+    if folder and not key.startswith(folder + "/"):
+        return None
+    return _json_path(data, key.removeprefix(folder + "/" if folder else "").split("/"))
+
+
+def _post_matrix(run_dir: Path, post: tuple, key: str):
+    for f in (f for f in post if f.endswith(".json") and (run_dir / f).is_file()):
+        if (value := _in_post_file(f, json.loads((run_dir / f).read_text()), key)) is not None:
+            return value
+    return None
+
+
+def _report_files(study: Study, reports, name: str) -> dict[str, Path]:
+    """Post file → its committed copy, for run ``name``, as the summary's ``reports`` names them
+    (``{run: {POST_FILE: COPY}}``, copies relative to the study file); the copies that exist."""
+    if not isinstance(reports, dict) or not all(isinstance(v, dict) for v in reports.values()):
+        raise ConfigError(f"summary 'reports' is a mapping run → {{post file: committed copy}}, got {reports!r}")
+    if unknown := sorted(set(reports) - set(study.runs)):
+        raise ConfigError(unknown_choice("run of summary 'reports'", unknown[0], tuple(study.runs)))
+    posts = {step.creates for step in study.runs[name].post}
+    if bad := sorted(set(reports.get(name, {})) - posts):
+        raise ConfigError(unknown_choice(f"post file of run {name!r} in summary 'reports'", bad[0],
+                                         tuple(sorted(posts))))
+    return {f: study.path.parent / c for f, c in reports.get(name, {}).items() if (study.path.parent / c).is_file()}
+
+
+def with_reports(record: dict, copies: dict[str, Path], keys, root: Path) -> dict:
+    """``record`` with the matrices of ``keys`` (``matrices``) read from ``copies`` (post file → a committed copy of
+    it, for a run whose directory is gone) and ``matrices_source`` (post file → the copy and its SHA-256). Each
+    copy must hold the numbers of the record's last epoch that are its keys, equal; otherwise it is refused."""
+    import hashlib
+
+    matrices, sources = {}, {}
+    for post_file, copy in copies.items():
+        data = json.loads(copy.read_bytes())
+        flat = _flat_json(data, _folder(post_file))
+        last = record.get("last") or {}
+        if differ := [k for k in sorted(last) if k in flat and flat[k] != last[k]]:
+            raise ConfigError(f"{copy} is not this run's {post_file}: it differs from the record in "
+                              f"{', '.join(differ)}")
+        matrices |= {k: v for k in keys if (v := _in_post_file(post_file, data, k)) is not None}
+        sources[post_file] = {"file": copy.relative_to(root).as_posix(),
+                              "sha256": hashlib.sha256(copy.read_bytes()).hexdigest()}
+    return {**record, "matrices": matrices, "matrices_source": sources}
 
 
 def _moved_on(record: dict, run_dir: Path) -> bool:
@@ -388,7 +462,8 @@ PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines
              "scatter": ("file", "kind", "title", "sections", "x", "y"),
              "bars": ("file", "kind", "title", "section", "bars", "ylabel"),
              "means": ("file", "kind", "title", "section", "x", "y", "line"),
-             "curves": ("file", "kind", "title", "section", "metrics", "cells")}
+             "curves": ("file", "kind", "title", "section", "metrics", "cells"),
+             "matrices": ("file", "kind", "title", "section", "matrices", "cells", "labels")}
 
 
 def figures(study: Study, records: dict) -> dict[str, bytes]:
@@ -426,6 +501,9 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
         elif kind == "curves":
             panels = _curve_panels(study, records, spec, by_title[plot["section"]], plot)
             rows = [panels[i:i + 4] for i in range(0, len(panels), 4)]  # four to a row
+        elif kind == "matrices":
+            panels = _matrix_panels(study, records, by_title[plot["section"]], plot)
+            rows = [panels[i:i + 5] for i in range(0, len(panels), 5)]  # five to a row
         else:
             rows = [_scatter_panels(study, records, spec, by_title[t], plot) for t in titles]
         out[plot["file"]] = plot_panels(rows, plot.get("title"))
@@ -499,6 +577,46 @@ def _curve_panels(study, records, spec, section, plot) -> list[dict]:
                            "yerr": [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]})
         panels.append({"title": m.label, "xlabel": "epoch", "series": series})
     return panels
+
+
+def _matrix_panels(study, records, section, plot) -> list[dict]:
+    """One heat map per cell of ``section`` (those matching the glob ``cells``) and matrix of ``matrices`` that its
+    records hold: |M| with the diagonal set to 0 (the DHKD paper's App. H view of a logit-difference matrix), the
+    mean over the cell's seeds, every panel on one colour scale; ``labels`` names the matrices (default: their
+    keys)."""
+    import numpy as np
+
+    cells, _ = _cells(study, records, section)
+    title = section.get("title", "")
+    names = plot.get("labels") or plot.get("matrices") or []
+    if not plot.get("matrices") or len(names) != len(plot["matrices"]):
+        raise ConfigError(f"plot {plot['file']!r}: 'matrices' lists post-step matrix keys (e.g. "
+                          f"analysis_test/logit_matrices/main/matrix) and 'labels' one name for each, got "
+                          f"{plot.get('matrices')!r}, {plot.get('labels')!r}")
+    panels = []
+    for label, runs in cells.items():
+        if not fnmatch.fnmatchcase(label, plot.get("cells") or "*") or not runs:
+            continue
+        for key, name in zip(plot["matrices"], names):
+            held = [r["matrices"][key] for r in runs.values() if key in r.get("matrices", {})]
+            if not held:
+                continue
+            if len(held) != len(runs):
+                raise ConfigError(f"plot {plot['file']!r}: cell {label!r} of section {title!r} holds {key} for "
+                                  f"{len(held)} of its {len(runs)} seeds; run `kdcollapse study report` where the runs "
+                                  "are, to record it")
+            shown = np.mean([np.abs(np.asarray(m, dtype=float)) for m in held], axis=0)
+            np.fill_diagonal(shown, 0.0)
+            off = shown[~np.eye(len(shown), dtype=bool)].mean()
+            panels.append({"title": f"{label}, {name}: mean {off:.3f}" + (f" ({len(held)} seeds)" if len(held) > 1
+                                                                           else ""),
+                           "xlabel": "logit j", "ylabel": "true class k", "matrix": shown.tolist(), "series": []})
+    if not panels:
+        raise ConfigError(f"plot {plot['file']!r}: no cell of section {title!r} matching {plot.get('cells') or '*'!r} "
+                          f"holds any of {plot['matrices']!r}; run `kdcollapse study report` where the runs are, or "
+                          "name committed copies of their post files in the summary's 'reports'")
+    top = max(max(max(row) for row in p["matrix"]) for p in panels) or 1.0
+    return [p | {"vmin": 0.0, "vmax": top} for p in panels]
 
 
 def _means_panel(study, records, spec, section, plot) -> dict:
