@@ -106,6 +106,11 @@ def test_a_curve_over_two_seeds_is_their_mean_and_std_at_each_epoch(tmp_path):
     spec = check_summary(study.summary)
     acc, loss = _curve_panels(study, records, spec, spec["sections"][0], spec["plots"][0])
     assert [acc["title"], loss["title"]] == ["acc (%)", "loss"]  # loss is no column: drawn under its name
+    plot = {**spec["plots"][0], "labels": ["accuracy", "train loss"]}
+    assert [p["title"] for p in _curve_panels(study, records, spec, spec["sections"][0], plot)] == \
+        ["accuracy", "train loss"]
+    with pytest.raises(ConfigError, match="'labels' names each metric's panel"):
+        _curve_panels(study, records, spec, spec["sections"][0], {**plot, "labels": ["one"]})
     for x, series in zip((1, 2), acc["series"]):
         a, b = rows(x, 0), rows(x, 1)
         assert series["label"] == f"x = {x} (2 seeds)" and series["x"] == [1, 2, 3]

@@ -462,7 +462,7 @@ PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines
              "scatter": ("file", "kind", "title", "sections", "x", "y"),
              "bars": ("file", "kind", "title", "section", "bars", "ylabel"),
              "means": ("file", "kind", "title", "section", "x", "y", "line"),
-             "curves": ("file", "kind", "title", "section", "metrics", "cells"),
+             "curves": ("file", "kind", "title", "section", "metrics", "cells", "labels"),
              "matrices": ("file", "kind", "title", "section", "matrices", "cells", "labels")}
 
 
@@ -559,8 +559,12 @@ def _curve_panels(study, records, spec, section, plot) -> list[dict]:
         raise ConfigError(f"plot {plot['file']!r}: 'metrics' lists column metrics of section {title!r} and 'cells' "
                           f"matches some of its cells with records, got {plot.get('metrics')!r}, "
                           f"{plot.get('cells')!r}")
+    labels = plot.get("labels") or [None] * len(plot["metrics"])
+    if len(labels) != len(plot["metrics"]):
+        raise ConfigError(f"plot {plot['file']!r}: 'labels' names each metric's panel, one per metric of "
+                          f"{plot['metrics']!r}; got {labels!r}")
     panels = []
-    for name in plot["metrics"]:  # a metric that is no column of the section is drawn under its own name
+    for name, panel_label in zip(plot["metrics"], labels):  # a metric that is no column is drawn under its name
         m = next((c for c in columns if c.metric == name), None) or Measure(name, "last", name.replace("_", " "))
         series = []
         for label, runs in cells.items():
@@ -575,7 +579,7 @@ def _curve_panels(study, records, spec, section, plot) -> list[dict]:
             series.append({"label": f"{label} ({len(by_seed)} seed{'s' if len(by_seed) > 1 else ''})",
                            "kind": "band", "x": epochs, "y": [statistics.mean(y) for y in ys],
                            "yerr": [statistics.stdev(y) if len(y) > 1 else 0.0 for y in ys]})
-        panels.append({"title": m.label, "xlabel": "epoch", "series": series})
+        panels.append({"title": panel_label or m.label, "xlabel": "epoch", "series": series})
     return panels
 
 
