@@ -32,6 +32,7 @@ _PLOT_EXAMPLES = """examples:
   kdcollapse plot runs/fmnist_kd runs/fmnist_dhkd --keys test_acc,train_vci,test_vci --out curves.png
   kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy
   kdcollapse plot runs/fmnist_teacher                          # test_acc, train_loss and any collapse keys
+  kdcollapse plot runs/fmnist_teacher --table --keys train_acc,test_acc --epochs 1,5,10-15   # markdown, stdout
 """
 
 _NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(default: None)" out
@@ -99,6 +100,11 @@ def register(subparsers) -> None:
     add("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
     p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
     add("--title", help="figure title")
+    p.add_argument("--table", action="store_true",
+                   help="print one run's per-epoch table (markdown) of --keys instead of drawing a figure")
+    add("--epochs", metavar="LIST", help="--table: the epochs, e.g. 1,5,10-15 (default: every logged epoch)")
+    add("--digits", metavar="LIST", help="--table: decimals, one number or one per key (default: 2)")
+    add("--headers", metavar="LIST", help="--table: comma-separated column headers, one per key (default: the keys)")
     p.set_defaults(func=_plot)
 
     text = ("Tables, comparisons, rank correlations and the figure of a page of next-token collapse across "
@@ -233,6 +239,8 @@ def _plot(args: argparse.Namespace) -> int:
     from kdcollapse.report import plot_curves
     from kdcollapse.runs import Run, metrics_source, record_outputs, run_lock_for, save_figure
 
+    if args.table or args.epochs or args.digits or args.headers:
+        return _epoch_table(args)
     require("matplotlib", "kdcollapse plot")  # before reading any run
     check_output(args.out, "--out", suffixes=FIGURE_SUFFIXES)
 
@@ -260,6 +268,28 @@ def _plot(args: argparse.Namespace) -> int:
         if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it
             record_outputs(run_dir, [path], source)
     print(f"{len(runs)} run(s), {len(keys)} panel(s) -> {path}")
+    return 0
+
+
+def _epoch_table(args: argparse.Namespace) -> int:
+    """``plot --table``: one run's per-epoch markdown table on stdout; writes nothing."""
+    from kdcollapse.report import epoch_table
+    from kdcollapse.report._epochs import parse_epochs
+    from kdcollapse.runs import Run
+
+    if not args.table:
+        raise ConfigError("--epochs, --digits and --headers shape a --table; add --table")
+    if len(args.run_dirs) != 1 or args.keys is None:
+        raise ConfigError(f"--table prints one run's table of --keys: got {len(args.run_dirs)} runs and keys "
+                          f"{args.keys!r}")
+    if not Path(args.run_dirs[0]).is_dir():
+        raise KdcollapseError(f"run directory not found: {args.run_dirs[0]}")
+    rows = Run(args.run_dirs[0]).metrics()  # up to the last committed epoch
+    keys = args.keys.split(",")
+    digits = _int_list(args.digits, "--digits") or [2]
+    print(epoch_table(rows, keys, parse_epochs(args.epochs) if args.epochs else None,
+                      digits[0] if len(digits) == 1 else digits, args.headers.split(",") if args.headers else None),
+          end="")
     return 0
 
 

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
     """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
-    "series"}``, a series ``{"label", "x", "y", "yerr" (optional), "kind"}`` with kind
+    "series"}`` (a panel with ``matrix``, a list of rows, is also a heat map on ``vmin``..``vmax``), a series
+    ``{"label", "x", "y", "yerr" (optional), "kind"}`` with kind
 
     * ``errorbar`` (default): markers joined by lines with ±yerr bars;
     * ``line``: black, ``linestyle`` (default dashed), no markers;
@@ -32,6 +33,9 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
             ax = axes[r][c]
             ax.set_visible(True)
             xs = []
+            if "matrix" in panel:  # a heat map: rows down, columns across, on the panel's vmin..vmax
+                image = ax.imshow(panel["matrix"], vmin=panel.get("vmin"), vmax=panel.get("vmax"), cmap="PuBuGn")
+                fig.colorbar(image, ax=ax, shrink=0.8)
             bars = [series for series in panel["series"] if series.get("kind") == "bar"]
             for i, series in enumerate(bars):  # grouped: the categories side by side, one bar per series in each
                 width = 0.8 / len(bars)
@@ -66,7 +70,8 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
             ax.set_title(panel.get("title", ""), fontsize=10)
             ax.set_xlabel(panel.get("xlabel", ""))
             ax.set_ylabel(panel.get("ylabel", ""))
-            ax.grid(alpha=0.3)
+            if "matrix" not in panel:
+                ax.grid(alpha=0.3)
             if len(panel["series"]) > 1:
                 ax.legend(fontsize=7)
     if title:

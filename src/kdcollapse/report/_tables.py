@@ -40,6 +40,28 @@ def seeds_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[Sequen
                                    for label, cells in rows])
 
 
+def corrected_verdicts(differences: Sequence[float], p_values: Sequence[float], *, alpha: float = 0.05,
+                       noise_floors: float | Sequence[float] = 0.0,
+                       words: tuple[str, str] | Sequence[tuple[str, str]] = ("better", "worse"),
+                       ) -> list[tuple[float, str]]:
+    """``(Holm p, verdict)`` of each test, in order: Holm's correction across all of them (nan: no test, left out)
+    and the verdict word by :func:`verdict`'s rule with the test's noise floor. ``words`` name a positive and a
+    negative difference: ("better", "worse") where higher is better, ("worse", "better") where lower is, ("higher",
+    "lower") where neither is. ``noise_floors`` and ``words`` are one for every test or one per test. The one path
+    of the study summaries' and :func:`paired_comparisons`' verdicts."""
+    n = len(p_values)
+    floors = [noise_floors] * n if isinstance(noise_floors, int | float) else list(noise_floors)
+    names = [tuple(words)] * n if len(words) and isinstance(words[0], str) else list(words)
+    if len(differences) != n or len(floors) != n or len(names) != n:
+        raise KdcollapseError(f"corrected_verdicts needs one difference, noise floor and pair of words per test: got "
+                              f"{len(differences)}, {len(floors)}, {len(names)} for {n} p-values")
+    out = []
+    for difference, corrected, floor, (up, down) in zip(differences, holm(p_values), floors, names):
+        word = verdict(difference, corrected, alpha=alpha, noise_floor=floor)
+        out.append((corrected, {"better": up, "worse": down}.get(word, word)))
+    return out
+
+
 def paired_comparisons(groups: Mapping[str, Mapping[str, Sequence[float]]], pairs: Sequence[tuple[str, str]],
                        metrics: Sequence[str], *, alpha: float = 0.05, noise_floor: float = 0.0,
                        words: tuple[str, str] = ("better", "worse")) -> list[dict]:
@@ -55,10 +77,10 @@ def paired_comparisons(groups: Mapping[str, Mapping[str, Sequence[float]]], pair
         for metric in metrics:
             difference, p = paired_t_test(groups[a][metric], groups[b][metric])
             tests.append({"a": a, "b": b, "metric": metric, "difference": difference, "p": p})
-    rename = dict(zip(("better", "worse"), words))
-    for test, corrected in zip(tests, holm([t["p"] for t in tests])):
-        word = verdict(test["difference"], corrected, alpha=alpha, noise_floor=noise_floor)
-        test |= {"holm_p": corrected, "verdict": rename.get(word, word)}
+    for test, (corrected, word) in zip(tests, corrected_verdicts(
+            [t["difference"] for t in tests], [t["p"] for t in tests], alpha=alpha, noise_floors=noise_floor,
+            words=words)):
+        test |= {"holm_p": corrected, "verdict": word}
     return tests
 
 
