@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test bench clean lm-collapse
+.PHONY: demo test bench clean lm-collapse pages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q
+
+# Every results page (results/**/study.yaml) is what `kdcollapse study report` writes from its committed records
+# (runs.json): exit 1 naming each stale file. The same check is tests/test_study.py::test_ported_pages_*.
+pages: $(VENV)/.dev
+	$(VENV)/bin/kdcollapse study report --check --runs-dir .no-runs-here $$(find results -name study.yaml | sort)
 
 clean:
 	rm -rf $(VENV) runs/demo .pytest_cache
