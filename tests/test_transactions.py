@@ -52,6 +52,30 @@ def test_a_stolen_lock_stops_the_run_before_its_next_commit(tmp_path):
     assert not (tmp_path / "run" / "state.json").exists()  # nothing committed
 
 
+def test_a_lock_taken_over_by_a_second_process_stops_the_first(tmp_path):
+    """The lock is the kernel's (flock) on the file this process opened, not the file's existence or its text:
+    a deleted ``.lock`` lets a second trainer lock a new file, and the first notices before its next commit;
+    while the first holds its file, a second is refused naming the holder (pid and host)."""
+    import os
+
+    from kdcollapse.runs import RunLock
+
+    first = Trainer(tiny(tmp_path / "run", "train.epochs=1"))
+    with pytest.raises(CheckpointError, match=rf"in use by another process \(pid {os.getpid()} on host"):
+        RunLock(tmp_path / "run")
+    (tmp_path / "run" / ".lock").write_text('{"pid": 1, "host": "elsewhere"}\n')  # text overwritten: still held
+    with pytest.raises(CheckpointError, match="in use by another process"):
+        RunLock(tmp_path / "run")
+    (tmp_path / "run" / ".lock").unlink()
+    second = RunLock(tmp_path / "run")  # a new file, locked by "another process"
+    try:
+        with pytest.raises(CheckpointError, match=r"\.lock was removed or replaced while this process held it"):
+            first.run()
+    finally:
+        second.release()
+    assert not (tmp_path / "run" / "state.json").exists()
+
+
 def test_a_refused_command_leaves_no_folder_and_no_lock(one_epoch, tmp_path):
     with pytest.raises(ConfigError, match="first training batch"):
         Trainer(tiny(tmp_path / "a" / "b" / "run", "model.kwargs={input_size: 9}"))
