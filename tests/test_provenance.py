@@ -5,6 +5,7 @@ or flag an output whose weights are not the committed ones. One table of stale a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -156,13 +157,16 @@ def test_a_damaged_analysis_is_refused_and_flagged(analysed, tmp_path):
         Run(run_dir).analysis("val")
 
 
-def test_analyze_into_a_run_in_use_is_refused_and_old_figures_go(analysed, tmp_path):
+def test_analyze_robust_eval_and_plot_into_a_run_in_use_are_refused_and_old_figures_go(analysed, tmp_path):
     run_dir = _copy(analysed, tmp_path)
     lock = RunLock(run_dir)  # a trainer holds the run
     try:
-        before = (run_dir / "analysis_test" / "analysis.json").read_bytes()
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
         assert main(["analyze", str(run_dir), "--no-progress"]) == 2
-        assert (run_dir / "analysis_test" / "analysis.json").read_bytes() == before
+        assert main(["robust-eval", str(run_dir), *ROBUST[:-2], "0.2", "--no-progress"]) == 2  # a new entry
+        if importlib.util.find_spec("matplotlib"):  # plot needs it
+            assert main(["plot", str(run_dir), "--out", str(run_dir / "curves.png")]) == 2
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # every writer waits
     finally:
         lock.release()
     (run_dir / "analysis_test" / "tsne.png").write_bytes(b"an earlier analysis's figure")
