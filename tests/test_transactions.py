@@ -172,3 +172,31 @@ def test_a_corrected_command_restarts_a_run_that_never_committed(tmp_path, capsy
     assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={mine}", "--quiet"]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (mine / "config.yaml").read_text() == "seed: 3\n"
+
+
+def test_a_full_disk_at_the_first_commit_says_to_run_the_same_command_again(tmp_path, monkeypatch, capsys):
+    """Nothing is committed yet, so there is nothing to resume: the message says to run the same command again
+    (not "resume it"), and that command then trains the run from the start."""
+    import errno
+    import os
+
+    import kdcollapse.runs._checkpoint as checkpoint_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text("data: {name: digits, batch_size: 64}\nmodel: {name: mlp, kwargs: {input_size: 8, hidden: [16]}}"
+                      "\noptim: {lr: 0.05}\nschedule: {name: constant}\ntrain: {epochs: 1, progress: false, device: cpu}\n")
+    command = ["train", "--config", str(config), f"run_dir={run_dir}", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_module, "save_file", full)
+        assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "No space left on device" in err and "holds no committed epoch" in err
+    assert "run the same command again (without --resume)" in err and "resume it" not in err
+    assert not (run_dir / "state.json").exists()
+    assert main(command) == 0  # the same command, space freed
+    assert json.loads((run_dir / "state.json").read_text())["epoch"] == 1
