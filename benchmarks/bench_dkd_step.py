@@ -93,11 +93,13 @@ def main() -> None:
     parser.add_argument("--pair", default="digits:convnet_small->convnet_small", choices=list(PAIRS))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--amp", default="off", choices=["off", "auto", "bf16"],
+                        help="train.amp of the run (auto: bf16 where the CPU computes it natively)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         teacher_file(Path(tmp), args.pair, PAIRS[args.pair][1])
-        trainer = build(Path(tmp), args.pair, ["train.device=cpu"], "cpu", method="dkd")
+        trainer = build(Path(tmp), args.pair, ["train.device=cpu", f"train.amp={args.amp}"], "cpu", method="dkd")
         trainer.train_loader.set_epoch(0)
         trainer.method.train()
         batches = list(itertools.islice(iter(trainer.train_loader), args.steps))
@@ -112,7 +114,7 @@ def main() -> None:
     precision = {None: "float32", torch.bfloat16: "bf16 autocast"}.get(trainer.amp_dtype, str(trainer.amp_dtype))
     layout = "channels-last" if trainer.channels_last() else "contiguous"
     print(f"Pair {args.pair}, batch 64, {args.steps} steps per case per round, {args.rounds} interleaved rounds; "
-          f"every case in the run's precision ({precision}, train.amp=auto) and layout ({layout}).\n")
+          f"every case in the run's precision ({precision}, train.amp={args.amp}) and layout ({layout}).\n")
     print("| case | step ms (median of rounds) | ratio to the bare loop |\n|---|---|---|")
     for name, seconds in medians.items():
         print(f"| {name} | {1e3 * seconds:.1f} | {seconds / base:.3f} |")

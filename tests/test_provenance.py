@@ -5,6 +5,7 @@ or flag an output whose weights are not the committed ones. One table of stale a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -16,8 +17,8 @@ import pytest
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
-from kdcollapse.runs import (Run, RunLock, figure_source, load_tensors, metrics_source, save_tensors, sealed,
-                             source_of, stale_reason)
+from kdcollapse.runs import (Run, RunLock, figure_source, load_model, load_tensors, metrics_source, save_tensors,
+                             sealed, source_of, stale_reason)
 from kdcollapse.train import fit
 
 TINY = ["data.name=digits", "data.batch_size=64", "train.progress=false", "optim.lr=0.05", "schedule.name=constant",
@@ -156,13 +157,16 @@ def test_a_damaged_analysis_is_refused_and_flagged(analysed, tmp_path):
         Run(run_dir).analysis("val")
 
 
-def test_analyze_into_a_run_in_use_is_refused_and_old_figures_go(analysed, tmp_path):
+def test_analyze_robust_eval_and_plot_into_a_run_in_use_are_refused_and_old_figures_go(analysed, tmp_path):
     run_dir = _copy(analysed, tmp_path)
     lock = RunLock(run_dir)  # a trainer holds the run
     try:
-        before = (run_dir / "analysis_test" / "analysis.json").read_bytes()
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
         assert main(["analyze", str(run_dir), "--no-progress"]) == 2
-        assert (run_dir / "analysis_test" / "analysis.json").read_bytes() == before
+        assert main(["robust-eval", str(run_dir), *ROBUST[:-2], "0.2", "--no-progress"]) == 2  # a new entry
+        if importlib.util.find_spec("matplotlib"):  # plot needs it
+            assert main(["plot", str(run_dir), "--out", str(run_dir / "curves.png")]) == 2
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # every writer waits
     finally:
         lock.release()
     (run_dir / "analysis_test" / "tsne.png").write_bytes(b"an earlier analysis's figure")
@@ -259,3 +263,56 @@ def test_a_seal_survives_the_json_round_trip_and_catches_an_edit_or_a_move():
     assert "edited" in seal_problem({**back, "robust_accuracy": 0.26}, "pgd last")
     assert "edited" in seal_problem(back, "pgd best")  # the same entry filed under another key
     assert "records no content_sha256" in seal_problem({k: v for k, v in back.items() if k != "content_sha256"})
+
+
+def _second_run(analysed: Path, tmp_path: Path) -> Path:
+    """Another run of the same config (seed 3): its files are valid kdcollapse files, just not this run's."""
+    other = tmp_path / "other"
+    fit(load_config(None, [*TINY, f"run_dir={other}", "seed=3"]))
+    return other
+
+
+def _refused(argv, capsys, message):
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+# name in state.json["files"] -> every reader of it, each called on a run whose file was replaced by another run's
+READERS = {
+    "model.safetensors": [lambda d, c: pytest.raises(CheckpointError, Run(d).model),
+                          lambda d, c: pytest.raises(CheckpointError, load_model, d),
+                          lambda d, c: _refused(["analyze", str(d), "--no-progress"], c, "is not the file of epoch 1"),
+                          lambda d, c: _refused(["robust-eval", str(d), *ROBUST], c, "is not the file of epoch 1")],
+    "best.safetensors": [lambda d, c: pytest.raises(CheckpointError, Run(d).model, "best")],
+    "checkpoint.safetensors": [lambda d, c: _refused(["train", "--resume", str(d), "train.epochs=2", "--quiet"], c,
+                                                     "not the checkpoint of epoch 1")],
+    "metrics.jsonl": [lambda d, c: pytest.raises(CheckpointError, Run(d).metrics),
+                      lambda d, c: _refused(["plot", str(d), "--out", str(d.parent / "c.png")], c,
+                                            "metrics.jsonl is not the file of epoch 1"),
+                      lambda d, c: _refused(["train", "--resume", str(d), "train.epochs=2", "--quiet"], c,
+                                            "metrics.jsonl is not the file of epoch 1")],
+    # no reader: a resume writes it again from metrics.jsonl (verified), which the last line checks
+    "metrics.csv": [],
+}
+
+
+def test_every_file_with_a_recorded_checksum_is_verified_by_each_of_its_readers(analysed, tmp_path, capsys):
+    """Issue 28, item 1: each file ``state.json`` records, replaced by the same file of another run (valid, only
+    not this run's), is refused by every command and API that reads it; a new recorded file fails this test
+    until its readers are listed."""
+    from kdcollapse.runs import metrics_csv, read_metrics
+
+    other = _second_run(analysed, tmp_path)
+    recorded = json.loads((analysed / "state.json").read_text())["files"]
+    assert set(READERS) == set(recorded)
+    for name, readers in READERS.items():
+        run_dir = tmp_path / name.replace(".", "_") / "run"
+        shutil.copytree(analysed, run_dir)
+        shutil.copy(other / name, run_dir / name)
+        for read in readers:
+            read(run_dir, capsys)
+    run_dir = tmp_path / "metrics_csv" / "run"
+    assert main(["train", "--resume", str(run_dir), "train.epochs=2", "--quiet"]) == 0
+    assert (run_dir / "metrics.csv").read_text() == metrics_csv(read_metrics(run_dir))

@@ -1,5 +1,7 @@
 """W&B and MLflow trackers in their offline / local modes: a tiny run logs every epoch record under its group
-(a study's name), and the numbers are those of metrics.jsonl. Skipped when the package is not installed."""
+(a study's name), and the numbers are those of metrics.jsonl; a resume after a crash between an epoch's commit
+and its log gives each tracker that epoch, once. Both packages are in the dev extra (`make test`, CI); the tests
+skip where they are not installed."""
 
 from __future__ import annotations
 
@@ -26,19 +28,6 @@ def test_mlflow_tracker_logs_each_epoch_under_the_group(tmp_path, tiny_config, m
     assert run.data.tags["kdcollapse.group"] == "my_study" and run.data.params["train.group"] == "my_study"
     history = client.get_metric_history(run.info.run_id, "test_acc")
     assert [(m.step, m.value) for m in history] == [(r["epoch"], r["test_acc"]) for r in records(run_dir)]
-
-
-@pytest.mark.slow
-def test_wandb_tracker_writes_an_offline_run_in_the_group(tmp_path, tiny_config, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir = fit(tiny_config(tmp_path / "run", "train.epochs=2", "train.trackers=[wandb]",
-                              "train.group=my_study")).run_dir
-    (offline,) = (run_dir / "wandb").glob("offline-run-*")
-    (data,) = offline.glob("run-*.wandb")  # the records W&B would sync: config, group, each epoch's metrics
-    content = data.read_bytes()
-    assert b"my_study" in content and b"test_acc" in content and b"train_loss" in content
 
 
 class _Crash(Exception):
@@ -71,3 +60,86 @@ def test_mlflow_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(tmp_path
     for key in ("test_acc", "train_loss"):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted((m.step, m.value) for m in history) == [(r["epoch"], r[key]) for r in records(run_dir)]
+
+
+WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true", "WANDB_CONSOLE": "off",
+             "WANDB_DISABLE_CODE": "true"}  # offline, and no probes the tests do not need
+
+
+@pytest.fixture(scope="module")
+def wandb_resumed_run(tmp_path_factory, tiny_config):
+    """An offline W&B run of a study's group whose process died after committing epoch 2 and before logging
+    it, then resumed to epoch 3: (run directory, its segments in start order, as ``wandb sync`` uploads them)."""
+    pytest.importorskip("wandb")
+    from kdcollapse.config import load_config
+    from kdcollapse.runs._tracking import WandbTracker
+
+    log = WandbTracker.log
+
+    def crash_at_epoch_2(self, record):
+        if record["epoch"] == 2:
+            raise _Crash
+        log(self, record)
+
+    run_dir = tmp_path_factory.mktemp("wandb") / "run"
+    with pytest.MonkeyPatch.context() as m:
+        for key, value in WANDB_ENV.items():
+            m.setenv(key, value)
+        with m.context() as crash:
+            crash.setattr(WandbTracker, "log", crash_at_epoch_2)
+            with pytest.raises(_Crash):
+                fit(tiny_config(run_dir, "train.epochs=3", "train.trackers=[wandb]", "train.group=my_study"))
+        assert [r["epoch"] for r in records(run_dir)] == [1, 2]  # committed
+        fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}"]), resume=True)
+    return run_dir, sorted((run_dir / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_wandb_tracker_writes_an_offline_run_in_the_group(wandb_resumed_run):
+    from kdcollapse.runs._tracking import wandb_records
+
+    run_dir, segments = wandb_resumed_run
+    for segment in segments:
+        (path,) = segment.glob("run-*.wandb")
+        (run,) = [r.run for r in wandb_records(path) if r.WhichOneof("record_type") == "run"]
+        assert run.run_group == "my_study" and list(run.tags) == ["my_study"] and run.display_name == "run"
+
+
+@pytest.mark.slow
+def test_wandb_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(wandb_resumed_run):
+    """The crashed segment holds epoch 1, the resumed segment (same run id) epochs 2 and 3, so the segments in
+    the order ``wandb sync`` uploads them hold every epoch once, with metrics.jsonl's values."""
+    from kdcollapse.runs._tracking import wandb_history
+
+    run_dir, segments = wandb_resumed_run
+    assert len(segments) == 2 and len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id
+    logged = [[step for step, _ in wandb_history(next(s.glob("run-*.wandb")))] for s in segments]
+    assert logged == [[1], [2, 3]]
+    history = [h for s in segments for h in wandb_history(next(s.glob("run-*.wandb")))]
+    for (step, items), record in zip(history, records(run_dir), strict=True):
+        assert step == record["epoch"]
+        for key in ("test_acc", "train_loss", "lr"):
+            assert items[key] == pytest.approx(record[key], rel=1e-12), key
+
+
+@pytest.mark.slow
+def test_wandb_history_stops_at_a_torn_last_record(wandb_resumed_run, tmp_path):
+    """A kill can tear the log's last record: the reader keeps the whole records before it, and refuses a file
+    of another format (the replay then logs nothing rather than an epoch twice)."""
+    import shutil
+
+    from kdcollapse.runs._tracking import wandb_history
+
+    path = tmp_path / "run.wandb"
+    shutil.copy(next(wandb_resumed_run[1][1].glob("run-*.wandb")), path)  # the resumed segment: epochs 2, 3
+    whole, data, seen = wandb_history(path), path.read_bytes(), set()
+    assert [s for s, _ in whole] == [2, 3]
+    for end in range(7, len(data), 17):  # the log cut every 17 bytes: a prefix of the whole history
+        path.write_bytes(data[:end])
+        history = wandb_history(path)
+        assert history == whole[:len(history)]
+        seen.add(len(history))
+    assert seen == {0, 1, 2}
+    path.write_bytes(b"not a W&B log")
+    with pytest.raises(ValueError, match="not a W&B transaction log"):
+        wandb_history(path)

@@ -52,6 +52,30 @@ def test_a_stolen_lock_stops_the_run_before_its_next_commit(tmp_path):
     assert not (tmp_path / "run" / "state.json").exists()  # nothing committed
 
 
+def test_a_lock_taken_over_by_a_second_process_stops_the_first(tmp_path):
+    """The lock is the kernel's (flock) on the file this process opened, not the file's existence or its text:
+    a deleted ``.lock`` lets a second trainer lock a new file, and the first notices before its next commit;
+    while the first holds its file, a second is refused naming the holder (pid and host)."""
+    import os
+
+    from kdcollapse.runs import RunLock
+
+    first = Trainer(tiny(tmp_path / "run", "train.epochs=1"))
+    with pytest.raises(CheckpointError, match=rf"in use by another process \(pid {os.getpid()} on host"):
+        RunLock(tmp_path / "run")
+    (tmp_path / "run" / ".lock").write_text('{"pid": 1, "host": "elsewhere"}\n')  # text overwritten: still held
+    with pytest.raises(CheckpointError, match="in use by another process"):
+        RunLock(tmp_path / "run")
+    (tmp_path / "run" / ".lock").unlink()
+    second = RunLock(tmp_path / "run")  # a new file, locked by "another process"
+    try:
+        with pytest.raises(CheckpointError, match=r"\.lock was removed or replaced while this process held it"):
+            first.run()
+    finally:
+        second.release()
+    assert not (tmp_path / "run" / "state.json").exists()
+
+
 def test_a_refused_command_leaves_no_folder_and_no_lock(one_epoch, tmp_path):
     with pytest.raises(ConfigError, match="first training batch"):
         Trainer(tiny(tmp_path / "a" / "b" / "run", "model.kwargs={input_size: 9}"))
@@ -148,3 +172,31 @@ def test_a_corrected_command_restarts_a_run_that_never_committed(tmp_path, capsy
     assert main(["train", "--config", str(run_dir / "config.yaml"), f"run_dir={mine}", "--quiet"]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (mine / "config.yaml").read_text() == "seed: 3\n"
+
+
+def test_a_full_disk_at_the_first_commit_says_to_run_the_same_command_again(tmp_path, monkeypatch, capsys):
+    """Nothing is committed yet, so there is nothing to resume: the message says to run the same command again
+    (not "resume it"), and that command then trains the run from the start."""
+    import errno
+    import os
+
+    import kdcollapse.runs._checkpoint as checkpoint_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text("data: {name: digits, batch_size: 64}\nmodel: {name: mlp, kwargs: {input_size: 8, hidden: [16]}}"
+                      "\noptim: {lr: 0.05}\nschedule: {name: constant}\ntrain: {epochs: 1, progress: false, device: cpu}\n")
+    command = ["train", "--config", str(config), f"run_dir={run_dir}", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_module, "save_file", full)
+        assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "No space left on device" in err and "holds no committed epoch" in err
+    assert "run the same command again (without --resume)" in err and "resume it" not in err
+    assert not (run_dir / "state.json").exists()
+    assert main(command) == 0  # the same command, space freed
+    assert json.loads((run_dir / "state.json").read_text())["epoch"] == 1

@@ -568,8 +568,10 @@ class MetricsLog:
         return {name: render(self.records) for name, render in self.FILES.items()}
 
     def close(self) -> None:
+        """End TensorBoard's writer and the trackers (a second call does nothing)."""
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []

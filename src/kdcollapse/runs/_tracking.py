@@ -5,13 +5,18 @@ experiment and tag ``kdcollapse.group``.
 
 Both keep their own defaults for where they write: ``WANDB_MODE=offline`` keeps W&B on disk (under the run
 directory), ``MLFLOW_TRACKING_URI`` picks MLflow's store (a local ``mlruns`` folder without it). A resumed
-run continues the same tracked run (its id is derived from the run directory); MLflow is then given the committed
-epochs it does not hold (a crash between an epoch's commit and its log), W&B is not (see ``WandbTracker.replay``).
+run continues the same tracked run (its id is derived from the run directory) and is given the committed epochs it
+does not hold (a crash between an epoch's commit and its log), each once: MLflow's from its store, W&B's from the
+run's local transaction logs (see ``WandbTracker.replay``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
+import time
+import warnings
 from pathlib import Path
 
 from kdcollapse._optional import require
@@ -39,12 +44,75 @@ class WandbTracker:
         self.run.log(_numbers(record), step=int(record["epoch"]))
 
     def replay(self, records: list[dict]) -> None:
-        """Not done for W&B: which steps a resumed run holds is known only to its server (an offline run
-        resumes as a new local segment that starts at step 0), so a committed epoch whose log a crash
-        interrupted stays missing there; ``metrics.jsonl`` has it."""
+        """Log the committed ``records`` (a resumed run's) after the last step the run's earlier segments logged
+        (a crash after a commit and before its log). W&B writes every segment of a run, offline or online, to a
+        local transaction log, ``wandb/[offline-]run-<time>-<id>/run-<id>.wandb`` under the run directory; a
+        resume starts a new segment of the same id, and ``wandb sync`` uploads the segments of one run in order
+        of their start. Only the local logs are read (tested offline; an online run's server is not asked)."""
+        here = Path(self.run.dir).parent
+        earlier = [p for p in sorted(here.parent.glob(f"*run-*-{self.run.id}/run-{self.run.id}.wandb"))
+                   if p.parent != here]
+        try:
+            last = max((step for path in earlier for step, _ in wandb_history(path)), default=0)
+        except ValueError as e:  # a format this reader does not know: log nothing twice
+            warnings.warn(f"W&B: the committed epochs a crash kept from the run are not replayed ({e})", stacklevel=2)
+            return
+        for record in records:
+            if int(record["epoch"]) > last:
+                self.log(record)
 
     def close(self) -> None:
+        """Finish the run and wait (up to a minute) until W&B's service has written its transaction log to the
+        end: ``finish`` returns before that, and a resume in the same process reads the log (:meth:`replay`)."""
+        path = Path(self.run.dir).parent / f"run-{self.run.id}.wandb"
         self.run.finish()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if any(record.WhichOneof("record_type") == "exit" for record in wandb_records(path)):
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        warnings.warn(f"W&B had not finished writing {path} a minute after the run's end", stacklevel=2)
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf ``Record`` messages of one W&B transaction log (``run-<id>.wandb``): a LevelDB-style log of
+    32 KiB blocks after a 7-byte header (``:W&B``, 0xBEE1, version 0), each record a 7-byte header (checksum,
+    length, kind: 1 whole, 2 first, 3 middle, 4 last part) and its bytes. A record torn by a crash ends the
+    list; a file of another format raises ``ValueError``."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    if data[:7] != b":W&B\xe1\xbe\x00":
+        raise ValueError(f"{path} is not a W&B transaction log of version 0")
+    records, pos, part = [], 7, b""
+    while pos + 7 <= len(data):
+        room = 32768 - pos % 32768
+        if room < 7:  # a block's tail too short for a header is padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 or pos + 7 + length > len(data):  # padding, or a torn last record
+            break
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            try:
+                records.append(wandb_internal_pb2.Record.FromString(part))
+            except DecodeError:
+                break
+            part = b""
+    return records
+
+
+def wandb_history(path: Path) -> list[tuple[int, dict]]:
+    """The history records of one W&B transaction log (:func:`wandb_records`) as (step, {key: value})."""
+    return [(int(r.history.step.num),
+             {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item})
+            for r in wandb_records(path) if r.WhichOneof("record_type") == "history"]
 
 
 class MlflowTracker:

@@ -283,8 +283,11 @@ class Trainer:
     def run(self) -> RunResult:
         try:
             return self.train()
-        finally:
-            self.release_run_dir()
+        finally:  # an error too ends the tracked runs (W&B's log of this segment is then complete for a resume)
+            try:
+                self.log.close()
+            finally:
+                self.release_run_dir()
 
     def train(self) -> RunResult:
         """Every remaining epoch: train, evaluate, choose the best, check, log and commit."""
@@ -314,7 +317,6 @@ class Trainer:
             self.log.committed()  # TensorBoard and the trackers see only committed epochs
             if self.dist.is_main:
                 log_epoch(record, cfg.train.epochs)
-        self.log.close()
         return RunResult(self.run_dir, progress.best_acc, progress.best_epoch, progress.last_acc, cfg.train.epochs,
                          progress.best_val_acc, "test" if self.val_set is None else "val")
 
