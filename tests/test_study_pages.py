@@ -153,6 +153,22 @@ def test_the_geometry_study_trains_the_runs_of_the_replaced_script(tmp_path):
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
 
 
+def test_the_warmup_study_trains_the_runs_of_the_geometry_page_s_commands(tmp_path):
+    # results/geometry/README.md's warm-up table: `kdcollapse train --config configs/geometry/fmnist_assignment.yaml
+    # seed=N schedule.warmup_epochs=3 run_dir=...` (and schedule.warmup_epochs=1, method.head=cmf)
+    study = load_study(ROOT / "results/geometry/warmup/study.yaml", runs_dir=tmp_path)
+    assignment = ROOT / "configs/geometry/fmnist_assignment.yaml"
+    old = {"cosine_warmup1/seed7": ["schedule.warmup_epochs=1"], "cosine_warmup3/seed8": ["schedule.warmup_epochs=3"],
+           "cmf_warmup1/seed2": ["schedule.warmup_epochs=1", "method.head=cmf"]}
+    assert len(study.runs) == 3 * 10
+    for name, overrides in old.items():
+        seed = int(name.rsplit("seed", 1)[1])
+        expected = load_config(assignment, ["train.progress=false", *overrides, f"seed={seed}",
+                                            f"run_dir={tmp_path / name}"])
+        run = study.runs[name]
+        assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
+
+
 def test_vci_schedules_trains_the_runs_of_the_replaced_loop(tmp_path):
     # results/collapse/vci_schedules's removed run.sh: `kdcollapse train --config base.yaml run_dir=D seed=N EXTRA`
     study = load_study(ROOT / "results/collapse/vci_schedules/study.yaml", runs_dir=tmp_path)
