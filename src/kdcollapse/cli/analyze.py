@@ -273,8 +273,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _epoch_table(args: argparse.Namespace) -> int:
     """``plot --table``: one run's per-epoch markdown table on stdout; writes nothing."""
-    from kdcollapse.report import epoch_table
-    from kdcollapse.report._epochs import parse_epochs
+    from kdcollapse.report import epoch_table, parse_epochs
     from kdcollapse.runs import Run
 
     if not args.table:
