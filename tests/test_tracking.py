@@ -143,3 +143,16 @@ def test_wandb_history_stops_at_a_torn_last_record(wandb_resumed_run, tmp_path):
     path.write_bytes(b"not a W&B log")
     with pytest.raises(ValueError, match="not a W&B transaction log"):
         wandb_history(path)
+
+
+def test_wandb_disabled_trains_and_resumes_without_waiting_for_a_log(tmp_path, tiny_config, monkeypatch, recwarn):
+    """WANDB_MODE=disabled writes no transaction log: closing does not wait for one, a resume replays nothing."""
+    pytest.importorskip("wandb")
+    from kdcollapse.config import load_config
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = fit(tiny_config(tmp_path / "run", "train.epochs=1", "train.trackers=[wandb]")).run_dir
+    fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}", "train.epochs=2"]), resume=True)
+    assert [r["epoch"] for r in records(run_dir)] == [1, 2]
+    assert not [w for w in recwarn if "W&B" in str(w.message)]

@@ -49,6 +49,8 @@ class WandbTracker:
         local transaction log, ``wandb/[offline-]run-<time>-<id>/run-<id>.wandb`` under the run directory; a
         resume starts a new segment of the same id, and ``wandb sync`` uploads the segments of one run in order
         of their start. Only the local logs are read (tested offline; an online run's server is not asked)."""
+        if self.run.settings.mode == "disabled":
+            return
         here = Path(self.run.dir).parent
         earlier = [p for p in sorted(here.parent.glob(f"*run-*-{self.run.id}/run-{self.run.id}.wandb"))
                    if p.parent != here]
@@ -66,6 +68,8 @@ class WandbTracker:
         end: ``finish`` returns before that, and a resume in the same process reads the log (:meth:`replay`)."""
         path = Path(self.run.dir).parent / f"run-{self.run.id}.wandb"
         self.run.finish()
+        if self.run.settings.mode == "disabled":  # WANDB_MODE=disabled: no log is written
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
