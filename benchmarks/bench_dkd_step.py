@@ -18,6 +18,9 @@ its median over the rounds, and the ratio is that of the medians.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_dkd_step.py --rounds 7
     PYTHONPATH=src python benchmarks/bench_dkd_step.py --pair resnet32x4-\\>resnet8x4 --rounds 5
+
+``--amp auto`` times the run in bf16 autocast where the CPU computes it natively; ``--clock cpu`` times by the
+process's CPU time instead of wall time (with one thread, what the step itself costs on a shared machine).
 """
 
 from __future__ import annotations
