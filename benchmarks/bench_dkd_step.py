@@ -18,6 +18,9 @@ its median over the rounds, and the ratio is that of the medians.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_dkd_step.py --rounds 7
     PYTHONPATH=src python benchmarks/bench_dkd_step.py --pair resnet32x4-\\>resnet8x4 --rounds 5
+
+``--amp auto`` times the run in bf16 autocast where the CPU computes it natively; ``--clock cpu`` times by the
+process's CPU time instead of wall time (with one thread, what the step itself costs on a shared machine).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ import torch.nn.functional as F
 from _timing import interleave, machine  # benchmarks/_timing.py
 from bench_speed import PAIRS, build, teacher_file  # benchmarks/bench_speed.py (its CIFAR-shaped dataset too)
 from kdcollapse.losses import dkd_loss
+
+
+CLOCK = [time.perf_counter]  # --clock cpu: time.process_time, this process's CPU time (one thread: less
+# sensitive than wall time to other jobs on a shared machine)
 
 
 def official_dkd(logits_student, logits_teacher, target, alpha, beta, temperature):
@@ -62,7 +69,7 @@ def bare_loop(trainer, loss_fn):
     ramp = min(1.0, 1 / cfg.warmup_epochs) if cfg.warmup_epochs else 1.0  # epoch 1, as the trainer's method
 
     def steps(batches):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         for x, y in batches:
             x = trainer.to_layout(x)  # the run's memory layout and precision, as the trainer's step
             with trainer.precision():  # the method's whole forward runs in it, losses included
@@ -73,17 +80,17 @@ def bare_loop(trainer, loss_fn):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        return (time.perf_counter() - start) / len(batches)
+        return (CLOCK[0]() - start) / len(batches)
 
     return steps
 
 
 def trainer_steps(trainer):
     def steps(batches):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         for x, y in batches:
             trainer.step(trainer.to_layout(x), y)
-        return (time.perf_counter() - start) / len(batches)
+        return (CLOCK[0]() - start) / len(batches)
 
     return steps
 
@@ -95,7 +102,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--amp", default="off", choices=["off", "auto", "bf16"],
                         help="train.amp of the run (auto: bf16 where the CPU computes it natively)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time)")
     args = parser.parse_args()
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         teacher_file(Path(tmp), args.pair, PAIRS[args.pair][1])
@@ -114,7 +124,8 @@ def main() -> None:
     precision = {None: "float32", torch.bfloat16: "bf16 autocast"}.get(trainer.amp_dtype, str(trainer.amp_dtype))
     layout = "channels-last" if trainer.channels_last() else "contiguous"
     print(f"Pair {args.pair}, batch 64, {args.steps} steps per case per round, {args.rounds} interleaved rounds; "
-          f"every case in the run's precision ({precision}, train.amp={args.amp}) and layout ({layout}).\n")
+          f"every case in the run's precision ({precision}, train.amp={args.amp}) and layout ({layout}); "
+          f"{'CPU' if args.clock == 'cpu' else 'wall'} time.\n")
     print("| case | step ms (median of rounds) | ratio to the bare loop |\n|---|---|---|")
     for name, seconds in medians.items():
         print(f"| {name} | {1e3 * seconds:.1f} | {seconds / base:.3f} |")

@@ -148,7 +148,7 @@ def test_trackers_see_only_committed_epochs(tmp_path, monkeypatch):
         def replay(self, records):  # holds every epoch it was given (MLflow's replay: tests/test_tracking.py)
             pass
 
-        def close(self):
+        def close(self, failed=False):
             pass
 
     monkeypatch.setattr(run_dir_module, "open_trackers", lambda *args: [Fake()])

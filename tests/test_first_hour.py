@@ -199,3 +199,17 @@ def test_every_anchor_of_a_link_in_the_readme_and_docs_is_a_heading_of_its_page(
             if linked.suffix == ".md" and linked.is_file() and anchor not in _anchors(linked):
                 dead.append(f"{page.relative_to(REPO)}: {target}")
     assert dead == []
+
+
+def test_the_spectra_plot_leaves_out_eigenvalues_below_1e_12_of_the_largest(tmp_path, monkeypatch):
+    """Issue 28: float32 features' rounding noise stretched the y-axis down to 1e-17 and hid the spectrum."""
+    pytest.importorskip("matplotlib")
+    import kdcollapse.analysis._plots as plots
+
+    limits = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, source: limits.append(fig.axes[0].get_ylim()) or "")
+    spectra = {"total": [10.0, 1.0, 1e-3, 1e-17, 0.0], "between": [9.0, 0.5, 1e-16, 0.0, 0.0],
+               "within": [1.0, 1e-2, 1e-4, 1e-20, 0.0]}
+    plots.plot_spectra(spectra, 2, tmp_path / "s.png", "t")
+    (bottom, top), = limits
+    assert 1e-13 <= bottom <= 1e-4 and top >= 10.0

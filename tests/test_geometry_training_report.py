@@ -64,6 +64,13 @@ def test_heads_report_on_tiny_runs(tmp_path, capsys):
     for figure in ("heads_learning_curves.png", "assignment_features.png", "assignment_trainable_seeds.png"):
         assert (out / figure).stat().st_size > 10_000
 
+    # Every run measured is named with its committed epoch and weights checksum (issue 28, item 1).
+    from kdcollapse.runs import metrics_source
+    source = metrics_source(runs / "heads" / "cmf" / "seed0")
+    assert f"- `cmf/seed0`: epoch {source['epoch']}, weights `{source['weights_sha256'][:16]}`" in heads
+    assert f"`A3/seed0`: epoch 1, weights `{metrics_source(runs / 'assignment' / 'A3' / 'seed0')['weights_sha256'][:16]}`" \
+        in assignment
+
     # The header names the code revision each run recorded, and says when a run recorded none.
     info_path = runs / "heads" / "cmf" / "seed0" / "run.json"
     info = json.loads(info_path.read_text())

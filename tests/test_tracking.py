@@ -54,9 +54,12 @@ def test_mlflow_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(tmp_path
         with pytest.raises(_Crash):
             fit(tiny_config(run_dir, "train.epochs=3", "train.trackers=[mlflow]"))
     assert [r["epoch"] for r in records(run_dir)] == [1, 2]  # committed
-    fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}"]), resume=True)
     client = mlflow.MlflowClient()
+    (crashed,) = client.search_runs([client.get_experiment_by_name("kdcollapse").experiment_id])
+    assert crashed.info.status == "FAILED"  # the error ended the tracked run as failed
+    fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}"]), resume=True)
     (run,) = client.search_runs([client.get_experiment_by_name("kdcollapse").experiment_id])
+    assert run.info.status == "FINISHED"
     for key in ("test_acc", "train_loss"):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted((m.step, m.value) for m in history) == [(r["epoch"], r[key]) for r in records(run_dir)]
@@ -109,12 +112,15 @@ def test_wandb_tracker_writes_an_offline_run_in_the_group(wandb_resumed_run):
 def test_wandb_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(wandb_resumed_run):
     """The crashed segment holds epoch 1, the resumed segment (same run id) epochs 2 and 3, so the segments in
     the order ``wandb sync`` uploads them hold every epoch once, with metrics.jsonl's values."""
-    from kdcollapse.runs._tracking import wandb_history
+    from kdcollapse.runs._tracking import wandb_history, wandb_records
 
     run_dir, segments = wandb_resumed_run
     assert len(segments) == 2 and len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id
     logged = [[step for step, _ in wandb_history(next(s.glob("run-*.wandb")))] for s in segments]
     assert logged == [[1], [2, 3]]
+    exits = [[r.exit.exit_code for r in wandb_records(next(s.glob("run-*.wandb"))) if r.WhichOneof("record_type")
+              == "exit"] for s in segments]
+    assert exits == [[1], [0]]  # the crash ended its segment as failed
     history = [h for s in segments for h in wandb_history(next(s.glob("run-*.wandb")))]
     for (step, items), record in zip(history, records(run_dir), strict=True):
         assert step == record["epoch"]
@@ -143,3 +149,16 @@ def test_wandb_history_stops_at_a_torn_last_record(wandb_resumed_run, tmp_path):
     path.write_bytes(b"not a W&B log")
     with pytest.raises(ValueError, match="not a W&B transaction log"):
         wandb_history(path)
+
+
+def test_wandb_disabled_trains_and_resumes_without_waiting_for_a_log(tmp_path, tiny_config, monkeypatch, recwarn):
+    """WANDB_MODE=disabled writes no transaction log: closing does not wait for one, a resume replays nothing."""
+    pytest.importorskip("wandb")
+    from kdcollapse.config import load_config
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = fit(tiny_config(tmp_path / "run", "train.epochs=1", "train.trackers=[wandb]")).run_dir
+    fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}", "train.epochs=2"]), resume=True)
+    assert [r["epoch"] for r in records(run_dir)] == [1, 2]
+    assert not [w for w in recwarn if "W&B" in str(w.message)]

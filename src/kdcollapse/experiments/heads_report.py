@@ -31,7 +31,7 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import softmax_code, softmax_code_optimum, tammes_code
 from kdcollapse.experiments.plots import plot_features_2d, plot_learning_curves
 from kdcollapse.models import Classifier
-from kdcollapse.runs import Run
+from kdcollapse.runs import Run, metrics_source
 
 ORDER = ("linear", "cosine", "cmf", "trainable", "A1", "A2", "A3")  # table order; other names follow, sorted
 
@@ -72,7 +72,7 @@ def write_heads_report(runs: str | Path, out: str | Path) -> list[Path]:
     written = []
     for name in found:
         group = load_runs(runs / name)
-        lines = [*_header(name, runs, group), *parts[name](group, out)]
+        lines = [*_header(name, runs, group), *parts[name](group, out), *_sources(group)]
         path = out / f"{name}.md"
         path.write_text("\n".join(lines) + "\n")
         written.append(path)
@@ -170,6 +170,18 @@ def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[s
         "GNC2 = rho one-vs-rest of the head's unit class vectors (`kdcollapse.metrics`).",
         "",
     ]
+
+
+def _sources(group: dict[str, list[TrainedRun]]) -> list[str]:
+    """What every number above was measured from: each run's committed epoch and weights checksum."""
+    lines = ["", "Sources: the committed epoch and weights (SHA-256 as `state.json` records it, first 16 hex digits) "
+             "of each run measured above.", ""]
+    for runs in group.values():
+        for run in runs:
+            source = metrics_source(run.path)
+            lines.append(f"- `{run.name}/seed{run.seed}`: epoch {source['epoch']}, weights "
+                         f"`{(source['weights_sha256'] or 'not recorded')[:16]}`")
+    return lines
 
 
 def _run_info(run: TrainedRun) -> dict:

@@ -567,11 +567,12 @@ class MetricsLog:
         """The text of each metrics file, by name."""
         return {name: render(self.records) for name, render in self.FILES.items()}
 
-    def close(self) -> None:
-        """End TensorBoard's writer and the trackers (a second call does nothing)."""
+    def close(self, failed: bool = False) -> None:
+        """End TensorBoard's writer and the trackers, marking their runs failed when training ``failed`` (a
+        second call does nothing)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
         for tracker in self.trackers:
-            tracker.close()
+            tracker.close(failed)
         self.trackers = []

@@ -49,6 +49,8 @@ class WandbTracker:
         local transaction log, ``wandb/[offline-]run-<time>-<id>/run-<id>.wandb`` under the run directory; a
         resume starts a new segment of the same id, and ``wandb sync`` uploads the segments of one run in order
         of their start. Only the local logs are read (tested offline; an online run's server is not asked)."""
+        if self.run.settings.mode == "disabled":
+            return
         here = Path(self.run.dir).parent
         earlier = [p for p in sorted(here.parent.glob(f"*run-*-{self.run.id}/run-{self.run.id}.wandb"))
                    if p.parent != here]
@@ -61,11 +63,14 @@ class WandbTracker:
             if int(record["epoch"]) > last:
                 self.log(record)
 
-    def close(self) -> None:
-        """Finish the run and wait (up to a minute) until W&B's service has written its transaction log to the
-        end: ``finish`` returns before that, and a resume in the same process reads the log (:meth:`replay`)."""
+    def close(self, failed: bool = False) -> None:
+        """Finish the run (exit code 1 when training ``failed``) and wait (up to a minute) until W&B's service
+        has written its transaction log to the end: ``finish`` returns before that, and a resume in the same
+        process reads the log (:meth:`replay`)."""
         path = Path(self.run.dir).parent / f"run-{self.run.id}.wandb"
-        self.run.finish()
+        self.run.finish(exit_code=1 if failed else 0)
+        if self.run.settings.mode == "disabled":  # WANDB_MODE=disabled: no log is written
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -148,8 +153,8 @@ class MlflowTracker:
                 if int(record["epoch"]) not in held[key]:
                     self.client.log_metric(self.run_id, key, value, step=int(record["epoch"]))
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 def _flat(config: dict, prefix: str = "") -> dict[str, str]:

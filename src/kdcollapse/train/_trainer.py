@@ -281,11 +281,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ loop
     def run(self) -> RunResult:
+        failed = True
         try:
-            return self.train()
-        finally:  # an error too ends the tracked runs (W&B's log of this segment is then complete for a resume)
+            result = self.train()
+            failed = False
+            return result
+        finally:  # an error too ends the tracked runs, as failed (W&B's log of this segment is then complete)
             try:
-                self.log.close()
+                self.log.close(failed)
             finally:
                 self.release_run_dir()
 
