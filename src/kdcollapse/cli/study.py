@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                          formatter_class=HelpFormatter)
     run.add_argument("file", metavar="FILE")
     run.add_argument("--executor", choices=("local", "slurm"), default="local")
-    run.add_argument("--workers", type=positive_int, default=1, metavar="N", help="local: runs at a time")
+    run.add_argument("--workers", type=positive_int, metavar="N",
+                     help="local: runs at a time (default: 1); slurm: at most N jobs of each array at a time (default: 64)")
     run.add_argument("--threads", type=positive_int, default=1, metavar="N", help="torch threads per run")
     run.add_argument("--partition", help="slurm: the partition (else each group's resources.partition)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the jobs are submitted")
@@ -67,7 +68,7 @@ def _study_run(args) -> int:
             break
         if args.executor == "slurm":
             jobs = submit_slurm(study, todo, Path(study.runs_dir) / "_submitit", partition=args.partition,
-                                threads=args.threads)
+                                threads=args.threads, parallel=args.workers or 64)
             print(f"submitted {len(jobs)} jobs: arrays "
                   f"{', '.join(sorted({j.job_id.split('_')[0] for j in jobs}, key=int))}")
             if args.no_wait:
@@ -77,7 +78,7 @@ def _study_run(args) -> int:
             for o in done:
                 print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}")
         else:
-            done = run_local(study, todo, workers=args.workers, threads=args.threads,
+            done = run_local(study, todo, workers=args.workers or 1, threads=args.threads,
                              report=lambda o: print(f"{o.name}: {o.status}{' — ' + o.message if o.message else ''}",
                                                     flush=True))
         outcomes += done
