@@ -95,8 +95,30 @@ class Stopwatch:
         out[key + "_s_per_M"], out[key + "_cpu_per_M"] = self.wall / count * 1e6, self.cpu / count * 1e6
 
 
+def _status_gib(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith(field + ":"))
+        return int(line.split()[1]) / 2**20
+    except (OSError, StopIteration):
+        return None
+
+
 def peak_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """The peak resident memory since the start or the last ``reset_peak`` (Linux's VmHWM; else ru_maxrss)."""
+    peak = _status_gib("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_peak() -> float | None:
+    """Reset the peak to the resident memory now (Linux: ``5 > /proc/self/clear_refs``), so that the next
+    ``peak_gib`` is one phase's; returns the resident memory now (None where this is not possible)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        return None
+    return _status_gib("VmRSS")
 
 
 class TileSampler:
@@ -213,14 +235,15 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     out = {"K": num_classes, "d": dim, "tokens": tokens, "ncc_tokens": args.ncc_tokens}
     stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
     out["accumulate"] = stats.accumulate
-    warm = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports
-    warm.update(*next(batches(num_classes, dim, BATCH, seed=3)))
+    warm = FeatureStatistics(2, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports, small K
+    warm.update(*next(batches(2, dim, BATCH, seed=3)))
     del warm
     watch = Stopwatch()
     for x, y in batches(num_classes, dim, tokens):
         watch(lambda: stats.update(x, y))
     watch.per_million(out, "stats", tokens)
     out["peak_rss_stats_gib"] = peak_gib()
+    out["rss_before_metrics_gib"] = reset_peak()  # the metric phase's own peak below (the states are held)
     sampler = TileSampler(pairwise._upper_tiles, args.sample_tiles)
     pairwise._upper_tiles = sampler
     if not args.single_call:
@@ -239,6 +262,8 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         out["gnc2_solved_exactly"] = gnc2.solved.numel()
     if args.gnc2_blocks:
         gnc2_screening(weight, args.gnc2_blocks, out)
+    out["peak_rss_gib_so_far"] = max(out["peak_rss_stats_gib"], out["peak_rss_metrics_gib"])
+    reset_peak()
     head = weight.float()
     weight = None  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
     means = stats.class_means()
@@ -252,7 +277,8 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     watch.per_million(out, "ncc", count)
     out["values"] = {k: float(full[k]) for k in ("nc1", "nc2_etf_error", "nc3_self_duality", "cdnv", "vci", "gnc1")}
     out["values"]["ncc_agreement"] = float(ncc.compute()["ncc_agreement"])
-    out["peak_rss_gib"] = peak_gib()
+    out["peak_rss_ncc_gib"] = peak_gib()  # NC4's phase: the class means, their centred copy, W, the logits
+    out["peak_rss_gib"] = max(out.pop("peak_rss_gib_so_far"), out["peak_rss_ncc_gib"])
     if args.rhubarbwu:
         out |= rhubarbwu_case(num_classes, dim, tokens, head, args)
     return out
@@ -323,8 +349,8 @@ def feature_pass(tokens: int, args) -> dict:
 def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 4) -> float:
     """Peak RSS of one case: torch's baseline, about 4 K x d copies of the class sums' width (the two states and
     W in the metric phase; W in float32, the class means, their centred copy and the inputs' float32 means in
-    NC4's), about 20 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
-    return 1.4 + (copies * width * num_classes * dim + 20 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
+    NC4's), about 27 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
+    return 1.4 + (copies * width * num_classes * dim + 27 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
 
 
 def available_gib() -> float:

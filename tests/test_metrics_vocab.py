@@ -363,6 +363,26 @@ def test_statistics_keep_no_second_k_by_d_copy_for_reset():
                for k in before)
     moved = stats.to(torch.device("cpu"))  # _apply keeps the defaults lean
     assert moved._defaults["class_sums"].untyped_storage().nbytes() == 4
+    assert moved._defaults["class_sums"].shape == (50, 8)
+
+
+def test_constructing_the_statistics_allocates_the_two_k_by_d_sums_once(monkeypatch):
+    """Not the four K x d tensors that torchmetrics' ``add_state`` (the state and a deep copy of it as the
+    default for ``reset()``) would make: no K x d tensor is deep-copied (storage copies bypass LiveBytes)."""
+    import copy
+
+    import torchmetrics.metric
+
+    copied = []
+    monkeypatch.setattr(torchmetrics.metric, "deepcopy",
+                        lambda value, *memo: copied.append(getattr(value, "shape", None)) or copy.deepcopy(value, *memo))
+    with LiveBytes() as counter:
+        stats = FeatureStatistics(500, 64)
+    assert (500, 64) not in copied and (64, 64) in copied  # the d x d moments' defaults are copied as before
+    sums = 2 * 500 * 64 * 8
+    small = 2 * 64 * 64 * 8 + 4 * 500 * 8 + 4 * 64 * 8  # moments, counts and squares, shifts
+    assert sums <= counter.peak <= sums + small
+    assert stats.class_sums.shape == stats.unit_class_sums.shape == (500, 64) and not stats.class_sums.any()
 
 
 class LiveBytes(TorchDispatchMode):

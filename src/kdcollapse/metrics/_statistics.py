@@ -205,13 +205,19 @@ class FeatureStatistics(Metric, States):
         self.accumulate = "float32" if sums == torch.float32 else "float64"
         self.add_state("class_counts", torch.zeros(k, dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
-        self.add_state("class_sums", torch.zeros(k, d, dtype=sums), dist_reduce_fx="sum")
+        self._add_sums("class_sums", sums)
         self.add_state("class_square_sums", torch.zeros(k, dtype=f64), dist_reduce_fx="sum")
         self.add_state("moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
         self.add_state("unit_shift", torch.zeros(d, dtype=f64), dist_reduce_fx=_agreed)
-        self.add_state("unit_class_sums", torch.zeros(k, d, dtype=sums), dist_reduce_fx="sum")
+        self._add_sums("unit_class_sums", sums)
         self.add_state("unit_moment", torch.zeros(d, d, dtype=f64), dist_reduce_fx="sum")
         self._lean_defaults()
+
+    def _add_sums(self, name: str, dtype: torch.dtype) -> None:
+        """A K x d class-sum state without a K x d default: ``add_state`` copies its default for ``reset()``, so
+        it gets an empty one and ``_lean_defaults`` sets it; constructing costs the K x d zeros alone."""
+        self.add_state(name, torch.zeros(0, self.feature_dim, dtype=dtype), dist_reduce_fx="sum")
+        setattr(self, name, torch.zeros(self.num_classes, self.feature_dim, dtype=dtype))
 
     def _lean_defaults(self) -> None:
         """torchmetrics keeps a copy of each state's initial value for ``reset()``; for the two K x d sums, a
@@ -219,7 +225,7 @@ class FeatureStatistics(Metric, States):
         states take 2 K x d, not 4."""
         for name in ("class_sums", "unit_class_sums"):
             default = self._defaults[name]
-            self._defaults[name] = default.new_zeros(()).expand(default.shape)
+            self._defaults[name] = default.new_zeros(()).expand(self.num_classes, self.feature_dim)
 
     def update(self, features: Tensor, labels: Tensor) -> None:
         """Add a batch: ``features`` ``(B, d)`` (any float dtype), ``labels`` ``(B,)`` in ``[0, K)``."""
