@@ -349,8 +349,8 @@ def feature_pass(tokens: int, args) -> dict:
 def estimated_peak_gib(num_classes: int, dim: int, width: int, copies: int = 4) -> float:
     """Peak RSS of one case: torch's baseline, about 4 K x d copies of the class sums' width (the two states and
     W in the metric phase; W in float32, the class means, their centred copy and the inputs' float32 means in
-    NC4's), about 27 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
-    return 1.4 + (copies * width * num_classes * dim + 27 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
+    NC4's), about 20 d x d float64 matrices and the metric phase's chunks (docs/metrics.md)."""
+    return 1.4 + (copies * width * num_classes * dim + 20 * 8 * dim * dim + 3 * 8 * 8192 * dim) / 2**30
 
 
 def available_gib() -> float:
