@@ -4,7 +4,7 @@
 students over seeds, each the output directory of ``kdcollapse analyze --lm ... --out DIR``), the metrics,
 the paired comparisons and the rank correlations; it writes the page's tables between the generated-summary
 markers of its markdown page, ``summary.json`` and the figure (``plot_token_layers``) beside the analyses.
-``kdcollapse token-report SPEC [--check]`` is its command line. Every table is the library's
+``kdcollapse token-report FILE [--check]`` is its command line. Every table is the library's
 (``kdcollapse.report``: ``seeds_table``, ``paired_comparisons`` with Holm's correction over the page,
 ``comparisons_table``, ``rank_correlations_table``).
 

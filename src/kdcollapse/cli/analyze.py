@@ -112,7 +112,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("token-report", help=text, description=text, formatter_class=HelpFormatter,
                               epilog="example:\n  kdcollapse token-report results/lm_collapse/distilled.yaml\n"
                                      "  kdcollapse token-report --check results/lm_collapse/distilled.yaml")
-    p.add_argument("spec", metavar="SPEC", help="the page's YAML spec (kdcollapse.analysis._token_report)")
+    p.add_argument("spec", metavar="FILE", help="the page's YAML file (kdcollapse.analysis.token_report)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page or summary.json is stale")
     p.set_defaults(func=_token_report)
 
