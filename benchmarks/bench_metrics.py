@@ -107,8 +107,9 @@ def naive(args) -> dict:
     total_dev = hd - mu_g
     sigma_t = total_dev.T @ total_dev / len(hd)
     prior = np.bincount(y, minlength=args.classes) / len(hd)
-    sigma_b = (means - mu_g).T @ ((means - mu_g) * prior[:, None])
-    nc1 = np.trace(sigma_w @ np.linalg.pinv(sigma_b)) / args.classes
+    sigma_b = (means - mu_g).T @ ((means - mu_g) * prior[:, None])  # prior-weighted, about mu_G: VCI's
+    centred = means - means.mean(0)  # NC1's default ("papyan") convention: each class once, about the mean of the means
+    nc1 = np.trace(sigma_w @ np.linalg.pinv(centred.T @ centred / args.classes)) / args.classes
     vci = 1 - np.trace(np.linalg.pinv(sigma_t) @ sigma_b) / min(args.dim, args.classes - 1)
     return {
         "generate_s": gen_s,
