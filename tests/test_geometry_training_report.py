@@ -1,4 +1,4 @@
-"""`kdcollapse geometry heads-report` on tiny digits runs: tables, arrangements, figures."""
+"""`kdcollapse geometry heads-report` (the class-assignment runs) on tiny digits runs: tables, arrangements, figures."""
 
 import json
 import math
@@ -36,9 +36,6 @@ def test_circular_order_and_opposite_pairs():
 
 def test_heads_report_on_tiny_runs(tmp_path, capsys):
     runs, out = tmp_path / "runs", tmp_path / "out"
-    wide = "model.kwargs={input_size: 8, hidden: [32], bottleneck: 5}"
-    for head in ("linear", "cmf"):
-        train(runs / "heads" / head / "seed0", wide, f"method.head={head}")
     flat = ["model.kwargs={input_size: 8, hidden: [32], bottleneck: 2}", "data.classes=[0, 1, 2, 3]",
             "data.train_per_class=15"]
     train(runs / "assignment" / "trainable" / "seed0", *flat, "method.head=cosine")
@@ -48,36 +45,32 @@ def test_heads_report_on_tiny_runs(tmp_path, capsys):
 
     assert main(["geometry", "heads-report", "--runs", str(runs), "--out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
-    heads = (out / "heads.md").read_text()
-    assert "(K, d) = (10, 5): 1.0000 (Thm 3.3, closed form)" in heads
-    for head in ("linear", "cmf"):
-        acc = read_metrics(runs / "heads" / head / "seed0")[-1]["test_acc"]
-        assert f"| {head} | 0 | {acc:.2f} |" in heads
-    assert heads.index("| linear | 0 |") < heads.index("| cmf | 0 |")  # paper order, not alphabetical
-
+    assert not (out / "heads.md").exists()  # the heads of Fig. 5 are a study (results/geometry/heads/study.yaml)
     assignment = (out / "assignment.md").read_text()
     rows = {m[0]: m[1] for m in re.findall(r"^\| (\w+) \| [^|]+ \| ([^|]+) \|", assignment, re.M)}
     assert rows["A1"].strip() == "0 / 2, 1 / 3 (= A1)"
     assert rows["A3"].strip() == "0 / 1, 2 / 3 (= A3)"
     assert re.fullmatch(r"0 / \d, \d / \d( \(= A\d\))?", rows["trainable"].strip())
     assert "GNC2" in assignment and "seed 0: " in assignment
-    for figure in ("heads_learning_curves.png", "assignment_features.png", "assignment_trainable_seeds.png"):
+    assert assignment.index("| trainable | learned |") < assignment.index("| A1 |")  # the page's order
+    for name in ("A1", "A3"):
+        acc = read_metrics(runs / "assignment" / name / "seed0")[-1]["test_acc"]
+        assert re.search(rf"^\| {name} \| [^\n]* \| {acc:.2f} \| {acc:.2f} ± 0.00 \|$", assignment, re.M)
+    for figure in ("assignment_features.png", "assignment_trainable_seeds.png"):
         assert (out / figure).stat().st_size > 10_000
 
     # Every run measured is named with its committed epoch and weights checksum (issue 28, item 1).
     from kdcollapse.runs import metrics_source
-    source = metrics_source(runs / "heads" / "cmf" / "seed0")
-    assert f"- `cmf/seed0`: epoch {source['epoch']}, weights `{source['weights_sha256'][:16]}`" in heads
     assert f"`A3/seed0`: epoch 1, weights `{metrics_source(runs / 'assignment' / 'A3' / 'seed0')['weights_sha256'][:16]}`" \
         in assignment
 
     # The header names the code revision each run recorded, and says when a run recorded none.
-    info_path = runs / "heads" / "cmf" / "seed0" / "run.json"
+    info_path = runs / "assignment" / "A1" / "seed0" / "run.json"
     info = json.loads(info_path.read_text())
-    assert f"(run.json): {info['git_revision'] or 'not recorded'}" in heads
+    assert f"(run.json): {info['git_revision'] or 'not recorded'}" in assignment
     info_path.write_text(json.dumps({**info, "git_revision": None}))
     assert main(["geometry", "heads-report", "--runs", str(runs), "--out", str(out)]) == 0
-    assert "not recorded (run outside a git checkout)" in (out / "heads.md").read_text()
+    assert "not recorded (run outside a git checkout)" in (out / "assignment.md").read_text()
 
     assert main(["geometry", "heads-report", "--runs", str(tmp_path / "out"), "--out", str(tmp_path / "x")]) == 2
-    assert "holds neither heads/ nor assignment/" in capsys.readouterr().err
+    assert "holds no assignment/" in capsys.readouterr().err

@@ -1,14 +1,10 @@
-"""The report of ``kdcollapse geometry heads-report``: the GNC paper's heads trained on Fashion-MNIST.
+"""The report of ``kdcollapse geometry heads-report``: the GNC paper's class-assignment runs on Fashion-MNIST.
 
 Reads the runs of the study ``configs/geometry/study.yaml`` (``kdcollapse study run ... --runs-dir RUNS``):
-
-* ``RUNS/heads/<head>/seed<N>``: GNC Fig. 5, learnable (linear, cosine) against class-mean-feature
-  classifiers, K = 10 classes in d = 3;
-* ``RUNS/assignment/<name>/seed<N>``: GNC Section 4 / Fig. 4, four classes in d = 2, the trainable cosine
-  head (``trainable``) against fixed square codes with three class assignments (``A1``, ``A2``, ``A3``);
-
-measures GNC1-3 of every trained model with :mod:`kdcollapse.metrics` and writes ``heads.md`` and
-``assignment.md`` with their figures.
+``RUNS/assignment/<name>/seed<N>``, GNC Section 4 / Fig. 4, four classes in d = 2, the trainable cosine head
+(``trainable``) against fixed square codes with three class assignments (``A1``, ``A2``, ``A3``); measures GNC1-3
+of every trained model with :mod:`kdcollapse.metrics` and writes ``assignment.md`` with its figures. (The heads of
+Fig. 5 are a study with a generated page: results/geometry/heads/study.yaml.)
 """
 
 from __future__ import annotations
@@ -16,9 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +22,12 @@ from torch import Tensor
 from kdcollapse.config import RunConfig
 from kdcollapse.data import make_loader
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.geometry import softmax_code, softmax_code_optimum, tammes_code
-from kdcollapse.experiments.plots import plot_features_2d, plot_learning_curves
+from kdcollapse.experiments.plots import plot_features_2d
 from kdcollapse.models import Classifier
+from kdcollapse.report import machine
 from kdcollapse.runs import Run, metrics_source
 
-ORDER = ("linear", "cosine", "cmf", "trainable", "A1", "A2", "A3")  # table order; other names follow, sorted
+ORDER = ("trainable", "A1", "A2", "A3")  # table order; other names follow, sorted
 
 
 @dataclass
@@ -62,12 +56,12 @@ class TrainedRun:
 
 
 def write_heads_report(runs: str | Path, out: str | Path) -> list[Path]:
-    """Write ``heads.md`` and/or ``assignment.md`` (and figures) into ``out`` from the runs under ``runs``."""
+    """Write ``assignment.md`` (and figures) into ``out`` from the runs under ``runs``."""
     runs, out = Path(runs), Path(out)
-    parts = {"heads": _heads_section, "assignment": _assignment_section}
+    parts = {"assignment": _assignment_section}
     found = [name for name in parts if (runs / name).is_dir()]
     if not found:
-        raise KdcollapseError(f"{runs} holds neither heads/ nor assignment/ (see configs/geometry/study.yaml)")
+        raise KdcollapseError(f"{runs} holds no assignment/ (see configs/geometry/study.yaml)")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in found:
@@ -119,15 +113,6 @@ def gnc_metrics(run: TrainedRun, split: str) -> dict[str, float]:
     return {name: float(metrics[name]) for name in ("gnc1", "gnc2", "gnc3")}
 
 
-def best_code_value(num_classes: int, dim: int) -> tuple[float, str]:
-    """The largest known rho_one-vs-rest for (K, d): Thm 3.3's closed form, else the best code we find."""
-    exact = softmax_code_optimum(num_classes, dim)
-    if exact is not None:
-        return exact, "Thm 3.3, closed form"
-    found = [solve(num_classes, dim, restarts=4).one_vs_rest for solve in (softmax_code, tammes_code)]
-    return max(found), "best of softmax_code and tammes_code, 4 restarts each"
-
-
 def circular_order(W: Tensor) -> list[int]:
     """Classes sorted by the angle of their class vector (d = 2): neighbours in the list are adjacent."""
     angles = torch.atan2(W[:, 1].double(), W[:, 0].double())
@@ -144,8 +129,7 @@ def opposite_pairs(W: Tensor) -> frozenset[frozenset[int]]:
 
 # ------------------------------------------------------------------------------------- sections
 def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[str]:
-    title = {"heads": "Learnable vs class-mean-feature classifiers (GNC paper Fig. 5) on Fashion-MNIST",
-             "assignment": "The class-assignment problem (GNC paper Section 4, Fig. 4) on Fashion-MNIST"}[name]
+    title = {"assignment": "The class-assignment problem (GNC paper Section 4, Fig. 4) on Fashion-MNIST"}[name]
     first = next(iter(group.values()))[0]
     seconds = sum(r["epoch_time_s"] for runs in group.values() for run in runs for r in run.records)
     seeds = sorted({run.seed for runs in group.values() for run in runs})
@@ -158,8 +142,8 @@ def _header(name: str, runs: Path, group: dict[str, list[TrainedRun]]) -> list[s
         f"`configs/geometry/fmnist_{name}.yaml`), "
         f"then `kdcollapse geometry heads-report --runs {runs} --out <this folder>`. Seeds {seeds}. "
         f"Training: {seconds / 60:.1f} min of epochs in total, one thread per run (OMP_NUM_THREADS=1) on "
-        f"{_cpu()} ({os.cpu_count()} cores, shared with other jobs), torch {torch.__version__}, "
-        f"Python {sys.version.split()[0]}; code revision of the runs (run.json): {', '.join(revisions)}.",
+        f"{machine()} ({os.cpu_count()} cores, shared with other jobs); code revision of the runs (run.json): "
+        f"{', '.join(revisions)}.",
         "",
         f"Model: `{first.cfg.model.name}` {first.cfg.model.kwargs} (the feature is the linear bottleneck), "
         f"{first.cfg.train.epochs} epochs, batch {first.cfg.data.batch_size}, SGD lr {first.cfg.optim.lr} "
@@ -187,47 +171,6 @@ def _sources(group: dict[str, list[TrainedRun]]) -> list[str]:
 def _run_info(run: TrainedRun) -> dict:
     path = run.path / "run.json"
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _cpu() -> str:
-    """The CPU model from /proc/cpuinfo where there is one, else the platform's machine name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _heads_section(group: dict[str, list[TrainedRun]], out: Path) -> list[str]:
-    first = next(iter(group.values()))[0]
-    K, d = first.model.num_classes, first.model.feature_dim
-    reference, source = best_code_value(K, d)
-    lines = [
-        f"K = {K} classes, feature dimension d = {d} (K > d + 1: no simplex ETF). Largest rho one-vs-rest "
-        f"for (K, d) = ({K}, {d}): {reference:.4f} ({source}).",
-        "",
-        _row("head", "seed", "test acc %", "train acc %", "GNC1 train", "GNC2", "GNC3 train", "GNC1 test", "GNC3 test"),
-        _row(*["---"] * 9),
-    ]
-    summary = []
-    for name, runs in group.items():
-        accs = []
-        for run in runs:
-            train, test = gnc_metrics(run, "train"), gnc_metrics(run, "test")
-            accs.append(run.test_acc)
-            lines.append(_row(name, run.seed, f"{run.test_acc:.2f}", f"{run.records[-1]['train_acc']:.2f}",
-                              _fmt(train["gnc1"]), _fmt(train["gnc2"]), _fmt(train["gnc3"]), _fmt(test["gnc1"]),
-                              _fmt(test["gnc3"])))
-        summary.append(_row(name, _mean_std(accs), _describe(runs[0])))
-    plot_learning_curves({name: [run.records for run in runs] for name, runs in group.items()},
-                         out / "heads_learning_curves.png")
-    return [
-        *lines, "",
-        _row("head", "test acc % (mean ± std)", "setting"), _row("---", "---", "---"), *summary, "",
-        "![learning curves](heads_learning_curves.png)", "",
-    ]
 
 
 def _assignment_section(group: dict[str, list[TrainedRun]], out: Path) -> list[str]:
@@ -276,12 +219,6 @@ def _assignment_section(group: dict[str, list[TrainedRun]], out: Path) -> list[s
                   for run in group["trainable"]]
         figures.append(plot_features_2d(panels, names, out / "assignment_trainable_seeds.png"))
     return lines + ["", *[f"![{p.stem}]({p.name})" for p in figures], ""]
-
-
-def _describe(run: TrainedRun) -> str:
-    m = run.cfg.method
-    return {"linear": "nn.Linear head", "cosine": f"cosine head, tau {m.temperature}",
-            "cmf": f"CMF head, tau {m.temperature}, beta {m.beta}"}.get(m.head, m.head)
 
 
 def _row(*cells) -> str:

@@ -86,24 +86,6 @@ def plot_sweep(temperatures: list[float], values: list[float], path: str | Path,
     return _save(fig, path)
 
 
-def plot_learning_curves(series: dict[str, list[list[dict]]], path: str | Path) -> Path:
-    """Train and test accuracy against the epoch (GNC Fig. 5): per label, the mean over its runs' records
-    (``metrics.jsonl`` lines with ``epoch``, ``train_acc``, ``test_acc``), the spread shaded."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for i, (label, runs) in enumerate(series.items()):
-        epochs = [r["epoch"] for r in runs[0]]
-        for ax, key in zip(axes, ("train_acc", "test_acc")):
-            values = np.array([[r[key] for r in records] for records in runs])
-            ax.plot(epochs, values.mean(0), color=f"C{i}", label=f"{label} ({len(runs)} runs)")
-            ax.fill_between(epochs, values.min(0), values.max(0), color=f"C{i}", alpha=0.2, lw=0)
-    for ax, title in zip(axes, ("training accuracy (%)", "test accuracy (%)")):
-        ax.set_title(title)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-    axes[1].legend(loc="lower right")
-    return _save(fig, path)
-
-
 def plot_features_2d(
     panels: list[tuple[str, Tensor, Tensor, Tensor]], class_names: list[str], path: str | Path, points: int = 2000
 ) -> Path:
