@@ -154,7 +154,7 @@ def _compare_page(c: dict, out: Path) -> list[str]:
 def _sweep(c: dict, restarts: int, seed: int) -> dict:
     results = temperature_continuation(c["K"], c["d"], c["n"], c["temperatures"], steps=c["steps"], seed=seed)
     code = softmax_code(c["K"], c["d"], restarts=restarts, seed=seed)
-    return {**c, "restarts": restarts, "code": code.one_vs_rest, "finals": [r.final for r in results]}
+    return {**c, "restarts": restarts, "code": float(code.one_vs_rest), "finals": [r.final for r in results]}
 
 
 def _sweep_page(c: dict, out: Path) -> list[str]:
