@@ -68,13 +68,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--seed", type=non_negative_int, default=0)
     sub.set_defaults(func=_run_ufm)
 
-    sub = _add(commands, "heads-report", "report of the GNC heads trained on Fashion-MNIST (Fig. 5, Section 4)", """examples:
-  kdcollapse study run configs/geometry/study.yaml --runs-dir runs/geometry   # trains every run first
-  kdcollapse geometry heads-report --runs runs/geometry --out results/geometry""")
-    sub.add_argument("--runs", type=Path, required=True, help="folder holding heads/ and/or assignment/ runs")
-    sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")
-    sub.set_defaults(func=_run_heads_report)
-
 
 def _add(commands, name: str, description: str, epilog: str) -> argparse.ArgumentParser:
     return commands.add_parser(name, help=description, description=description, epilog=epilog, formatter_class=HelpFormatter)
@@ -175,15 +168,6 @@ def _run_ufm(args: argparse.Namespace) -> int:
     for path in changed:
         print(f"{'out of date' if args.check else 'wrote'}: {path}")
     return 1 if args.check and changed else 0
-
-
-def _run_heads_report(args: argparse.Namespace) -> int:
-    from kdcollapse.experiments.heads_report import write_heads_report
-
-    check_output(args.out, "--out", folder=True)
-    for path in write_heads_report(args.runs, args.out):
-        print(f"wrote {path}")
-    return 0
 
 
 def _table(rows: list[tuple], header: bool = False) -> str:
