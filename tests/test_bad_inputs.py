@@ -219,8 +219,6 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["geometry", "ufm", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
     (["geometry", "ufm", "--out", "exists.txt"], ["exists.txt"]),
     (["geometry", "ufm", "--seed", "-1"], ["-1"]),
-    (["geometry", "heads-report", "--runs", "runs/missing"], ["runs/missing"]),
-    (["geometry", "heads-report", "--runs", "runs", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
     (["geometry", "nope"], ["nope", "tammes"]),
     # data, models, recipes, demo
     (["data", "info", "nope"], ["nope"]),

@@ -1,6 +1,8 @@
 """`kdcollapse geometry ...` end to end on tiny problems, and its file formats."""
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ from safetensors.torch import save_file
 from kdcollapse.cli import build_parser, main
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.geometry import load_matrix, simplex_etf
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(capsys, *argv):
@@ -91,3 +95,37 @@ def test_pickled_objects_are_refused(tmp_path):
 def test_bad_sizes_report_an_error(capsys):
     status, _, err = run(capsys, "softmax-code", "-K", 1, "-d", 3)
     assert status == 2 and "K must be an integer >= 2" in err
+
+
+def test_ufm_report_is_drawn_from_its_records_and_checked(capsys, tmp_path):
+    from kdcollapse.experiments.ufm_report import _fmt
+
+    # --quick: the whole pipeline on small sizes. The page and the figures come from ufm.json alone: --check redraws
+    # them and finds nothing to change; a hand edit of the page or a changed figure is out of date; nothing written.
+    out = tmp_path / "ufm"
+    status, text, _ = run(capsys, "ufm", "--quick", "--out", out)
+    assert status == 0 and "wrote" in text
+    records = json.loads((out / "ufm.json").read_text())
+    page = (out / "ufm.md").read_text()
+    sphere = records["compare"]["runs"][2]
+    assert (sphere["regularization"], sphere["optimizer"]) == ("sphere", "lbfgs")
+    assert f"| sphere | lbfgs | {_fmt(sphere['final']['loss'])} | {_fmt(sphere['final']['gnc1'])} |" in page
+    assert records["machine"] in page and (out / "ufm_sphere_vs_wd.png").stat().st_size > 10_000
+    assert run(capsys, "ufm", "--check", "--out", out)[0] == 0
+    (out / "ufm.md").write_text(page.replace("## B.", "## B!"))
+    (out / "ufm_temperature_sweep.png").write_bytes(b"not the figure")
+    status, text, _ = run(capsys, "ufm", "--check", "--out", out)
+    assert status == 1 and f"out of date: {out / 'ufm.md'}" in text and "ufm_temperature_sweep.png" in text
+    assert (out / "ufm_temperature_sweep.png").read_bytes() == b"not the figure"  # --check writes nothing
+    (out / "ufm.md").write_text("# a page without markers\n")
+    status, _, err = run(capsys, "ufm", "--quick", "--out", out)
+    assert status == 2 and "has no ufm report markers" in err and (out / "ufm.md").read_text().startswith("# a page")
+    status, _, err = run(capsys, "ufm", "--check", "--out", tmp_path / "empty")
+    assert status == 2 and "ufm.json not found" in err
+
+
+def test_the_committed_ufm_page_is_what_its_records_give():
+    from kdcollapse.experiments.ufm_report import write_ufm_report
+
+    assert write_ufm_report(ROOT / "results/geometry", check=True) == [], \
+        "run `kdcollapse geometry ufm --out results/geometry`"

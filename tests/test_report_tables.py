@@ -45,3 +45,32 @@ def test_paired_comparisons_correct_across_every_pair_and_metric():
     table = comparisons_table(tests, "comparison")
     assert table.splitlines()[0] == "| comparison | metric | paired difference | Holm p | verdict |"
     assert "| c − a | n | -3.967 |" in table
+
+
+def test_fill_replaces_only_the_block_between_the_markers():
+    from kdcollapse.errors import ConfigError
+    from kdcollapse.report import fill
+
+    page = "# t\n\nkept <!-- b --> inline\n<!-- b -->\nold\nlines\n<!-- e -->\n\nafter <!-- e -->\n"
+    # from the first begin marker to the first end marker after it; the text around them is kept byte for byte
+    assert fill(page, "<!-- b -->", "<!-- e -->", "new\n", "p has no markers") == \
+        "# t\n\nkept <!-- b -->\nnew\n<!-- e -->\n\nafter <!-- e -->\n"
+    page = "# t\n<!-- b -->\nold\n<!-- e -->\ntail\n"
+    assert fill(page, "<!-- b -->", "<!-- e -->", "one\ntwo\n", "x") == "# t\n<!-- b -->\none\ntwo\n<!-- e -->\ntail\n"
+    with pytest.raises(ConfigError, match="p.md has no markers; put the two lines\n<!-- b -->\n<!-- e -->\nwhere it goes"):
+        fill("# t\n<!-- b -->\n", "<!-- b -->", "<!-- e -->", "x\n", "p.md has no markers", "where it goes")
+
+
+def test_write_files_writes_what_differs_and_check_writes_nothing(tmp_path):
+    from kdcollapse.report import write_files
+
+    same, text, image, new = tmp_path / "same.md", tmp_path / "page.md", tmp_path / "fig.png", tmp_path / "new.json"
+    same.write_text("kept\n")
+    text.write_text("old\n")
+    image.write_bytes(b"\x89PNG old")
+    files = {same: "kept\n", text: "new\n", image: b"\x89PNG new", new: "{}\n"}
+    assert write_files(files, check=True) == [text, image, new]
+    assert text.read_text() == "old\n" and image.read_bytes() == b"\x89PNG old" and not new.exists()
+    assert write_files(files) == [text, image, new]
+    assert text.read_text() == "new\n" and image.read_bytes() == b"\x89PNG new" and new.read_text() == "{}\n"
+    assert write_files(files, check=True) == [] and write_files(files) == []

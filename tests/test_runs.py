@@ -69,12 +69,12 @@ def test_robust_eval_a_run_trained_on_a_subset_of_classes(subset_run, capsys):
     assert entry["examples"] == "first 40 test images"  # 4 classes x 10: the run's test set, not the whole split
 
 
-def test_heads_report_features_of_a_run_trained_on_a_subset_of_classes(subset_run):
-    from kdcollapse.experiments.heads_report import features, load_runs
+def test_gnc_post_steps_see_a_run_trained_on_a_subset_of_classes(subset_run):
+    from kdcollapse.experiments.gnc_networks import outputs
 
-    run = load_runs(subset_run.parent.parent)["linear"][0]
-    h, y = features(run, "test")
-    assert h.shape == (40, 16) and sorted(y.unique().tolist()) == [0, 1, 2, 3]
+    model, train, h, _ = outputs(Run(subset_run))
+    assert model.num_classes == train.num_classes == 4 and sorted(train.labels.unique().tolist()) == [0, 1, 2, 3]
+    assert h.shape == (len(train.labels), 16)
 
 
 def test_run_gives_the_validation_split_the_trainer_saw(tmp_path, tiny_config):

@@ -136,20 +136,22 @@ def test_ufm_seeds_runs_the_settings_of_the_replaced_driver(tmp_path):
             "weight_decay": 5e-4, "optimizer": opt, "steps": steps, "lr": 0.1, "log_every": steps}
 
 
-def test_the_geometry_study_trains_the_runs_of_the_replaced_script(tmp_path):
-    # configs/geometry's removed run_experiments.sh: `kdcollapse train --config C run_dir=R --seeds S` trains R/seed<N>
-    study = load_study(ROOT / "configs/geometry/study.yaml", runs_dir=tmp_path)
+def test_the_geometry_studies_train_the_runs_of_the_replaced_script(tmp_path):
+    # configs/geometry's removed run_experiments.sh: `kdcollapse train --config C run_dir=R --seeds S` trains R/seed<N>;
+    # its heads and assignment runs are results/geometry/heads and results/geometry/assignment (names without the
+    # heads/ and assignment/ folders)
     heads, assignment = ROOT / "configs/geometry/fmnist_heads.yaml", ROOT / "configs/geometry/fmnist_assignment.yaml"
-    old = {"heads/cmf/seed1": (heads, ["method.head=cmf"]),
-           "assignment/trainable/seed4": (assignment, []),
-           "assignment/A2/seed0": (assignment, ["method.head=fixed", "method.code=softmax",
-                                                "method.assignment=[0, 1, 3, 2]"])}
-    assert len(study.runs) == 3 * 2 + 4 * 5
+    old = {"cmf/seed1": (heads, ["method.head=cmf"]), "linear/seed0": (heads, ["method.head=linear"]),
+           "trainable/seed4": (assignment, []),
+           "A2/seed0": (assignment, ["method.head=fixed", "method.code=softmax", "method.assignment=[0, 1, 3, 2]"])}
+    studies = {heads: load_study(ROOT / "results/geometry/heads/study.yaml", runs_dir=tmp_path),
+               assignment: load_study(ROOT / "results/geometry/assignment/study.yaml", runs_dir=tmp_path)}
+    assert len(studies[heads].runs) == 3 * 2 and len(studies[assignment].runs) == 4 * 5
     for name, (config, overrides) in old.items():
         seed = int(name.rsplit("seed", 1)[1])
         expected = load_config(config, ["train.progress=false", *overrides, f"seed={seed}",
                                         f"run_dir={tmp_path / name}"])
-        run = study.runs[name]
+        run = studies[config].runs[name]
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
 
 

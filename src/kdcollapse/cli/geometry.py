@@ -58,19 +58,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.set_defaults(func=_run_distance)
 
     sub = _add(commands, "ufm", "unconstrained-features-model experiments (GNC eq. 2 vs B.1, tau sweep, Thm 3.3)", """examples:
-  kdcollapse geometry ufm --out results/geometry
+  kdcollapse geometry ufm --out results/geometry           # computes ufm.json (minutes), writes ufm.md and figures
+  kdcollapse geometry ufm --check --out results/geometry   # page and figures what ufm.json gives? (exit 1 if not)
   kdcollapse geometry ufm --quick --out /tmp/ufm""")
     sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")
     sub.add_argument("--quick", action="store_true", help="small sizes and few iterations (a smoke run)")
+    sub.add_argument("--check", action="store_true", help="compute nothing, write nothing: exit 1 if ufm.md or a "
+                     "figure in --out is not what its records (ufm.json) give")
     sub.add_argument("--seed", type=non_negative_int, default=0)
     sub.set_defaults(func=_run_ufm)
-
-    sub = _add(commands, "heads-report", "report of the GNC heads trained on Fashion-MNIST (Fig. 5, Section 4)", """examples:
-  kdcollapse study run configs/geometry/study.yaml --runs-dir runs/geometry   # trains every run first
-  kdcollapse geometry heads-report --runs runs/geometry --out results/geometry""")
-    sub.add_argument("--runs", type=Path, required=True, help="folder holding heads/ and/or assignment/ runs")
-    sub.add_argument("--out", type=Path, default=Path("results/geometry"), help="report directory")
-    sub.set_defaults(func=_run_heads_report)
 
 
 def _add(commands, name: str, description: str, epilog: str) -> argparse.ArgumentParser:
@@ -168,18 +164,10 @@ def _run_ufm(args: argparse.Namespace) -> int:
     from kdcollapse.experiments.ufm_report import write_ufm_report
 
     check_output(args.out, "--out", folder=True)
-    path = write_ufm_report(args.out, quick=args.quick, seed=args.seed)
-    print(f"wrote {path}")
-    return 0
-
-
-def _run_heads_report(args: argparse.Namespace) -> int:
-    from kdcollapse.experiments.heads_report import write_heads_report
-
-    check_output(args.out, "--out", folder=True)
-    for path in write_heads_report(args.runs, args.out):
-        print(f"wrote {path}")
-    return 0
+    changed = write_ufm_report(args.out, quick=args.quick, seed=args.seed, check=args.check)
+    for path in changed:
+        print(f"{'out of date' if args.check else 'wrote'}: {path}")
+    return 1 if args.check and changed else 0
 
 
 def _table(rows: list[tuple], header: bool = False) -> str:

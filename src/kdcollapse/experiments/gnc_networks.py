@@ -1,7 +1,8 @@
 """The measurements of the GNC paper's network experiments on a finished run, the study post steps
 ``gnc_geometry`` (Fig. 2 and 3: GNC1-3 of the training features and the classifier rows, with the Thm 3.9
 bounds; results/geometry/gnc_networks/study.yaml) and ``circle_geometry`` (Fig. B.1 and B.6, 2-d features: how
-evenly the class means and the rows lie on the circle; results/geometry/gnc_2d/study.yaml). Accuracies in %."""
+evenly the class means and the rows lie on the circle, and the angles within similar pairs;
+results/geometry/gnc_2d/study.yaml, results/geometry/assignment/study.yaml). Accuracies in %."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def circle_geometry(run_dir: Path) -> dict:
     """For a run with 2-d features: its test accuracy (%, eval mode), the spread of the class-mean norms and of
     the row norms (coefficient of variation; the features on the unit circle for the heads that normalise them),
     the smallest and largest gap between circular neighbours of the class means and of the rows
-    (:func:`circle_gaps`); with K = 6 (three similar pairs, classes 2i and 2i + 1), the smallest and largest angle
-    between the rows of a pair, in degrees."""
+    (:func:`circle_gaps`); with K = 4 or 6 (two or three similar pairs, classes 2i and 2i + 1: the class-assignment
+    page, Fig. B.6), the smallest and largest angle between the rows of a pair, in degrees."""
     run = Run(run_dir)
     model, train, h, test_acc = outputs(run)
     h, k = h.double(), train.num_classes
@@ -74,8 +75,8 @@ def circle_geometry(run_dir: Path) -> dict:
            "mean_norm_cv": float(norms.std() / norms.mean()), "w_norm_cv": float(w_norms.std() / w_norms.mean()),
            "mean_gap_min": circle_gaps(means)[0], "mean_gap_max": circle_gaps(means)[1],
            "w_gap_min": circle_gaps(w)[0], "w_gap_max": circle_gaps(w)[1]}
-    if k == 6:
+    if k in (4, 6):
         unit = torch.nn.functional.normalize(w, dim=1)
-        angles = [math.degrees(math.acos(max(-1.0, min(1.0, float(unit[a] @ unit[a + 1]))))) for a in (0, 2, 4)]
+        angles = [math.degrees(math.acos(max(-1.0, min(1.0, float(unit[a] @ unit[a + 1]))))) for a in range(0, k, 2)]
         row |= {"pair_angle_min_deg": min(angles), "pair_angle_max_deg": max(angles)}
     return row

@@ -1,4 +1,4 @@
-"""Figures: codes on the circle / sphere, UFM configurations, GNC curves, trained heads (matplotlib, Agg backend)."""
+"""Figures: codes on the circle / sphere, UFM configurations and GNC curves (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -83,52 +83,6 @@ def plot_sweep(temperatures: list[float], values: list[float], path: str | Path,
     ax.set_xlabel("temperature tau")
     ax.set_ylabel("GNC2 = rho one-vs-rest(W)")
     ax.legend()
-    return _save(fig, path)
-
-
-def plot_learning_curves(series: dict[str, list[list[dict]]], path: str | Path) -> Path:
-    """Train and test accuracy against the epoch (GNC Fig. 5): per label, the mean over its runs' records
-    (``metrics.jsonl`` lines with ``epoch``, ``train_acc``, ``test_acc``), the spread shaded."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for i, (label, runs) in enumerate(series.items()):
-        epochs = [r["epoch"] for r in runs[0]]
-        for ax, key in zip(axes, ("train_acc", "test_acc")):
-            values = np.array([[r[key] for r in records] for records in runs])
-            ax.plot(epochs, values.mean(0), color=f"C{i}", label=f"{label} ({len(runs)} runs)")
-            ax.fill_between(epochs, values.min(0), values.max(0), color=f"C{i}", alpha=0.2, lw=0)
-    for ax, title in zip(axes, ("training accuracy (%)", "test accuracy (%)")):
-        ax.set_title(title)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-    axes[1].legend(loc="lower right")
-    return _save(fig, path)
-
-
-def plot_features_2d(
-    panels: list[tuple[str, Tensor, Tensor, Tensor]], class_names: list[str], path: str | Path, points: int = 2000
-) -> Path:
-    """2-D features (dots, coloured by class) and class vectors (arrows) of trained models, one panel each.
-
-    ``panels``: ``(title, features (N, 2), labels (N,), W (K, 2))``; at most ``points`` features are drawn
-    (evenly spaced); arrows have the length of the 95th percentile of the feature norms.
-    """
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False)
-    for ax, (title, H, y, W) in zip(axes[0], panels):
-        H, y, W = H.detach().double().numpy(), y.numpy(), W.detach().double().numpy()
-        if H.shape[1] != 2 or W.shape[1] != 2:
-            raise KdcollapseError(f"plot_features_2d draws 2-D features, got d={H.shape[1]}")
-        keep = np.linspace(0, len(H) - 1, min(points, len(H))).astype(int)
-        radius = np.quantile(np.linalg.norm(H, axis=1), 0.95)
-        for k, name in enumerate(class_names):
-            sel = keep[y[keep] == k]
-            ax.scatter(H[sel, 0], H[sel, 1], s=4, color=f"C{k % 10}", alpha=0.35, label=name)
-            w = W[k] / np.linalg.norm(W[k]) * radius
-            ax.annotate("", xy=w, xytext=(0, 0), arrowprops={"arrowstyle": "-|>", "color": f"C{k % 10}", "lw": 2.5})
-        ax.set_aspect("equal")
-        ax.set_xlim(-1.25 * radius, 1.25 * radius)
-        ax.set_ylim(-1.25 * radius, 1.25 * radius)
-        ax.set_title(title, fontsize=10)
-    axes[0][0].legend(loc="lower left", fontsize=8, markerscale=3)
     return _save(fig, path)
 
 

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
-from kdcollapse.report import (corrected_verdicts, markdown_table, mean_difference_ci, paired_t_test, pearson,
-                               plot_panels, seeds_cell)
-from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, replacing,
-                             run_state, write_text)
+from kdcollapse.report import (corrected_verdicts, fill, markdown_table, mean_difference_ci, paired_t_test, pearson,
+                               plot_panels, seeds_cell, write_files)
+from kdcollapse.runs import metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study, _flat
 from kdcollapse.study._tables import check_tables, derived_tables, place
@@ -862,11 +861,7 @@ def write_page(study: Study, check: bool = False) -> list[Path]:
     here = study.path.parent
     readme = here / "README.md"
     page = readme.read_text() if readme.is_file() else f"# {study.name}\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in page or END not in page:
-        raise ConfigError(f"{readme} has no generated-summary markers; put the two lines\n{BEGIN}\n{END}\n"
-                          "where the tables go")
-    head, _, rest = page.partition(BEGIN)
-    page = head + BEGIN + "\n" + text + "\n" + END + rest.partition(END)[2]
+    page = fill(page, BEGIN, END, text + "\n", f"{readme} has no generated-summary markers")
     if study.summary.get("tables"):  # derived tables (kdcollapse.study._tables), each between its own markers
         spec = check_summary(study.summary)
         parts = spec.get("sections") or []
@@ -877,16 +872,7 @@ def write_page(study: Study, check: bool = False) -> list[Path]:
     files = {here / RECORDS_FILE: json.dumps(records, indent=1, sort_keys=True) + "\n",
              here / "summary.json": json.dumps(_json(summary), indent=1, allow_nan=False) + "\n", readme: page,
              **{here / name: image for name, image in images.items()}}
-    changed = [p for p, content in files.items() if not p.is_file() or (
-        p.read_bytes() if isinstance(content, bytes) else p.read_text()) != content]
-    if not check:
-        for path in changed:
-            if isinstance(files[path], bytes):
-                with replacing(path) as tmp:
-                    tmp.write_bytes(files[path])
-            else:
-                write_text(path, files[path])
-    return changed
+    return write_files(files, check)
 
 
 def _plot_title(study: Study, name: str) -> str:

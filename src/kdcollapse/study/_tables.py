@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 
 from kdcollapse.errors import ConfigError, unknown_choice
-from kdcollapse.report import markdown_table
+from kdcollapse.report import fill, markdown_table
 
 TABLE_KEYS = ("name", "section", "column", "sort", "against", "header", "columns")
 SORTS = ("descending", "ascending", "none")
@@ -124,12 +124,8 @@ def derived_tables(spec: dict, shorts: list[dict[str, str]], summary: dict, colu
 def place(page: str, tables: dict[str, str], readme: Path) -> str:
     """``page`` with each table written between its markers."""
     for name, text in tables.items():
-        first, last = begin(name), end(name)
-        if first not in page or last not in page:
-            raise ConfigError(f"{readme} has no markers for derived table {name!r}; put the two lines\n{first}\n{last}\n"
-                              "where it goes")
-        head, _, rest = page.partition(first)
-        page = head + first + "\n" + text.rstrip("\n") + "\n" + last + rest.partition(last)[2]
+        page = fill(page, begin(name), end(name), text.rstrip("\n") + "\n",
+                    f"{readme} has no markers for derived table {name!r}", "where it goes")
     return page
 
 
