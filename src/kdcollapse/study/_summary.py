@@ -882,6 +882,8 @@ def _caption(spec: dict, metric: Measure, tests: int) -> str:
     read = (f"each run read at its epoch of highest {spec['select']} (validation)" if spec["select"] else
             "each run read at its last epoch (no epoch is selected)")
     what = "Accuracies in %, mean" if spec["unit"] == "pp" else "Mean"
+    if tests == 0 and not any(section.get("compare") or section.get("front") for section in spec.get("sections") or []):
+        return f"{what} ± std over the seeds listed (one seed: its value alone); {read}. No comparison is made here.\n"
     return (f"{what} ± std over the seeds listed; {read}. Differences: paired t-tests over the "
             f"seeds both cells share; Holm's correction across this page's {tests} tests; the verdict is **better** / "
             f"**worse**{' (a lower value is better)' if spec['better'] == 'lower' else ''} only when the "
