@@ -2,7 +2,6 @@
 App. H logit matrices against numpy, the bounded sample against brute force, `plot`, and bad input."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
