@@ -2,7 +2,6 @@
 App. H logit matrices against numpy, the bounded sample against brute force, `plot`, and bad input."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from kdcollapse.analysis import (
     EPOCH_KEYS,
     logit_margins,
     logit_matrix_difference,
-
+    tsne,
 )
 from kdcollapse.cli import main
 from kdcollapse.config import load_config
@@ -99,6 +98,16 @@ def test_analyze_writes_report_equal_to_a_plain_feature_loop(run, tmp_path):
         assert report["spectra"][name] == pytest.approx(torch.linalg.eigvalsh(sigma).flip(0).tolist(), abs=1e-8)
     text = (out / "analysis.md").read_text()
     assert "| vci |" in text and "linear probe" in text and "![tsne](tsne.png)" in text
+    # the t-SNE is kept: each point's row of the split, its label and coordinates, equal to t-SNE of those rows'
+    # features by the plain loop (at analyze's batch size: the same float32 features)
+    embedded = report["tsne"]
+    index = torch.tensor(embedded["index"])
+    assert embedded["points"] == len(index) == 100 and len(set(embedded["index"])) == 100
+    assert embedded["labels"] == y[index].tolist() and embedded["class_names"] == dataset.classes
+    assert torch.bincount(y[index], minlength=10).tolist() == [10] * 10
+    h_eval, _, _ = plain_features(model, dataset, batch_size=100)  # data.eval_batch_size of these runs
+    expected = tsne(h_eval[index].numpy(), load_config(run / "config.yaml").seed)
+    assert np.array(embedded["embedding"]) == pytest.approx(expected, abs=6e-4)  # rounded to 0.001
 
 
 def test_epoch_metrics_are_logged_and_equal_offline_analysis_of_the_last_checkpoint(run, tmp_path):
@@ -236,7 +245,8 @@ def test_vector_data_run(tmp_path):
     assert read_metrics(tmp_path / "g")[-1]["test_vci"] >= 0
     analyze_cli(tmp_path / "g", "--out", tmp_path / "a", "--tsne-classes", "0,1,2", "--tsne-per-class", 20)
     report = json.loads((tmp_path / "a" / "analysis.json").read_text())
-    assert report["feature_dim"] == 16 and report["tsne"] == {"classes": [0, 1, 2], "points": 60}
+    assert report["feature_dim"] == 16 and report["tsne"]["classes"] == [0, 1, 2] and report["tsne"]["points"] == 60
+    assert sorted(report["tsne"]["labels"]) == [0] * 20 + [1] * 20 + [2] * 20 and len(report["tsne"]["embedding"]) == 60
 
 
 def test_weights_file_mode_and_model_mismatch(run, tmp_path, capsys):

@@ -187,3 +187,59 @@ def test_a_matrices_plot_draws_each_cell_s_mean_abs_matrix_from_the_committed_re
     (page / "runs.json").write_text(json.dumps(records))
     with pytest.raises(ConfigError, match="differs from the record in analysis_test/metrics/nc1"):
         collect(study)
+
+
+EMBEDDINGS = MATRICES.replace(
+    "  plots: [{file: m.png, kind: matrices, section: grid, matrices: [analysis_test/logit_matrices/main/matrix, "
+    "analysis_test/logit_matrices/aux/matrix], labels: [main, aux]}]",
+    "  plots: [{file: t.png, kind: embeddings, section: grid, embedding: analysis_test/tsne, cells: \"x = *\"}]")
+
+
+def embedding(x: int, seed: int) -> dict:
+    """What `analyze --tsne-per-class 2` keeps of a t-SNE of classes 0 and 2: 4 points, each its own position."""
+    labels = [0, 0, 2, 2]
+    return {"classes": [0, 2], "class_names": ["zero", "two"], "points": 4, "index": [3, 1, 0, 2], "labels": labels,
+            "embedding": [[10 * x + i, -seed - i * i] for i in range(4)]}
+
+
+def test_an_embeddings_plot_draws_each_cell_s_lowest_seed_from_the_committed_reports(tmp_path):
+    from kdcollapse.study._summary import _embedding_panels
+
+    (tmp_path / "c.yaml").write_text("method: {name: vanilla}\n")
+    page = tmp_path / "page"
+    (page / "json").mkdir(parents=True)
+    reports = "\n".join(f"    x{x}/seed{s}: {{analysis_test/analysis.json: json/x{x}_{s}.json}}"
+                        for x in (1, 2) for s in (0, 1) if (x, s) != (2, 0))  # none named for x2/seed0
+    (page / "study.yaml").write_text(EMBEDDINGS.replace("CONFIG", str(tmp_path / "c.yaml")).replace(
+        "HISTORY", "reports:\n" + reports))
+    for x in (1, 2):
+        for s in (0, 1):
+            (page / "json" / f"x{x}_{s}.json").write_text(json.dumps({"metrics": {"nc1": x + s},
+                                                                       "tsne": embedding(x, s)}))
+    records = {f"x{x}/seed{s}": {"last": {"epoch": 3, "acc": 50.0, "analysis_test/metrics/nc1": x + s}}
+               for x in (1, 2) for s in (0, 1)}
+    (page / "runs.json").write_text(json.dumps(records))
+    study = load_study(page / "study.yaml", runs_dir=tmp_path / "gone")
+    collected = collect(study)
+    assert collected["x1/seed1"]["embeddings"] == {"analysis_test/tsne": embedding(1, 1)}
+    assert "embeddings" not in collected["x2/seed0"] and "matrices" not in collected["x1/seed1"]
+    copy = page / "json" / "x1_0.json"
+    assert collected["x1/seed0"]["embeddings_source"] == {"analysis_test/analysis.json": {
+        "file": "json/x1_0.json", "sha256": hashlib.sha256(copy.read_bytes()).hexdigest()}}
+    spec = check_summary(study.summary)
+    one, two = _embedding_panels(study, collected, spec["sections"][0], spec["plots"][0])
+    assert [one["title"], two["title"]] == ["x = 1 (seed 0)", "x = 2 (seed 1)"]  # x = 2: the lowest seed holding one
+    for panel, (x, s) in ((one, (1, 0)), (two, (2, 1))):
+        points = embedding(x, s)["embedding"]
+        assert [(c["label"], c["color"], c["x"], c["y"]) for c in panel["series"]] == [
+            ("zero", "C0", [points[0][0], points[1][0]], [points[0][1], points[1][1]]),
+            ("two", "C1", [points[2][0], points[3][0]], [points[2][1], points[3][1]])]
+    assert (one["legend"], two["legend"]) == (False, "outside")  # one legend for the figure
+    pytest.importorskip("matplotlib")
+    assert figures(study, collected)["t.png"].startswith(b"\x89PNG")
+    del collected["x2/seed1"]["embeddings"]  # no run of cell x = 2 holds one now
+    with pytest.raises(ConfigError, match="no run of cell 'x = 2' of section 'grid' holds analysis_test/tsne"):
+        _embedding_panels(study, collected, spec["sections"][0], spec["plots"][0])
+    collected["x1/seed0"]["embeddings"]["analysis_test/tsne"]["labels"] = [0, 0, 2, 5]  # a label of no class
+    with pytest.raises(ConfigError, match="labels outside its classes"):
+        _embedding_panels(study, collected, spec["sections"][0], {**spec["plots"][0], "cells": "x = 1"})

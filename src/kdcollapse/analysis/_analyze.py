@@ -125,7 +125,8 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
         labels = result.sample.labels[index].numpy()
         if figures_on:
             figures["tsne"] = _plots.plot_tsne(embedding, labels, dataset.classes, out_dir / "tsne.png", title, source)
-        report["tsne"] = {"classes": tsne_classes, "points": int(index.numel())}
+        report["tsne"] = tsne_record(embedding, labels, result.sample.columns["index"][index].numpy(), tsne_classes,
+                                     dataset.classes)
     if report["logit_matrices"] and figures_on:
         figures["logit_matrices"] = _plots.plot_logit_matrices(
             {k: np.array(v["matrix"]) for k, v in report["logit_matrices"].items()},
@@ -189,6 +190,16 @@ def tsne(features: np.ndarray, seed: int) -> np.ndarray:
         raise KdcollapseError(f"t-SNE needs at least 3 points, the sample holds {n}")
     perplexity = min(30.0, (n - 1) / 3)
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(features)
+
+
+def tsne_record(embedding: np.ndarray, labels: np.ndarray, index: np.ndarray, classes: list[int],
+                names: list[str]) -> dict:
+    """What ``analysis.json`` keeps of a t-SNE: the classes and their names, and per point its position in the
+    analysed split (``index``: loader order, from 0), its label and its 2-D coordinates rounded to 0.001 (far below
+    a figure's resolution), so that a study's ``kind: embeddings`` plot redraws it from the report alone."""
+    return {"classes": classes, "class_names": [names[c] for c in classes], "points": int(len(labels)),
+            "index": [int(i) for i in index], "labels": [int(c) for c in labels],
+            "embedding": [[round(float(x), 3), round(float(y), 3)] for x, y in embedding]}
 
 
 def _margin_summary(margins: torch.Tensor, labels: torch.Tensor, classes: list[str]) -> dict:

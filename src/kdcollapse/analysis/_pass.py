@@ -35,7 +35,8 @@ class SplitPass:
     """What one pass over a split accumulated; see :func:`feature_pass`."""
 
     stats: FeatureStatistics
-    sample: ClassReservoir  # columns "features" (n, d) and "prediction" (n,) of the main head
+    sample: ClassReservoir  # columns "features" (n, d), "prediction" (n,) of the main head and "index" (n,): each
+    # row's position in the pass (loader order, from 0)
     margins: Tensor  # (N,) main-head logit margins z_y - max_{j != y} z_j, in loader order
     labels: Tensor  # (N,)
     correct: dict[str, int]  # per head: samples classified correctly
@@ -91,6 +92,7 @@ def feature_pass(
     modules = [model, *heads.values(), *([teacher] if teacher is not None else [])]
     stats = sample = None
     margins, labels = [], []
+    seen = 0  # rows before this batch: the sampled rows' positions in the pass
     correct = {name: 0 for name in ("main", *heads)}
     matrices: dict[str, ClassLogitMatrix] = {}
     with evaluating(modules):
@@ -109,7 +111,9 @@ def feature_pass(
                                 for name in correct}
             features = features.float()  # bf16/fp16 features under autocast: statistics see float32 values
             stats.update(features, y)
-            sample.update(y, features=features, prediction=logits["main"].argmax(1))
+            sample.update(y, features=features, prediction=logits["main"].argmax(1),
+                          index=torch.arange(seen, seen + y.shape[0], device=y.device))
+            seen += y.shape[0]
             margins.append(logit_margins(logits["main"].float(), y).cpu())
             labels.append(y.cpu())
             for name, z in logits.items():

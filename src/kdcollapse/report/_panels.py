@@ -6,13 +6,15 @@ from collections.abc import Sequence
 
 def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> bytes:
     """A grid of panels as PNG bytes: ``rows`` of panels, each ``{"title", "xlabel", "ylabel", "log_x",
-    "series"}`` (a panel with ``matrix``, a list of rows, is also a heat map on ``vmin``..``vmax``), a series
-    ``{"label", "x", "y", "yerr" (optional), "kind"}`` with kind
+    "series"}`` (a panel with ``matrix``, a list of rows, is also a heat map on ``vmin``..``vmax``; ``"ticks":
+    False`` hides the axes' ticks, e.g. of an embedding; ``"legend"``: False for none, "outside" right of the panel,
+    default one inside when the panel has several series), a series ``{"label", "x", "y", "yerr" (optional),
+    "kind"}`` with kind
 
     * ``errorbar`` (default): markers joined by lines with ±yerr bars;
     * ``line``: black, ``linestyle`` (default dashed), no markers;
     * ``band``: a line with a shaded ±yerr band (e.g. a mean over seeds against epoch);
-    * ``scatter``: points;
+    * ``scatter``: points (``size``: their area in points², default 18; ``color``: a matplotlib colour);
     * ``bar``: one bar per category of ``x``, grouped with the panel's other bar series;
     * ``points``: ±xerr and ±yerr bars, each point annotated with ``labels``, joined by a line when ``joined``.
 
@@ -46,7 +48,8 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
                 x, y, kind = list(series["x"]), list(series["y"]), series.get("kind", "errorbar")
                 xs += x
                 if kind == "scatter":
-                    ax.scatter(x, y, s=18, label=series["label"])
+                    colour = {"color": series["color"]} if "color" in series else {}
+                    ax.scatter(x, y, s=series.get("size", 18), label=series["label"], **colour)
                 elif kind == "points":  # mean ± std in both directions, each point labelled
                     ax.errorbar(x, y, xerr=series.get("xerr"), yerr=series.get("yerr"), marker="o", markersize=4,
                                 capsize=2, linestyle="-" if series.get("joined") else "none", label=series["label"])
@@ -70,9 +73,14 @@ def plot_panels(rows: Sequence[Sequence[dict]], title: str | None = None) -> byt
             ax.set_title(panel.get("title", ""), fontsize=10)
             ax.set_xlabel(panel.get("xlabel", ""))
             ax.set_ylabel(panel.get("ylabel", ""))
-            if "matrix" not in panel:
+            if panel.get("ticks", True) is False:
+                ax.set_xticks([])
+                ax.set_yticks([])
+            elif "matrix" not in panel:
                 ax.grid(alpha=0.3)
-            if len(panel["series"]) > 1:
+            if panel.get("legend") == "outside":
+                ax.legend(fontsize=7, markerscale=2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+            elif panel.get("legend", True) is not False and len(panel["series"]) > 1:
                 ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)

@@ -209,8 +209,8 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
                            for k in sorted(falls) if (series := [r[k] for r in records if k in r])}
     if curves := _curve_keys(spec):  # opt-in: only the metrics a curves plot draws
         record["epochs"] = epoch_series(records, curves)
-    if matrices := _matrix_keys(spec):  # opt-in: only the matrices a matrices plot draws
-        record["matrices"] = {k: m for k in matrices if (m := _post_matrix(run_dir, post, k)) is not None}
+    for field, keys in _kept_keys(spec).items():  # opt-in: only the matrices and embeddings plots draw
+        record[field] = {k: m for k in keys if (m := _post_matrix(run_dir, post, k)) is not None}
     return record | {"source": metrics_source(run_dir)}
 
 
@@ -259,10 +259,10 @@ def collect(study: Study) -> dict[str, dict]:
                           "weights it was read from (overwritten, or trained further); it returns when that run "
                           "finishes", stacklevel=2)
             del records[name]
-    if spec.get("reports") is not None and (matrices := _matrix_keys(spec)):
+    if spec.get("reports") is not None and (kept := _kept_keys(spec)):
         for name in (n for n in study.runs if n in records and n not in refreshed):
             if copies := _report_files(study, spec["reports"], name):
-                records[name] = with_reports(records[name], copies, matrices, study.path.parent)
+                records[name] = with_reports(records[name], copies, kept, study.path.parent)
     if spec.get("history") is not None and (curves := _curve_keys(spec)):
         for name in (n for n in study.runs if n in records and n not in refreshed):
             if (copy := _history_file(study, spec["history"], name)) is not None:
@@ -312,10 +312,14 @@ def with_history(record: dict, copy: Path, keys, root: Path) -> dict:
             "epochs_source": {"file": copy.relative_to(root).as_posix(), "sha256": digest}}
 
 
-def _matrix_keys(spec: dict) -> list[str]:
-    """The post-step matrices a run's record keeps (``matrices``): those a ``kind: matrices`` plot draws."""
-    return sorted({m for plot in spec.get("plots") or [] if isinstance(plot, dict) and plot.get("kind") == "matrices"
-                   for m in plot.get("matrices") or []})
+def _kept_keys(spec: dict) -> dict[str, list[str]]:
+    """The post-step values a run's record keeps, by the record's field: ``matrices``, those a ``kind: matrices``
+    plot draws, and ``embeddings``, the ``embedding`` of a ``kind: embeddings`` plot (fields without keys left out)."""
+    plots = [p for p in spec.get("plots") or [] if isinstance(p, dict)]
+    kept = {"matrices": {m for p in plots if p.get("kind") == "matrices" for m in p.get("matrices") or []},
+            "embeddings": {p["embedding"] for p in plots if p.get("kind") == "embeddings"
+                           and isinstance(p.get("embedding"), str)}}
+    return {field: sorted(keys) for field, keys in kept.items() if keys}
 
 
 def _json_path(value, parts: list[str]):
@@ -359,13 +363,15 @@ def _report_files(study: Study, reports, name: str) -> dict[str, Path]:
     return {f: study.path.parent / c for f, c in reports.get(name, {}).items() if (study.path.parent / c).is_file()}
 
 
-def with_reports(record: dict, copies: dict[str, Path], keys, root: Path) -> dict:
-    """``record`` with the matrices of ``keys`` (``matrices``) read from ``copies`` (post file → a committed copy of
-    it, for a run whose directory is gone) and ``matrices_source`` (post file → the copy and its SHA-256). Each
-    copy must hold the numbers of the record's last epoch that are its keys, equal; otherwise it is refused."""
+def with_reports(record: dict, copies: dict[str, Path], kept: dict[str, list[str]], root: Path) -> dict:
+    """``record`` with the values of ``kept`` (record field → post-step keys: ``matrices``, ``embeddings``) read from
+    ``copies`` (post file → a committed copy of it, for a run whose directory is gone) and, per field,
+    ``FIELD_source`` (post file → the copy and its SHA-256). Each copy must hold the numbers of the record's last
+    epoch that are its keys, equal; otherwise it is refused."""
     import hashlib
 
-    matrices, sources = {}, {}
+    values: dict[str, dict] = {field: {} for field in kept}
+    sources = {}
     for post_file, copy in copies.items():
         data = json.loads(copy.read_bytes())
         flat = _flat_json(data, _folder(post_file))
@@ -373,10 +379,11 @@ def with_reports(record: dict, copies: dict[str, Path], keys, root: Path) -> dic
         if differ := [k for k in sorted(last) if k in flat and flat[k] != last[k]]:
             raise ConfigError(f"{copy} is not this run's {post_file}: it differs from the record in "
                               f"{', '.join(differ)}")
-        matrices |= {k: v for k in keys if (v := _in_post_file(post_file, data, k)) is not None}
+        for field, keys in kept.items():
+            values[field] |= {k: v for k in keys if (v := _in_post_file(post_file, data, k)) is not None}
         sources[post_file] = {"file": copy.relative_to(root).as_posix(),
                               "sha256": hashlib.sha256(copy.read_bytes()).hexdigest()}
-    return {**record, "matrices": matrices, "matrices_source": sources}
+    return {**record, **{k: v for field in kept for k, v in ((field, values[field]), (f"{field}_source", sources))}}
 
 
 def _moved_on(record: dict, run_dir: Path) -> bool:
@@ -481,7 +488,8 @@ PLOT_KEYS = {"cells": ("file", "kind", "title", "section", "x", "panels", "lines
              "bars": ("file", "kind", "title", "section", "bars", "ylabel"),
              "means": ("file", "kind", "title", "section", "x", "y", "line"),
              "curves": ("file", "kind", "title", "section", "metrics", "cells", "labels"),
-             "matrices": ("file", "kind", "title", "section", "matrices", "cells", "labels")}
+             "matrices": ("file", "kind", "title", "section", "matrices", "cells", "labels"),
+             "embeddings": ("file", "kind", "title", "section", "embedding", "cells")}
 
 
 def figures(study: Study, records: dict) -> dict[str, bytes]:
@@ -495,7 +503,9 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
     run a point (``x``, ``y``), one colour per seed. ``kind: curves``: one panel per column metric of ``metrics``
     against epoch, one line per cell of ``section`` (those matching the glob ``cells``) at its mean over seeds with a
     ± std band, at the epochs every seed of the cell evaluated; it needs the per-epoch series, which a run's record
-    keeps (``epochs``) for exactly the metrics a curves plot names."""
+    keeps (``epochs``) for exactly the metrics a curves plot names. ``kind: matrices``: heat maps of a post step's
+    matrices (:func:`_matrix_panels`); ``kind: embeddings``: a post step's 2-D embedding per cell
+    (:func:`_embedding_panels`)."""
     spec = check_summary(study.summary)
     by_title = {part.get("title", ""): part for part in spec.get("sections") or []}
     out = {}
@@ -522,6 +532,9 @@ def figures(study: Study, records: dict) -> dict[str, bytes]:
         elif kind == "matrices":
             panels = _matrix_panels(study, records, by_title[plot["section"]], plot)
             rows = [panels[i:i + 5] for i in range(0, len(panels), 5)]  # five to a row
+        elif kind == "embeddings":
+            panels = _embedding_panels(study, records, by_title[plot["section"]], plot)
+            rows = [panels[i:i + 3] for i in range(0, len(panels), 3)]  # three to a row
         else:
             rows = [_scatter_panels(study, records, spec, by_title[t], plot) for t in titles]
         out[plot["file"]] = plot_panels(rows, plot.get("title"))
@@ -639,6 +652,42 @@ def _matrix_panels(study, records, section, plot) -> list[dict]:
                           "name committed copies of their post files in the summary's 'reports'")
     top = max(max(max(row) for row in p["matrix"]) for p in panels) or 1.0
     return [p | {"vmin": 0.0, "vmax": top} for p in panels]
+
+
+def _embedding_panels(study, records, section, plot) -> list[dict]:
+    """One scatter panel per cell of ``section`` (those matching the glob ``cells``): the post step's 2-D embedding
+    at ``embedding`` (``analyze --tsne-per-class``'s ``tsne``: ``embedding``, ``labels``, ``class_names``,
+    ``classes``) of the cell's run of the lowest seed, one colour per class, the same class the same colour in every
+    panel. An embedding is one run's (no mean over seeds); a cell whose runs hold none is refused."""
+    cells, _ = _cells(study, records, section)
+    title, key = section.get("title", ""), plot.get("embedding")
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"plot {plot['file']!r}: 'embedding' is a post step's embedding key (e.g. analysis_test/tsne, "
+                          f"what `analyze --tsne-per-class N` writes), got {key!r}")
+    panels = []
+    for label, runs in cells.items():
+        if not fnmatch.fnmatchcase(label, plot.get("cells") or "*") or not runs:
+            continue
+        held = {s: r["embeddings"][key] for s, r in sorted(runs.items()) if key in r.get("embeddings", {})}
+        if not held:
+            raise ConfigError(f"plot {plot['file']!r}: no run of cell {label!r} of section {title!r} holds {key}; run "
+                              "`kdcollapse study report` where the runs are, or name committed copies of their post "
+                              "files in the summary's 'reports'")
+        seed, tsne = next(iter(held.items()))
+        points, labels = tsne["embedding"], tsne["labels"]
+        if len(points) != len(labels) or any(c not in tsne["classes"] for c in labels):
+            raise ConfigError(f"plot {plot['file']!r}: the {key} of cell {label!r} (seed {seed}) has {len(points)} "
+                              f"points and {len(labels)} labels, or labels outside its classes {tsne['classes']}")
+        series = [{"label": name, "kind": "scatter", "size": 3, "color": f"C{i % 10}",
+                   "x": [p[0] for p, c in zip(points, labels) if c == k],
+                   "y": [p[1] for p, c in zip(points, labels) if c == k]}
+                  for i, (k, name) in enumerate(zip(tsne["classes"], tsne["class_names"]))]
+        panels.append({"title": f"{label}" + (f" (seed {seed})" if len(runs) > 1 else ""), "series": series,
+                       "ticks": False, "legend": False})
+    if not panels:
+        raise ConfigError(f"plot {plot['file']!r}: no cell of section {title!r} matches {plot.get('cells') or '*'!r}")
+    panels[-1]["legend"] = "outside"  # one legend: the classes are the same in every panel
+    return panels
 
 
 def _means_panel(study, records, spec, section, plot) -> dict:
@@ -832,6 +881,8 @@ def _caption(spec: dict, metric: Measure, tests: int) -> str:
     read = (f"each run read at its epoch of highest {spec['select']} (validation)" if spec["select"] else
             "each run read at its last epoch (no epoch is selected)")
     what = "Accuracies in %, mean" if spec["unit"] == "pp" else "Mean"
+    if tests == 0 and not any(section.get("compare") or section.get("front") for section in spec.get("sections") or []):
+        return f"{what} ± std over the seeds listed (one seed: its value alone); {read}. No comparison is made here.\n"
     return (f"{what} ± std over the seeds listed; {read}. Differences: paired t-tests over the "
             f"seeds both cells share; Holm's correction across this page's {tests} tests; the verdict is **better** / "
             f"**worse**{' (a lower value is better)' if spec['better'] == 'lower' else ''} only when the "
