@@ -279,7 +279,7 @@ def statistics_case(num_classes: int, dim: int, args) -> dict:
     for x, y in batches(num_classes, dim, args.tokens):
         watch(lambda: stats.update(x, y))
     watch.per_million(out, "stats", args.tokens)
-    del stats
+    stats = None  # freed before theirs
     out["peak_rss_ours_gib"] = peak_gib()
     reset_peak()
     out |= rhubarbwu_statistics(num_classes, dim, args.tokens, args)[0]
@@ -383,7 +383,7 @@ def rhubarbwu_statistics(num_classes: int, dim: int, tokens: int, args):
         for xs, ys in zip(x.split(piece), y.split(piece)):
             watch(lambda: mean_acc.accumulate(xs, ys))
     means, m_g = mean_acc.compute()
-    del mean_acc
+    mean_acc = None  # its sums, freed
     var_acc = VarNormAccumulator(num_classes, dim, "cpu", M=means)
     cov_acc = CovarAccumulator(num_classes, dim, "cpu", M=means)
     for x, y in batches(num_classes, dim, tokens):
