@@ -10,7 +10,8 @@ rest uniform). Phases, timed separately:
   equiangularity and the ETF error, CDNV in tiles, VCI, GNC1, ...), once;
 - ``classifier``: ``collapse_metrics(stats, W)`` minus GNC2, i.e. NC2 of W, NC3, GNC3 (``--gnc2`` adds
   GNC2, screened then exact where the minimum can be, ``min_one_vs_rest_distance``, timed apart);
-- ``ncc``: NC4's second pass (``NearestClassMeanAccuracy``) over ``--ncc-tokens`` tokens, per 10^6.
+- ``ncc``: NC4's second pass (``NearestClassMeanAccuracy``) over ``--ncc-tokens`` tokens, per 10^6
+  (``--ncc-tokens 0``: none, the process ends with the metric phase, whose own peak is then the last one).
 
 With ``--rhubarbwu`` (and ``neural_collapse`` importable: ``pip install --no-deps`` of
 rhubarbwu/neural-collapse) the same inputs go through its accumulators (means; covariance and variance
@@ -31,14 +32,19 @@ all tiles). Everything else of the phase (the d x d Grams, pseudo-inverses, ETF 
 and the peak memory is that of the full pass (a tile's memory does not depend on how many run).
 ``--single-call`` skips the features-only ``collapse_metrics(stats)`` call and times only the call with W
 (every metric but GNC2). ``--gnc2-blocks B`` times GNC2's screening (the O(K^2 d) part of
-``min_one_vs_rest_distance``) on its first B blocks of classes and scales it to all K classes. Every phase
-reports wall and process CPU seconds (``*_cpu``): on a shared machine the CPU time is the cost.
+``min_one_vs_rest_distance``) on its first B blocks of classes and scales it to all K classes;
+``--gnc2-exact SUBSET`` runs GNC2 in full and checks it against the exact solver on SUBSET random classes;
+``--gnc2-baseline REV`` times GNC2 in full against the solver of git revision REV in the same process.
+``--statistics-only`` times the statistics phase alone, ours and rhubarbwu's (``--rhubarbwu-batch``), on
+the same ``--tokens`` tokens. Every phase reports wall and process CPU seconds (``*_cpu``): on a shared
+machine the CPU time is the cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -173,34 +179,43 @@ def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict) -> None:
     chunks = torch.arange(num_classes).split(size)
     cpu, start = time.process_time(), time.perf_counter()
     for k in chunks[:blocks]:  # the screening loop of min_one_vs_rest_distance
-        cand, lam = dist._screen(rows.W32, k, m)
-        lam = lam / lam.sum(1, keepdim=True)
-        dist._certify(rows, k, lam, rows.gather(cand) - rows.gather(k)[:, None, :])
+        dist._screen_bounds(rows, k, m)
     run = min(blocks, len(chunks))
     out["gnc2_blocks"] = f"{run} of {len(chunks)} (block {size})"
     out["gnc2_screen_s_extrapolated"] = (time.perf_counter() - start) * len(chunks) / run
     out["gnc2_screen_cpu_extrapolated"] = (time.process_time() - cpu) * len(chunks) / run
 
 
-def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
-    """GNC2 in full (``min_one_vs_rest_distance``: screening of every class, then the exact solver on the classes
-    that can attain the minimum), CPU seconds of each stage, and its check against the exact solver
-    (``nearest_points``) on the solved classes plus ``subset`` random ones: every exact distance must lie in
-    that class's screened [lower, upper] and none below GNC2. W: Gaussian rows with a common offset
-    0.5 N(0, I) (as the K = 4,096 table), float64."""
-    from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
-
+def gnc2_weight(num_classes: int, dim: int) -> torch.Tensor:
+    """GNC2's test classifier: Gaussian rows with a common offset 0.5 N(0, I) (as the K = 4,096 table), float64."""
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64)
-    weight += 0.5 * torch.randn(dim, generator=g, dtype=torch.float64)
+    return weight + 0.5 * torch.randn(dim, generator=g, dtype=torch.float64)
+
+
+def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
+    """GNC2 in full (``min_one_vs_rest_distance``: screening of every class, then the exact solver on the classes
+    that can attain the minimum), CPU seconds of the screening (its blocks timed) and of the rest (W's unit
+    rows and the exact solve), and its check against the exact solver (``nearest_points``) on ``subset``
+    random classes: every exact distance must lie in that class's screened [lower, upper] and none below
+    GNC2. W: ``gnc2_weight``."""
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, nearest_points
+
+    weight = gnc2_weight(num_classes, dim)
     out = {"K": num_classes, "d": dim, "mode": "gnc2_exact"}
-    result = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+    screening, bounds = Stopwatch(), _distances._screen_bounds
+    _distances._screen_bounds = lambda *a: screening(lambda: bounds(*a))  # the screening's blocks, timed
+    try:
+        result = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+    finally:
+        _distances._screen_bounds = bounds
     solved = result.solved
-    exact = clocked(out, "gnc2_exact_solve_s", lambda: nearest_points(weight, classes=solved))
-    out["gnc2_screening_cpu"] = out["gnc2_s_cpu"] - out["gnc2_exact_solve_s_cpu"]  # the solve, timed again apart
+    out["gnc2_screening_cpu"], out["gnc2_screening_s"] = screening.cpu, screening.wall
+    out["gnc2_rest_cpu"] = out["gnc2_s_cpu"] - screening.cpu  # W's unit rows and the exact solve
     out |= {"gnc2": float(result.value), "gnc2_gap": float(result.gap), "solved_exactly": solved.numel(),
-            "exact_min_over_solved": float(exact.distances[solved].min())}
-    others = torch.randperm(num_classes, generator=g)[:subset]
+            "screen_upper_min": float(result.upper.min())}
+    print(json.dumps(out), file=sys.stderr, flush=True)  # the main result, before the check below
+    others = torch.randperm(num_classes, generator=torch.Generator().manual_seed(2))[:subset]
     check = clocked(out, "subset_exact_s", lambda: nearest_points(weight, classes=others))
     dist = check.distances[others]
     upper, lower = result.upper[others], result.lower[others]
@@ -214,6 +229,128 @@ def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
     return out | {"peak_rss_gib": peak_gib()}
 
 
+def gnc2_staged(num_classes: int, dim: int, subset: int, report_s: float = 120.0) -> dict:
+    """GNC2 in full in stages that report as they go (for cells whose run may be cut short): the screening of
+    ``min_one_vs_rest_distance`` block by block (progress every ``report_s`` CPU seconds), then the exact
+    solver on the classes it leaves, best upper bound first, skipping every class whose screened lower bound
+    exceeds the best exact distance so far (branch and bound: the same minimum, fewer classes solved).
+    Each progress line carries a certified bracket [min(best, smallest lower bound not yet excluded), best]."""
+    from kdcollapse.geometry import _distances as dist
+
+    tol = 1e-10
+    weight = gnc2_weight(num_classes, dim)
+    out = {"K": num_classes, "d": dim, "mode": "gnc2_staged"}
+    cpu0 = time.process_time()
+    rows = dist._UnitRows(weight)
+    m = min(dist._CANDIDATES, num_classes - 1)
+    size = dist._block(num_classes, dim, m)
+    upper = torch.empty(num_classes, dtype=torch.float64)
+    lower = torch.empty_like(upper)
+    blocks = torch.arange(num_classes).split(size)
+    screening, last = Stopwatch(), time.process_time()
+    for i, k in enumerate(blocks):
+        upper[k], lower[k] = screening(lambda: dist._screen_bounds(rows, k, m))
+        if time.process_time() - last > report_s:
+            last = time.process_time()
+            print(json.dumps({"screening_blocks": f"{i + 1} of {len(blocks)}", "screening_cpu": screening.cpu,
+                              "screening_wall": screening.wall, "load": os.getloadavg()[0]}), file=sys.stderr,
+                  flush=True)
+    todo = (lower <= upper.min() + tol).nonzero().flatten()
+    out |= {"unit_rows_cpu": time.process_time() - cpu0 - screening.cpu, "gnc2_screening_cpu": screening.cpu,
+            "gnc2_screening_s": screening.wall, "screen_upper_min": float(upper.min()),
+            "lower_below_min_upper": todo.numel()}
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    todo = todo[upper[todo].argsort()]
+    best, gap, solved, solve = math.inf, 0.0, 0, Stopwatch()
+    last = time.process_time()
+    for chunk in todo.split(size):
+        chunk = chunk[lower[chunk] <= best + tol]
+        if not len(chunk):
+            continue
+        exact = solve(lambda: dist._solve_classes(rows, chunk, tol=tol, candidates=dist._CANDIDATES, block_size=None))
+        best, gap, solved = min(best, float(exact.distances.min())), max(gap, float(exact.gaps.max())), solved + len(chunk)
+        if time.process_time() - last > report_s:
+            last = time.process_time()
+            left = todo[lower[todo] <= best + tol].numel() - solved
+            print(json.dumps({"solved": solved, "left_at_most": left, "best": best, "solve_cpu": solve.cpu,
+                              "load": os.getloadavg()[0]}), file=sys.stderr, flush=True)
+    out |= {"gnc2": best, "gnc2_gap": gap, "solved_exactly": solved, "gnc2_exact_solve_cpu": solve.cpu,
+            "gnc2_exact_solve_s": solve.wall, "gnc2_s_cpu": time.process_time() - cpu0}
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    others = torch.randperm(num_classes, generator=torch.Generator().manual_seed(2))[:subset]
+    check = clocked(out, "subset_exact_s", lambda: dist._solve_classes(rows, others, tol=tol,
+                                                                       candidates=dist._CANDIDATES, block_size=None))
+    values = check.distances
+    out |= {"subset": others.numel(), "subset_exact_min": float(values.min()),
+            "subset_max_gap": float(check.gaps.max()),
+            "subset_below_gnc2": int((values < best - tol).sum()),
+            "subset_outside_screen_bounds": int(((values < lower[others] - tol) | (values > upper[others] + tol)).sum()),
+            "subset_screen_upper_minus_exact_max": float((upper[others] - values).max()),
+            "subset_exact_minus_screen_lower_max": float((values - lower[others]).max())}
+    return out | {"peak_rss_gib": peak_gib()}
+
+
+def gnc2_baseline(num_classes: int, dim: int, revision: str) -> dict:
+    """``min_one_vs_rest_distance`` of this tree against the one of git ``revision`` (its
+    ``geometry/_distances.py`` loaded as a module), in the same process, on ``gnc2_weight``: CPU seconds of
+    each and how their answers differ (value, certificate, screened bounds, classes solved)."""
+    import importlib.util
+    import tempfile
+
+    from kdcollapse.geometry import min_one_vs_rest_distance
+
+    source = subprocess.run(["git", "show", f"{revision}:src/kdcollapse/geometry/_distances.py"], check=True,
+                            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+        file.write(source)
+    spec = importlib.util.spec_from_file_location("baseline_distances", file.name)
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    os.unlink(file.name)
+    weight = gnc2_weight(num_classes, dim)
+    out = {"K": num_classes, "d": dim, "mode": "gnc2_baseline", "baseline": revision}
+    old = clocked(out, "baseline_s", lambda: baseline.min_one_vs_rest_distance(weight))
+    new = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+    out["cpu_ratio_baseline_over_new"] = out["baseline_s_cpu"] / out["gnc2_s_cpu"]
+    shared = set(old.solved.tolist()) & set(new.solved.tolist())
+    return out | {
+        "gnc2": float(new.value), "gnc2_baseline": float(old.value), "gnc2_gap": float(new.gap),
+        "value_difference": abs(float(new.value) - float(old.value)),
+        "upper_max_difference": float((new.upper - old.upper).abs().max()),
+        "lower_new_minus_baseline_max": float((new.lower - old.lower).max()),
+        "lower_baseline_minus_new_max": float((old.lower - new.lower).max()),
+        "solved": new.solved.numel(), "solved_baseline": old.solved.numel(), "solved_both": len(shared),
+        "peak_rss_gib": peak_gib()}
+
+
+def statistics_case(num_classes: int, dim: int, args) -> dict:
+    """The statistics phase alone, ours and rhubarbwu/neural-collapse's, on the same ``--tokens`` tokens in the
+    same process: CPU seconds per 10^6 tokens of each and their ratio. Ours: ``FeatureStatistics.update`` in
+    batches of 4,096 (``--accumulate``); theirs: ``MeanAccumulator`` over the tokens, then ``VarNormAccumulator``
+    and ``CovarAccumulator`` against those means over them again (its two passes, float32), each batch of
+    4,096 fed in pieces of ``--rhubarbwu-batch`` tokens (its one-hot (B, K) float32 matrix is the memory)."""
+    from kdcollapse.metrics import FeatureStatistics
+
+    out = {"K": num_classes, "d": dim, "mode": "statistics", "tokens": args.tokens}
+    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
+    out["accumulate"] = stats.accumulate
+    warm = FeatureStatistics(2, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports, small K
+    warm.update(*next(batches(2, dim, BATCH, seed=3)))
+    del warm
+    watch = Stopwatch()
+    for x, y in batches(num_classes, dim, args.tokens):
+        watch(lambda: stats.update(x, y))
+    watch.per_million(out, "stats", args.tokens)
+    stats = None  # freed before theirs
+    out["peak_rss_ours_gib"] = peak_gib()
+    reset_peak()
+    out |= rhubarbwu_statistics(num_classes, dim, args.tokens, args)[0]
+    if "rw_stats_cpu_per_M" in out:
+        out["rw_over_ours_cpu"] = out["rw_stats_cpu_per_M"] / out["stats_cpu_per_M"]
+        out["rw_peak_rss_gib"] = peak_gib()
+    return out
+
+
 def one_case(num_classes: int, dim: int, args) -> dict:
     from kdcollapse.geometry import min_one_vs_rest_distance
     from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
@@ -221,8 +358,14 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     import kdcollapse.metrics._pairwise as pairwise
 
     torch.set_num_threads(args.threads)
+    if args.gnc2_baseline:
+        return gnc2_baseline(num_classes, dim, args.gnc2_baseline)
+    if args.gnc2_exact and args.gnc2_staged:
+        return gnc2_staged(num_classes, dim, args.gnc2_exact)
     if args.gnc2_exact:
         return gnc2_exact(num_classes, dim, args.gnc2_exact)
+    if args.statistics_only:
+        return statistics_case(num_classes, dim, args)
     if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
         from kdcollapse.metrics import accumulation_dtype
 
@@ -263,6 +406,10 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     if args.gnc2_blocks:
         gnc2_screening(weight, args.gnc2_blocks, out)
     out["peak_rss_gib_so_far"] = max(out["peak_rss_stats_gib"], out["peak_rss_metrics_gib"])
+    if not args.ncc_tokens:  # no NC4 phase: the process ends with the metric phase
+        out["peak_rss_gib"] = out.pop("peak_rss_gib_so_far")
+        out["values"] = {k: float(full[k]) for k in ("nc1", "nc2_etf_error", "nc3_self_duality", "cdnv", "vci", "gnc1")}
+        return out
     reset_peak()
     head = weight.float()
     weight = None  # free before allocating: NC4 needs float32 logits and the class means, not W or the states
@@ -284,28 +431,43 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     return out
 
 
+def rhubarbwu_statistics(num_classes: int, dim: int, tokens: int, args):
+    """rhubarbwu/neural-collapse's statistics phase over ``tokens`` tokens (its means, then its variance norms
+    and covariance against them in a second pass), timed per 10^6 tokens; returns the timings and, unless
+    it is not installed, its means, global mean, variance norms and covariance."""
+    try:
+        from neural_collapse.accumulate import CovarAccumulator, MeanAccumulator, VarNormAccumulator
+    except ImportError:
+        return {"rhubarbwu": "not installed"}, None
+    out = {}
+    MeanAccumulator(2, dim, "cpu").accumulate(*next(batches(2, dim, BATCH, seed=3)))  # warm-up, small K
+    piece = args.rhubarbwu_batch or BATCH
+    mean_acc, watch = MeanAccumulator(num_classes, dim, "cpu"), Stopwatch()
+    for x, y in batches(num_classes, dim, tokens):
+        for xs, ys in zip(x.split(piece), y.split(piece)):
+            watch(lambda: mean_acc.accumulate(xs, ys))
+    means, m_g = mean_acc.compute()
+    mean_acc = None  # its sums, freed
+    var_acc = VarNormAccumulator(num_classes, dim, "cpu", M=means)
+    cov_acc = CovarAccumulator(num_classes, dim, "cpu", M=means)
+    for x, y in batches(num_classes, dim, tokens):
+        for xs, ys in zip(x.split(piece), y.split(piece)):
+            watch(lambda: (var_acc.accumulate(xs, ys, means), cov_acc.accumulate(xs, ys, means)))
+    watch.per_million(out, "rw_stats", tokens)
+    out["rw_tokens"], out["rw_batch"] = tokens, piece
+    var_norms, _ = var_acc.compute()
+    return out, (means, m_g, var_norms, cov_acc.compute())
+
+
 def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor, args) -> dict:
     try:
-        from neural_collapse.accumulate import CovarAccumulator, DecAccumulator, MeanAccumulator, VarNormAccumulator
+        from neural_collapse.accumulate import DecAccumulator
         from neural_collapse.measure import (covariance_ratio, self_duality_error, simplex_etf_error,
                                              variability_cdnv)
     except ImportError:
         return {"rhubarbwu": "not installed"}
-    out = {}
-    MeanAccumulator(num_classes, dim, "cpu").accumulate(*next(batches(num_classes, dim, BATCH, seed=3)))  # warm-up
     tokens = args.rhubarbwu_tokens or tokens  # its one-hot K x B products make its statistics phase slow
-    mean_acc, watch = MeanAccumulator(num_classes, dim, "cpu"), Stopwatch()
-    for x, y in batches(num_classes, dim, tokens):
-        watch(lambda: mean_acc.accumulate(x, y))
-    means, m_g = mean_acc.compute()
-    var_acc = VarNormAccumulator(num_classes, dim, "cpu", M=means)
-    cov_acc = CovarAccumulator(num_classes, dim, "cpu", M=means)
-    for x, y in batches(num_classes, dim, tokens):
-        watch(lambda: (var_acc.accumulate(x, y, means), cov_acc.accumulate(x, y, means)))
-    watch.per_million(out, "rw_stats", tokens)
-    out["rw_tokens"] = tokens
-    var_norms, _ = var_acc.compute()
-    covariance = cov_acc.compute()
+    out, (means, m_g, var_norms, covariance) = rhubarbwu_statistics(num_classes, dim, tokens, args)
     if args.rhubarbwu_stats_only:
         return out
     if 3 * 4 * num_classes**2 > args.max_gib * 2**30:  # its ETF errors and CDNV hold ~3 K x K float32 grids
@@ -381,8 +543,17 @@ def main() -> None:
     parser.add_argument("--gnc2-exact", type=int, default=0, metavar="SUBSET",
                         help="time GNC2 in full (screening + exact solve) and check it against the exact solver "
                              "on SUBSET random classes")
+    parser.add_argument("--gnc2-staged", action="store_true",
+                        help="with --gnc2-exact: run it in stages that report as they go, the exact solve by branch "
+                             "and bound (gnc2_staged)")
     parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
     parser.add_argument("--rhubarbwu-stats-only", action="store_true", help="time only its statistics phase")
+    parser.add_argument("--rhubarbwu-batch", type=int, default=0,
+                        help="feed its accumulators each batch of 4,096 in pieces of this many tokens (memory)")
+    parser.add_argument("--statistics-only", action="store_true",
+                        help="time only the statistics phase, ours and (if installed) rhubarbwu's, on --tokens tokens")
+    parser.add_argument("--gnc2-baseline", metavar="REV",
+                        help="time GNC2 in full against the solver of git revision REV, same W, same process")
     parser.add_argument("--feature-pass", type=int, default=0,
                         help="only time SmolLM2-135M's forward pass over this many tokens (the issue's target)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -400,7 +571,10 @@ def main() -> None:
         from kdcollapse.metrics import accumulation_dtype
 
         width = accumulation_dtype(k, d, args.accumulate).itemsize
-        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only or args.gnc2_exact else 4)
+        need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only or args.gnc2_exact or args.gnc2_baseline
+                                  else 4)
+        if args.statistics_only:  # ours' two sums and the inputs' means, then theirs' sums, means and inputs' means
+            need = 1.0 + max(2 * width + 4, 3 * 4) * k * d / 2**30
         room = min(args.max_gib, available_gib() - 2)
         if need > room:
             print(json.dumps({"K": k, "d": d, "skipped": f"estimated peak {need:.1f} GiB > {room:.1f} GiB "

@@ -288,6 +288,51 @@ def test_screened_gnc2_equals_the_exact_solver_on_every_class(num_classes, dim, 
     assert float(screened.gap) <= 1e-10
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float64, torch.float32])
+def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_twice_its_rounding_bound(
+        monkeypatch, weight_dtype):
+    from kdcollapse.geometry import _distances, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(5)
+    num, dim, m = 300, 48, 32
+    weight = (torch.randn(num, dim, generator=g, dtype=torch.float64) + 0.5).to(weight_dtype)
+    rows, k = _distances._UnitRows(weight), torch.arange(num)
+    assert _distances._ieee_float32_matmul(rows.device)
+    upper32, lower32 = _distances._screen_bounds(rows, k, m)  # one float32 product against all classes
+    monkeypatch.setattr(_distances, "_ieee_float32_matmul", lambda device: False)
+    upper64, lower64 = _distances._screen_bounds(rows, k, m)  # float64 scores, as the exact solver's certificate
+    exact = one_vs_rest_distances(weight)
+    gamma = (dim + 4) * 2.0**-24 / (1 - (dim + 4) * 2.0**-24)
+    assert torch.equal(upper32, upper64)  # the same feasible points
+    # rigorous: never above the float64 certificate (a float32 score's error is subtracted), and by at most 2 gamma
+    assert bool((lower32 <= lower64 + 1e-13).all())
+    assert float((lower64 - lower32).max()) <= 2 * gamma + 1e-13
+    assert bool((lower32 <= exact + 1e-10).all()) and bool((upper32 >= exact - 1e-10).all())
+
+
+def test_float32_screening_is_used_only_under_ieee_float32_products():
+    from kdcollapse.geometry import _distances
+
+    cpu = torch.device("cpu")
+    assert _distances._ieee_float32_matmul(cpu) and not _distances._ieee_float32_matmul(torch.device("meta"))
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    settings = [getattr(matmul, "fp32_precision", None), getattr(torch.backends.cuda.matmul, "fp32_precision", None)]
+    try:
+        for precision in ("high", "medium"):  # TF32 or bfloat16 inner products allowed: float64 scores instead
+            torch.set_float32_matmul_precision(precision)
+            assert not _distances._ieee_float32_matmul(cpu)
+        torch.set_float32_matmul_precision("highest")
+        assert _distances._ieee_float32_matmul(cpu)
+        if settings[0] is not None:  # torch >= 2.9: the CPU backend's own setting
+            matmul.fp32_precision = "bf16"
+            assert not _distances._ieee_float32_matmul(cpu)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        if settings[0] is not None:
+            matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision = settings
+    assert _distances._ieee_float32_matmul(cpu)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Memory: GNC2's solver and NC4 make no K x d float64 copy of a float32 input, and answer as the dense code
 # ---------------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def _checked(W: Tensor, name: str) -> tuple[Tensor, Tensor]:
     W = W.detach()
     W = W if W.dtype == torch.float32 else W.to(torch.float64)
     norms, finite = W.new_empty(W.shape[0], dtype=torch.float64), W.new_empty(W.shape[0], dtype=torch.bool)
-    for rows in _chunks(W.shape[0], W.shape[1], W.device):
+    for rows in _chunks(W.shape[0], W.shape[1]):
         block = W[rows].to(torch.float64)
         norms[rows], finite[rows] = block.norm(dim=1), torch.isfinite(block).all(1)
     bad = (~finite).nonzero().flatten()
@@ -80,9 +80,10 @@ def _checked(W: Tensor, name: str) -> tuple[Tensor, Tensor]:
     return W, norms
 
 
-def _chunks(num_rows: int, dim: int, device) -> tuple[Tensor, ...]:
-    """Row indices in chunks of at most ``_CHUNK_ENTRIES`` entries."""
-    return torch.arange(num_rows, device=device).split(max(1, _CHUNK_ENTRIES // max(dim, 1)))
+def _chunks(num_rows: int, dim: int) -> list[slice]:
+    """Row ranges of at most ``_CHUNK_ENTRIES`` entries (slices: W's rows are views, not gathered copies)."""
+    step = max(1, _CHUNK_ENTRIES // max(dim, 1))
+    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def unit_rows(W: Tensor, name: str = "W") -> Tensor:
@@ -104,7 +105,7 @@ class _UnitRows:
         self.shape = self.W.shape
         self.device = self.W.device
         self.W32 = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-        for rows in _chunks(*self.shape, self.device):
+        for rows in _chunks(*self.shape):
             self.W32[rows] = self.gather(rows).float()
 
     def gather(self, index: Tensor) -> Tensor:
@@ -114,7 +115,7 @@ class _UnitRows:
     def scores(self, y: Tensor) -> Tensor:
         """``y @ U.T`` (b, K) for float64 ``y`` (b, d), U the unit rows, a chunk of rows of W at a time."""
         out = y.new_empty(y.shape[0], self.shape[0])
-        for rows in _chunks(*self.shape, self.device):
+        for rows in _chunks(*self.shape):
             out[:, rows] = y @ self.gather(rows).mT
         return out
 
@@ -246,10 +247,11 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
 
     Screening (the first stage of :func:`nearest_points`: float32 Frank-Wolfe on the ``screen_candidates``
     most similar classes) gives every class k a feasible point, hence an upper bound u_k >= dist_k, and its
-    certificate against all K - 1 classes a lower bound l_k <= dist_k. A class with l_k >= min_j u_j cannot
-    be below the minimum; the others (usually a few) go to the exact solver. The result is the exact
-    minimum with the exact solver's certificate, at the cost of one screening pass (O(K^2 d) for the
-    similarities, O(K m^2 d) for the candidate Grams) instead of K exact QPs.
+    certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`). A class
+    with l_k >= min_j u_j cannot be below the minimum; the others (usually a few) go to the exact solver.
+    The result is the exact minimum with the exact solver's certificate, at the cost of one screening pass
+    (two K x K products in float32 by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of K
+    exact QPs.
     """
     rows = _UnitRows(W)
     K, d = rows.shape
@@ -264,15 +266,64 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     upper = torch.empty(K, dtype=torch.float64, device=rows.device)
     lower = torch.empty_like(upper)
     for k in torch.arange(K, device=rows.device).split(block):
-        cand, lam = _screen(rows.W32, k, m)
-        lam = lam / lam.sum(1, keepdim=True)  # float32 weights back onto the simplex: y is then feasible
-        y, gap, _ = _certify(rows, k, lam, rows.gather(cand) - rows.gather(k)[:, None, :])
-        upper[k] = y.norm(dim=1)
-        lower[k] = upper[k] - gap
+        upper[k], lower[k] = _screen_bounds(rows, k, m)
     solved = (lower <= upper.min() + tol).nonzero().flatten()
     exact = _solve_classes(rows, solved, tol=tol, candidates=candidates, block_size=block_size)
     best = exact.distances.argmin()
     return MinimumDistance(exact.distances[best], exact.gaps.max(), upper, lower, solved)
+
+
+def _screen_bounds(rows: _UnitRows, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Screened bounds u_k >= dist_k >= l_k of the classes ``k`` (float64), from the float32 Frank-Wolfe weights.
+
+    u_k = ||y|| for y = sum_j lambda_j (w_j - w_k), the weights put back onto the simplex in float64 (a
+    feasible point); l_k = u_k - gap, the certificate of ``_certify`` against all K - 1 classes. Where
+    float32 products are IEEE (``_ieee_float32_matmul``) the scores <w_j, y> come from one float32 product with
+    the float32 unit rows, and their rounding error is subtracted: |fl32(y) . fl32(w_j) computed in float32
+    - y . w_j| <= gamma_{d+4} ||y|| (gamma_n = n u / (1 - n u), u = 2^-24; Higham, Accuracy and Stability,
+    eq. 3.5, with the two roundings to float32 and w_j's unit norm), plus d 2^-125 for underflow (subnormals
+    kept or flushed to zero). So l_k
+    stays a lower bound, at most 2 gamma_{d+4} (7e-5 at d = 576) below the float64 certificate's, at half
+    its cost and without forming W's rows in float64. Otherwise (TF32 or bfloat16 products allowed) the scores
+    are float64 as in ``_certify``.
+    """
+    cand, lam, _ = _screen_weights(rows.W32, k, m)
+    lam = lam.double()
+    lam = lam / lam.sum(1, keepdim=True)  # float32 weights back onto the simplex: y is then feasible
+    own = rows.gather(k)
+    y = torch.einsum("bm,bmd->bd", lam, rows.gather(cand) - own[:, None, :])
+    norm = y.norm(dim=1)
+    index = torch.arange(len(k), device=k.device)
+    if _ieee_float32_matmul(rows.device):
+        d = rows.shape[1]
+        scores = y.float() @ rows.W32.T
+        scores[index, k] = math.inf
+        gamma = (d + 4) * 2.0**-24 / (1 - (d + 4) * 2.0**-24)
+        lowest = scores.min(1).values.double() - (gamma * norm + d * 2.0**-125)
+    else:
+        scores = rows.scores(y)
+        scores[index, k] = math.inf
+        lowest = scores.min(1).values
+    certified = (lowest - (y * own).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
+    gap = torch.where(norm > 0, torch.minimum((norm - certified).clamp_min(0), norm), 0.0)
+    return norm, norm - gap
+
+
+def _ieee_float32_matmul(device: torch.device) -> bool:
+    """Whether float32 matrix products on ``device`` are computed in float32 arithmetic: not with TF32 or
+    bfloat16 inner products (``torch.set_float32_matmul_precision`` "high"/"medium", the backends'
+    ``fp32_precision``, cuBLAS's ``allow_tf32``), which the float32 screening bound of ``_screen_bounds``
+    assumes. Devices other than CPU and CUDA answer False (the float64 scores are used there)."""
+    if device.type not in ("cpu", "cuda"):
+        return False
+    backend = torch.backends.mkldnn if device.type == "cpu" else torch.backends.cuda
+    matmul = getattr(backend, "matmul", None)
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: per-backend settings ("none" inherits the parent's)
+        settings = (torch.backends.fp32_precision, getattr(backend, "fp32_precision", "none"), matmul.fp32_precision)
+        return all(setting in ("none", "ieee") for setting in settings)
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    return device.type == "cpu" or not torch.backends.cuda.matmul.allow_tf32
 
 
 def _block(K: int, d: int, m: int) -> int:
@@ -300,17 +351,25 @@ def one_vs_one_distance(W: Tensor) -> float:
 
 def _screen(W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """Float32 guess of each QP's support: Frank-Wolfe on the m most similar classes, then repricing."""
+    cand, lam, y = _screen_weights(W32, k, m)
+    scores = y @ W32.T
+    scores[torch.arange(len(k), device=k.device), k] = math.inf
+    return _price(scores, cand, lam.double(), m)
+
+
+def _screen_weights(W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The m classes most similar to each of ``k`` and float32 Frank-Wolfe weights on them (150 pairwise
+    steps from the most similar one); returns candidates, weights and the float32 y = sum lambda_j p_j."""
     rows = torch.arange(len(k), device=k.device)
     sims = W32[k] @ W32.T
     sims[rows, k] = -math.inf
     cand = sims.topk(m, dim=1).indices
+    del sims
     P = W32[cand] - W32[k][:, None, :]
     lam = torch.zeros(cand.shape, dtype=W32.dtype, device=k.device)
     lam[:, 0] = 1
     lam = _pairwise_frank_wolfe(P @ P.mT, lam, _SCREEN_STEPS)
-    scores = torch.einsum("bm,bmd->bd", lam, P) @ W32.T
-    scores[rows, k] = math.inf
-    return _price(scores, cand, lam.double(), m)
+    return cand, lam, torch.einsum("bm,bmd->bd", lam, P)
 
 
 def _price(scores: Tensor, cand: Tensor, lam: Tensor, m: int) -> tuple[Tensor, Tensor]:
