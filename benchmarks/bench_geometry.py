@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kdcollapse.geometry import one_vs_rest_distances, softmax_code, softmax_code_bounds  # noqa: E402
 from kdcollapse.geometry._distances import unit_rows  # noqa: E402
+from kdcollapse.distributed import cpu_capability  # noqa: E402
 
 PGD_STEPS = 10_000  # the paper's official code: 10,000 projected-gradient steps per class
 
@@ -139,8 +140,8 @@ def bench_softmax_code(K: int, d: int, restarts: int) -> list[str]:
 def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
-    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} thread(s), "
-            f"Python {sys.version.split()[0]}")
+    return (f"{model}, {os.cpu_count()} cores, CPU capability {cpu_capability()}, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} thread(s), Python {sys.version.split()[0]}")
 
 
 def main() -> None:
@@ -154,7 +155,7 @@ def main() -> None:
     sizes = [(200, 16)] if args.quick else [(1000, 64), (10_000, 512)]
     pgd_classes = {200: 10, 1000: 50, 10_000: 4}
     load = os.getloadavg()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     distances = bench_distances(sizes, pgd_classes)
     code = bench_softmax_code(20, 4, 2) if args.quick else bench_softmax_code(100, 10, args.restarts)
     command = "python benchmarks/bench_geometry.py " + " ".join(sys.argv[1:])
@@ -163,7 +164,8 @@ def main() -> None:
         "",
         f"Machine: {machine()}. Load average before: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, after: "
         f"{os.getloadavg()[0]:.1f} (the 2 cores are shared with other jobs: CPU seconds are the steadier figure).",
-        f"Command: `{command}`; one run of each case; total {time.perf_counter() - start:.0f} s.",
+        f"Command: `{command}`; one run of each case; total {time.perf_counter() - start:.0f} s wall, "
+        f"{time.process_time() - cpu_start:.0f} CPU s.",
         "",
         "## one_vs_rest_distances vs the paper's projected gradient descent (10,000 steps per class)",
         "",

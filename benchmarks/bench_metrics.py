@@ -7,8 +7,11 @@ Every case runs in a fresh child process, so its peak resident memory (``ru_maxr
 torch's and numpy's allocations alike) belongs to that case alone. Features (float32, d = 512, K = 1000
 Gaussian classes) are generated batch by batch and never stored by the streaming case. Inside the same
 child it times, batch by batch, the bare float64 ``X.T @ X`` of the batch shape: the baseline every ratio
-is taken against. The naive case holds every feature in memory and computes NC1 and VCI the two-pass
-way in float64 with numpy (``np.linalg.pinv``), as all-in-memory implementations do.
+is taken against. Then, on one full batch, it times the parts of ``update`` (validation, the two d x d
+accumulations, the rest) and ``update`` with its element-wise work on the whole batch at once instead of
+in cache-sized blocks, each against the bare matmul, in interleaved rounds. The naive case holds every
+feature in memory and computes NC1 and VCI the two-pass way in float64 with numpy (``np.linalg.pinv``), as
+all-in-memory implementations do.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ def streaming(args) -> dict:
     import torch
 
     from kdcollapse.metrics import FeatureStatistics
-    from kdcollapse.metrics._statistics import _add_gram
 
     torch.set_num_threads(args.threads)
     stats = FeatureStatistics(args.classes, args.dim)
@@ -66,11 +68,9 @@ def streaming(args) -> dict:
     metrics = stats.compute()
     compute_s = time.perf_counter() - start
 
-    # The d x d accumulation alone (one of the two per batch) against the bare matmul, same batch.
-    z = torch.randn(args.batch, args.dim, dtype=torch.float64)
-    moment = torch.zeros(args.dim, args.dim, dtype=torch.float64)
-    gram_s, matmul_s = best_of(lambda: _add_gram(moment, z)), best_of(lambda: z.T @ z)
-    return {
+    part = parts(args, *next(batches(args.batch, args.batch, args.dim, args.classes)))
+    gram_s, matmul_s = part["gram"], part["bare"]
+    return part | {
         "update_s": update_s,
         "bare_matmul_s": bare_s,
         "compute_s": compute_s,
@@ -83,6 +83,51 @@ def streaming(args) -> dict:
         "nc1": float(metrics["nc1"]),
         "vci": float(metrics["vci"]),
     }
+
+
+def parts(args, x, y, rounds: int = 21) -> dict:
+    """Per-batch seconds (median of ``rounds`` rounds, the cases in a shuffled order each round) of ``update``
+    on the full batch ``x`` and of its parts: validation (``check_batch``), one of its two d x d accumulations
+    (``_add_gram``, BLAS ``dsyrk`` on CPU), ``update`` with its element-wise work on the whole batch at once
+    (one block: how it ran before BLOCK_ELEMENTS), and the bare float64 ``X.T @ X`` of the batch."""
+    import torch
+
+    from _timing import interleave
+
+    from kdcollapse.metrics import FeatureStatistics
+    from kdcollapse.metrics import _statistics
+
+    stats = FeatureStatistics(args.classes, args.dim)
+    stats.update(x, y)  # past the first batch, which also forms the shifts
+    x64 = x.double()
+    z = x64 - x64.mean(0)
+    moment = torch.zeros(args.dim, args.dim, dtype=torch.float64)
+    blocks = _statistics.BLOCK_ELEMENTS
+
+    def timed(fn):
+        def timer() -> float:
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+        return timer
+
+    def one_block() -> None:
+        _statistics.BLOCK_ELEMENTS = x.numel()
+        try:
+            stats.update(x, y)
+        finally:
+            _statistics.BLOCK_ELEMENTS = blocks
+
+    timers = {
+        "bare": timed(lambda: x64.T @ x64),
+        "update": timed(lambda: stats.update(x, y)),
+        "update_one_block": timed(one_block),
+        "check": timed(lambda: _statistics.check_batch(x, y, args.classes, args.dim)),
+        "gram": timed(lambda: _statistics._add_gram(moment, z)),
+    }
+    for timer in timers.values():  # warm-up
+        timer()
+    return interleave(timers, rounds) | {"block_elements": blocks}
 
 
 def naive(args) -> dict:
@@ -121,16 +166,6 @@ def naive(args) -> dict:
     }
 
 
-def best_of(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def run_child(case: str, n: int, args) -> dict:
     threads = str(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
@@ -155,6 +190,9 @@ def main() -> None:
         print(json.dumps((streaming if args.child == "streaming" else naive)(args) | {"n": n}))
         return
 
+    from _timing import cpu_capability, cpu_model
+
+    print(f"{cpu_model()}, CPU capability {cpu_capability()}, {os.cpu_count()} cores")
     print(f"load average before: {os.getloadavg()}; d={args.dim} K={args.classes} batch={args.batch} "
           f"threads={args.threads}")
     print("| case | N | time (s) | x bare matmul | peak RSS (MiB) | RSS ready (MiB) | nc1 | vci |")
@@ -172,10 +210,22 @@ def main() -> None:
     print(f"| naive numpy, all in memory | {args.naive_n:,} | {r['naive_s']:.2f} | | "
           f"{r['peak_rss_mib']:.0f} | {r['rss_ready_mib']:.0f} | {r['nc1']:.6g} | {r['vci']:.6g} |")
     g = results[-1]
-    print(f"\nd x d accumulation per batch ({args.batch} x {args.dim}): dsyrk {g['gram_s'] * 1e3:.1f} ms "
-          f"({g['gram_gflops']:.1f} GFLOP/s of the flops it does) vs bare X.T @ X "
-          f"{g['matmul_s'] * 1e3:.1f} ms ({g['matmul_gflops']:.1f} GFLOP/s); "
-          f"ratio {g['gram_s'] / g['matmul_s']:.2f}; two per update (raw and L2-normalised features)")
+    ms = {name: g[name] * 1e3 for name in ("bare", "update", "update_one_block", "check", "gram")}
+    rest = ms["update"] - ms["check"] - 2 * ms["gram"]
+    print(f"\nParts of one update, batch {args.batch} x {args.dim} (median of interleaved rounds, ms; "
+          f"x the bare matmul of the batch):")
+    print("| part | ms | x bare matmul |")
+    print("|---|---:|---:|")
+    for name, value in (("update (element-wise work in blocks of "
+                         f"{g['block_elements']:,} elements)", ms["update"]),
+                        ("validation (check_batch)", ms["check"]),
+                        ("two d x d accumulations (2 x dsyrk)", 2 * ms["gram"]),
+                        ("the rest: float64 copy, norms, centring, squares, class sums", rest),
+                        ("update with the element-wise work on the whole batch at once", ms["update_one_block"]),
+                        ("bare float64 X.T @ X", ms["bare"])):
+        print(f"| {name} | {value:.1f} | {value / ms['bare']:.2f} |")
+    print(f"\ndsyrk {g['gram_gflops']:.1f} GFLOP/s of the flops it does, bare X.T @ X {g['matmul_gflops']:.1f} GFLOP/s; "
+          f"one dsyrk / bare matmul {g['gram_s'] / g['matmul_s']:.2f}")
     print(f"load average after: {os.getloadavg()}")
 
 

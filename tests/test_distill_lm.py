@@ -158,6 +158,43 @@ def test_a_run_directory_in_use_is_refused(setup, capsys):
     assert [p.name for p in (root / "busy").iterdir()] == [".lock"]  # nothing written
 
 
+def test_a_resume_refuses_a_hand_edited_config_and_writes_its_overrides_into_it(setup, capsys):
+    """Issue 28 for distill-lm: config.yaml is the config the run executes, its SHA-256 in run.json; a hand edit
+    is refused on resume with one line and nothing written; a resume's overrides go into config.yaml (run.json
+    keeps the old digest too); a last metrics line a crash tore is dropped on resume."""
+    import hashlib
+    import re
+
+    def digest(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    root, options = setup
+    run = root / "edited"
+    distill_lm(load_lm_config(None, [*options, f"run_dir={run}", "steps=2"]), log=lambda *_: None)
+    config, facts = run / "config.yaml", run / "run.json"
+    original, first = config.read_bytes(), digest(config)
+    assert json.loads(facts.read_text())["config_sha256"] == first
+    with open(run / "metrics.jsonl", "a") as f:  # step 4's line, torn by a crash before its checkpoint
+        f.write('{"step": 4, "train_lo')
+
+    text = config.read_text()
+    assert re.search(r"^lr: ", text, flags=re.M)
+    config.write_text(re.sub(r"^lr: .*$", "lr: 5.0", text, flags=re.M))
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()  # the first run's progress bars
+    assert main(["distill-lm", "--resume", str(run), "steps=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was edited after the run wrote it" in err[0] and "steps=N" in err[0]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files  # locks included
+
+    config.write_bytes(original)
+    assert main(["distill-lm", "--resume", str(run), "steps=4"]) == 0
+    assert load_lm_config(config, []).steps == 4
+    recorded = json.loads(facts.read_text())
+    assert recorded["config_sha256"] == digest(config) != first and recorded["config_sha256_previous"] == first
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+
+
 def test_accumulated_micro_batches_match_one_batch(setup, tmp_path):
     """1 process x 4 blocks x 2 accumulated micro-batches trains the same student as 1 process x 8 blocks
     (the step's 8 blocks are the same draws; each micro-batch's mean loss is divided by 2)."""

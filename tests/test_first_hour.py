@@ -201,6 +201,22 @@ def test_every_anchor_of_a_link_in_the_readme_and_docs_is_a_heading_of_its_page(
     assert dead == []
 
 
+def test_the_python_blocks_of_the_models_page_run(tmp_path):
+    """The first hour found a docs/models.md snippet using an undefined ``timm_model``: every ```python block
+    of the page runs, in order in one namespace (a later block uses an earlier one's ``x``), in a fresh
+    process (the last block registers a model, which a second registration in this one would refuse)."""
+    import re
+    import subprocess
+
+    blocks = re.findall(r"^```python\n(.*?)^```", (REPO / "docs" / "models.md").read_text(), flags=re.S | re.M)
+    assert len(blocks) >= 4
+    script = tmp_path / "models_page.py"
+    script.write_text("\n".join(blocks))
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_the_spectra_plot_leaves_out_eigenvalues_below_1e_12_of_the_largest(tmp_path, monkeypatch):
     """Issue 28: float32 features' rounding noise stretched the y-axis down to 1e-17 and hid the spectrum."""
     pytest.importorskip("matplotlib")

@@ -380,6 +380,57 @@ def test_both_gram_paths_keep_the_same_upper_triangle():
         np.testing.assert_allclose(symmetric_from_upper(moment), 2.0 + z.T @ z, rtol=1e-12)
 
 
+@pytest.mark.parametrize("accumulate", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_update_in_blocks_gives_the_states_of_the_definitions(monkeypatch, accumulate, dtype):
+    """update in blocks of 3 rows (BLOCK_ELEMENTS, MIN_BLOCK_ROWS; the last block of a batch shorter), Grams
+    included, against every state written out from its definition in float64 numpy, over three batches."""
+    from kdcollapse.metrics import _statistics
+    from kdcollapse.metrics._linalg import symmetric_from_upper
+
+    num_classes, dim, first = 4, 7, 20
+    g = torch.Generator().manual_seed(11)
+    h = (torch.randn(50, dim, generator=g) + 3.0).to(dtype)
+    h[5] = 0.0  # a zero row is a zero unit vector, as with F.normalize
+    y = torch.randint(num_classes, (50,), generator=g)
+    given = h.clone()
+    monkeypatch.setattr(_statistics, "BLOCK_ELEMENTS", 3 * dim)
+    monkeypatch.setattr(_statistics, "MIN_BLOCK_ROWS", 1)
+    batches = [slice(0, first), slice(first, 48), slice(48, 50)]  # blocks of 3 rows; the last of 2, 1, 2
+    stats = FeatureStatistics(num_classes, dim, accumulate=accumulate)
+    for rows in batches:
+        stats.update(h[rows], y[rows])
+    assert torch.equal(h, given)  # the caller's tensor, float64 ones included, is never written to
+
+    x, labels = h.double().numpy(), y.numpy()
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    unit = np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+    raw_shift, unit_shift = x[:first].mean(0), unit[:first].mean(0)
+    for z, shift, names in ((x, raw_shift, ("shift", "class_sums", "moment")),
+                            (unit, unit_shift, ("unit_shift", "unit_class_sums", "unit_moment"))):
+        shift_name, sums, moment = names
+        np.testing.assert_allclose(getattr(stats, shift_name), shift, rtol=1e-13, err_msg=shift_name)
+        centred = z - shift
+        expected = np.stack([centred[labels == k].sum(0) for k in range(num_classes)])
+        rtol = 1e-12 if accumulate == "float64" else 1e-6
+        assert getattr(stats, sums).dtype == getattr(torch, accumulate)
+        np.testing.assert_allclose(getattr(stats, sums).double(), expected, rtol=rtol, atol=rtol, err_msg=sums)
+        np.testing.assert_allclose(symmetric_from_upper(getattr(stats, moment)), centred.T @ centred, rtol=1e-12,
+                                   atol=1e-12, err_msg=moment)
+        if sums == "class_sums":
+            squares = [(centred[labels == k] ** 2).sum() for k in range(num_classes)]
+            np.testing.assert_allclose(stats.class_square_sums, squares, rtol=1e-12)
+    np.testing.assert_array_equal(stats.class_counts, np.bincount(labels, minlength=num_classes))
+
+    # One block per batch (the whole batch at once) gives the same states to rounding.
+    monkeypatch.setattr(_statistics, "BLOCK_ELEMENTS", 10**9)
+    whole = FeatureStatistics(num_classes, dim, accumulate=accumulate)
+    for rows in batches:
+        whole.update(h[rows], y[rows])
+    for name, value in whole.metric_state.items():
+        np.testing.assert_allclose(getattr(stats, name), value, rtol=1e-13, atol=1e-12, err_msg=name)
+
+
 def test_ncc_accuracy_matches_brute_force_nearest_mean():
     num_classes = 4
     h, y, _ = make_features([20] * num_classes, 3, seed=9, spread=1.0, offset=1e4, dtype=torch.float32)

@@ -89,15 +89,47 @@ def _add_gram(moment: Tensor, z: Tensor) -> None:
         moment.addmm_(z.mT, z)
 
 
-def _add_class_sums(class_sums: Tensor, labels: Tensor, z: Tensor) -> None:
-    """``class_sums[labels] += z`` row by row; into float32 sums, each class's batch sum is formed in float64
-    (``z``'s dtype) first and rounded once, so the rounding error grows with batches, not samples."""
-    if class_sums.dtype == z.dtype:
-        class_sums.index_add_(0, labels, z)
-        return
-    present, inverse = labels.unique(return_inverse=True)
-    batch = z.new_zeros(present.numel(), z.shape[1]).index_add_(0, inverse, z)
-    class_sums.index_add_(0, present, batch.to(class_sums.dtype))
+class _BatchSums:
+    """Where ``update`` adds a batch's rows to a K x d class-sum state, block by block.
+
+    Float64 sums take each block's rows directly (``class_sums[labels] += z``, row by row, in order). Float32
+    sums get each class's batch sum formed in float64 over all blocks first and rounded into the state once
+    (``close``), so the rounding error grows with batches, not samples or blocks.
+    """
+
+    def __init__(self, class_sums: Tensor, labels: Tensor) -> None:
+        self.state = class_sums
+        if class_sums.dtype == torch.float64:
+            self.target, self.index, self.present = class_sums, labels, None
+        else:
+            self.present, self.index = labels.unique(return_inverse=True)
+            self.target = class_sums.new_zeros(self.present.numel(), class_sums.shape[1], dtype=torch.float64)
+
+    def add(self, rows: slice, z: Tensor) -> None:
+        """Add ``z``, the float64 rows ``rows`` of the batch."""
+        self.target.index_add_(0, self.index[rows], z)
+
+    def close(self) -> None:
+        if self.present is not None:
+            self.state.index_add_(0, self.present, self.target.to(self.state.dtype))
+
+
+# update works through a batch in blocks of rows of about BLOCK_ELEMENTS elements, and at least MIN_BLOCK_ROWS
+# rows: each block's float64 copies (the widened features, the centred raw and unit rows) stay in the core's
+# cache from one step to the next (float64 copy, norms, centring, squares, class sums, both Grams) instead of
+# every step streaming the whole batch through memory. A BLAS rank-k Gram update reads and writes the d x d
+# triangle once per call, which costs little against its 2 k d^2 flops only from about k = 256 rows on. CPU
+# only (on a GPU the batch is one block). results/benchmarks/bench_metrics.md measures it.
+BLOCK_ELEMENTS = 2**17
+MIN_BLOCK_ROWS = 256
+
+
+def _block_rows(features: Tensor, device: torch.device) -> int:
+    """Rows per block of ``update`` (``BLOCK_ELEMENTS``, ``MIN_BLOCK_ROWS``)."""
+    rows = features.shape[0]
+    if device.type != "cpu":
+        return rows
+    return max(1, min(rows, max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // features.shape[1])))
 
 
 def _recentred_squares(counts: Tensor, shift: Tensor, class_sums: Tensor, squares: Tensor, new_shift: Tensor):
@@ -140,7 +172,9 @@ class FeatureStatistics(Metric, States):
     on the shift of the lowest rank holding data, and only then lets torchmetrics sum the states
     (``dist_reduce_fx="sum"``). Re-centring is exact algebra (``moment - S d^T - d S^T + N d d^T``) whose
     terms stay at the scale of the data because the shifts are nearby means; no rank has to wait for
-    another during ``update``. Only the upper triangle of each moment is stored (see ``_add_gram``).
+    another during ``update``. Only the upper triangle of each moment is stored (see ``_add_gram``). On CPU,
+    ``update`` works in cache-sized blocks of rows (``BLOCK_ELEMENTS``), the Grams included; every value is
+    the one a float64 copy of the batch would give.
 
     ``compute()`` returns :func:`~kdcollapse.metrics.collapse_metrics` without a classifier; call
     ``collapse_metrics(stats, classifier_weight)`` for the classifier metrics (NC3, GNC2, GNC3). Every
@@ -232,18 +266,30 @@ class FeatureStatistics(Metric, States):
         check_batch(features, labels, self.num_classes, self.feature_dim)
         if features.shape[0] == 0:
             return
-        x = features.detach().to(device=self.moment.device, dtype=torch.float64, copy=True)
-        labels = labels.to(self.moment.device)
-        unit = F.normalize(x, dim=1)
+        device = self.moment.device
+        features, labels = features.detach().to(device), labels.to(device)
         if int(self.class_counts.sum()) == 0:
-            self.shift, self.unit_shift = x.mean(0), unit.mean(0)
+            x = features.to(torch.float64)
+            self.shift, self.unit_shift = x.mean(0), F.normalize(x, dim=1).mean(0)
         self.class_counts += torch.bincount(labels, minlength=self.num_classes)
-        for z, (shift, class_sums, moment) in zip((x, unit), _GROUPS):
-            z -= getattr(self, shift)  # in place: both are this call's own copies
-            if shift == "shift":
-                self.class_square_sums.index_add_(0, labels, z.square().sum(1))
-            _add_class_sums(getattr(self, class_sums), labels, z)
-            _add_gram(getattr(self, moment), z)
+        # Every value is float64 from here on, as one float64 copy of the batch would be, formed a block of rows
+        # at a time (BLOCK_ELEMENTS).
+        sums = _BatchSums(self.class_sums, labels), _BatchSums(self.unit_class_sums, labels)
+        step = _block_rows(features, device)
+        for start in range(0, features.shape[0], step):
+            rows = slice(start, start + step)
+            x = features[rows].to(torch.float64)  # never written to: it may be the caller's own tensor
+            # unit features as F.normalize(x, dim=1) forms them: x / max(|x|, 1e-12), zero rows stay zero
+            norms = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min_(1e-12)
+            unit = torch.div(x, norms).sub_(self.unit_shift)
+            raw = torch.sub(x, self.shift)
+            self.class_square_sums.index_add_(0, labels[rows], raw.square().sum(1))
+            sums[0].add(rows, raw)
+            sums[1].add(rows, unit)
+            _add_gram(self.moment, raw)
+            _add_gram(self.unit_moment, unit)
+        for batch in sums:
+            batch.close()
 
     def _apply(self, fn: Any, exclude_state: Any = "") -> FeatureStatistics:
         """Move the states with the module (``.to(device)``, ``.cuda()``) but keep their dtypes whatever

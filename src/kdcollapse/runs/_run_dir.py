@@ -244,16 +244,17 @@ def _read_run_json(run_dir: Path) -> dict | None:
     return facts
 
 
-def check_config_unedited(run_dir: Path) -> None:
+def check_config_unedited(run_dir: Path, example: str = "train.epochs=N") -> None:
     """Refuse a ``config.yaml`` whose bytes differ from the SHA-256 that ``run.json`` recorded when the run
-    wrote it: a hand edit would say one thing while the checkpoint continues another."""
+    wrote it: a hand edit would say one thing while the checkpoint continues another. ``example``: an
+    override the message shows (the trainer's resumable key)."""
     facts = _read_run_json(run_dir) or {}
     recorded = {facts.get("config_sha256"), facts.get("config_sha256_previous")} - {None}
     path = run_dir / "config.yaml"
     if recorded and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() not in recorded:
         raise CheckpointError(f"{path} was edited after the run wrote it (its SHA-256 differs from run.json's "
                               "config_sha256); restore it, and change resumable keys with overrides: --resume "
-                              f"{run_dir} train.epochs=N")
+                              f"{run_dir} {example}")
 
 
 def _uncommitted_run(run_dir: Path) -> bool:

@@ -34,8 +34,9 @@ from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import TeacherHead, fused_head_loss
 from kdcollapse.losses.llm import DIVERGENCES, TARGET_DIVERGENCES, divergence_rows, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
-from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, save_tensors,
-                             update_run_record)
+from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, replacing, save_tensors,
+                             update_run_record, write_text)
+from kdcollapse.runs._run_dir import check_config_unedited
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
@@ -245,9 +246,14 @@ def _claim(cfg: LMConfig, resume: bool, is_main: bool) -> RunDir:
 
     def take() -> None:
         claim.create_and_lock()
-        if (run_dir / "config.yaml").exists() and not resume:
+        try:
+            if (run_dir / "config.yaml").exists() and not resume:
+                raise CheckpointError(f"{run_dir} already holds a run: resume it (--resume) or choose another run_dir")
+            if resume:
+                check_config_unedited(run_dir, "steps=N")
+        except CheckpointError:
             claim.release()
-            raise CheckpointError(f"{run_dir} already holds a run: resume it (--resume) or choose another run_dir")
+            raise
 
     on_main_process(is_main, take, f"the main process could not claim the run directory {run_dir}")
     return claim
@@ -273,11 +279,22 @@ def _train(cfg: LMConfig, claim: RunDir, env: DistEnv, log) -> dict:
     def begin() -> None:
         claim.lock.write_owner()
         claim.started = True
+        # config.yaml is the config this process runs (a resume's overrides included), its SHA-256 in run.json,
+        # which a resume compares (a hand edit is refused). run.json is written first and, on a resume that
+        # changes the config, keeps the old digest too: a crash between the two renames leaves a matching pair.
+        text = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode()
+        digest = hashlib.sha256(text).hexdigest()
         if not (claim.resume and checkpoint.is_file()):
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
             update_run_record(run_dir, provenance() | {
                 "student_parameters": sum(p.numel() for p in student.parameters()),
-                "train_tokens": train.numel(), "corpus": data["corpus_summary"]})
+                "train_tokens": train.numel(), "corpus": data["corpus_summary"], "config_sha256": digest})
+        else:
+            facts = run_dir / "run.json"
+            previous = (json.loads(facts.read_text()) if facts.is_file() else {}).get("config_sha256")
+            if previous != digest:
+                update_run_record(run_dir, {"config_sha256": digest, "config_sha256_previous": previous})
+        with replacing(run_dir / "config.yaml") as tmp:
+            tmp.write_bytes(text)
         _truncate_metrics(run_dir / "metrics.jsonl", start)
 
     on_main_process(env.is_main, begin, f"the main process could not write the run directory {run_dir}")
@@ -473,10 +490,24 @@ def _append_metrics(path: Path, record: dict) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume: drop the lines written after the checkpoint's step (the run repeats those steps)."""
-    if path.is_file():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in lines))
+    """On resume: drop the lines written after the checkpoint's step (the run repeats those steps), among them
+    a last line a crash tore while appending (each line is appended before its step's checkpoint is saved);
+    the log is replaced atomically."""
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text().splitlines() if line]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            line_step = json.loads(line)["step"]
+        except (ValueError, TypeError, KeyError):
+            if number == len(lines):
+                break
+            raise CheckpointError(f"{path}: line {number} is not a step's JSON record; it is not a log kdcollapse "
+                                  "wrote intact") from None
+        if line_step <= step:
+            kept.append(line)
+    write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _save_student(student, tokenizer: Any, directory: Path) -> None:
