@@ -280,6 +280,7 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["distill-lm", "--resume", "runs/missing"], ["runs/missing"]),
     (["distill-lm", "--resume", "runs/t"], ["analysis"]),
     (["distill-lm", "--resume", "runs/t", "--config", "c.yaml"], ["--config"]),
+    (["distill-lm", "--resume", "runs/t", "lr=0.5"], ["lr", "steps"]),
     # study
     (["study", "run", "missing.yaml"], ["missing.yaml"]),
     (["study", "run", "exists.txt"], ["exists.txt", "name"]),

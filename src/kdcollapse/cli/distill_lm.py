@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
+LM_RESUMABLE_KEYS = ("steps", "eval_every", "cache_dir")  # what a resume may change (steps: a longer run)
+
+
 def _run(args) -> int:
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
@@ -43,6 +46,11 @@ def _run(args) -> int:
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes its config from the run directory; drop --config")
+        refused = sorted({o.split("=", 1)[0].strip() for o in args.overrides} - set(LM_RESUMABLE_KEYS))
+        if refused:  # anything else would continue another run (the schedule, the data, the loss)
+            raise ConfigError(
+                f"cannot resume: the run was trained with its own {', '.join(refused)}; a resume may change only "
+                f"{', '.join(LM_RESUMABLE_KEYS)}; start a new run_dir for anything else")
         cfg = load_lm_config(Path(args.resume) / "config.yaml", args.overrides)
         cfg.run_dir = args.resume
     else:
