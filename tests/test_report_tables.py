@@ -62,7 +62,7 @@ def test_fill_replaces_only_the_block_between_the_markers():
 
 
 def test_write_files_writes_what_differs_and_check_writes_nothing(tmp_path):
-    from kdcollapse.report import write_files
+    from kdcollapse.runs import write_files
 
     same, text, image, new = tmp_path / "same.md", tmp_path / "page.md", tmp_path / "fig.png", tmp_path / "new.json"
     same.write_text("kept\n")

@@ -155,6 +155,17 @@ def test_the_geometry_studies_train_the_runs_of_the_replaced_script(tmp_path):
         assert config_to_dict(load_config(config_file(run.config), list(run.overrides))) == config_to_dict(expected)
 
 
+def test_the_assignment_page_s_trainable_runs_are_the_warmup_page_s_one_epoch_runs(tmp_path):
+    # results/geometry/assignment/README.md says its five trainable runs are warmup's cosine_warmup1 seeds 0-4
+    assignment = load_study(ROOT / "results/geometry/assignment/study.yaml", runs_dir=tmp_path)
+    warmup = load_study(ROOT / "results/geometry/warmup/study.yaml", runs_dir=tmp_path)
+    for seed in range(5):
+        a, w = assignment.runs[f"trainable/seed{seed}"], warmup.runs[f"cosine_warmup1/seed{seed}"]
+        overrides = [[o for o in r.overrides if not o.startswith("run_dir=")] for r in (a, w)]
+        assert config_to_dict(load_config(config_file(a.config), overrides[0])) == \
+            config_to_dict(load_config(config_file(w.config), overrides[1]))
+
+
 def test_the_warmup_study_trains_the_runs_of_the_geometry_page_s_commands(tmp_path):
     # results/geometry/README.md's warm-up table: `kdcollapse train --config configs/geometry/fmnist_assignment.yaml
     # seed=N schedule.warmup_epochs=3 run_dir=...` (and schedule.warmup_epochs=1, method.head=cmf)

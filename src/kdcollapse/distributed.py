@@ -191,6 +191,23 @@ def cpu_capability() -> str:
     return " + ".join([torch.backends.cpu.get_cpu_capability(), *units])
 
 
+def machine() -> str:
+    """Where a computation ran, for a page's records: the CPU's model name (``/proc/cpuinfo``, else the platform's
+    machine name), :func:`cpu_capability`, the torch and Python versions. Float results can differ between CPU
+    families (MKL and oneDNN choose their kernels by CPU), so a generated page names it."""
+    import platform
+    from pathlib import Path
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu} (torch CPU capability {cpu_capability()}), torch {torch.__version__}, "
+            f"Python {platform.python_version()}")
+
+
 def _cpu_check(name: str) -> bool:
     check = getattr(torch.cpu, name, None)  # private torch helpers: absent means "not known", i.e. no
     try:

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses import intra_class_contrastive_loss
-from kdcollapse.report import fill, machine, markdown_table, write_files
+from kdcollapse.distributed import machine
+from kdcollapse.report import fill, markdown_table
+from kdcollapse.runs import write_files
 
 SEEDS = (0, 1, 2)
 RATIOS = (2, 5)  # K: other-class negatives per same-class negative

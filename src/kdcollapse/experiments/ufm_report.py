@@ -23,7 +23,9 @@ from kdcollapse.errors import ConfigError
 from kdcollapse.geometry import softmax_code, softmax_code_optimum
 from kdcollapse.experiments.plots import plot_code, plot_curves, plot_sweep
 from kdcollapse.experiments.ufm import temperature_continuation, train_ufm
-from kdcollapse.report import fill, machine, write_files
+from kdcollapse.distributed import machine
+from kdcollapse.report import fill
+from kdcollapse.runs import write_files
 
 RECORDS = "ufm.json"
 PAGE = "ufm.md"

@@ -92,3 +92,19 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
     for path in stray:
         path.unlink(missing_ok=True)
     return stray
+
+
+def write_files(files: dict[Path, str | bytes], check: bool = False) -> list[Path]:
+    """The files of ``files`` whose content on disk differs from the given one (text or bytes; a missing file
+    differs), in order; unless ``check``, each of them is written (atomically). A generated page's ``--check``:
+    nothing is written, the caller reports the returned files as out of date."""
+    changed = [path for path, content in files.items() if not path.is_file() or (
+        path.read_bytes() if isinstance(content, bytes) else path.read_text()) != content]
+    if not check:
+        for path in changed:
+            if isinstance(files[path], bytes):
+                with replacing(path) as tmp:
+                    tmp.write_bytes(files[path])
+            else:
+                write_text(path, files[path])
+    return changed

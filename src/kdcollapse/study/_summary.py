@@ -20,8 +20,9 @@ from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
 from kdcollapse.report import (corrected_verdicts, fill, markdown_table, mean_difference_ci, paired_t_test, pearson,
-                               plot_panels, seeds_cell, write_files)
-from kdcollapse.runs import metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state
+                               plot_panels, seeds_cell)
+from kdcollapse.runs import (metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state,
+                             write_files)
 from kdcollapse.study._execute import DIVERGED_FILE, RESULT_FILE
 from kdcollapse.study._spec import Study, _flat
 from kdcollapse.study._tables import check_tables, derived_tables, place
