@@ -13,7 +13,7 @@ from kdcollapse.runs._run import RUN_STATES, Run, run_state
 from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
                                      claim_run_dir, metrics_csv, provenance, read_committed_metrics, read_metrics,
                                      start_run_dir, update_run_record)
-from kdcollapse.runs._run_dir import on_main_process
+from kdcollapse.runs._run_dir import check_config_unedited, on_main_process
 from kdcollapse.runs._atomic import replacing, write_files, write_text
 from kdcollapse.runs._commit import committed_path, file_digest
 from kdcollapse.runs._lock import RunLock
@@ -25,7 +25,7 @@ __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_s
            "save_tensors", "start_run_dir",
            "update_run_record", "provenance"]
 __all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
-            "read_extra_heads", "split_prefix", "unflatten_optimizer"]  # the checkpoint format, for the trainer's checkpointer
+            "read_extra_heads", "split_prefix", "unflatten_optimizer", "check_config_unedited"]  # the checkpoint format, for the trainer's checkpointer
 __all__ += ["RunLock", "committed_path", "file_digest", "replacing", "write_files", "write_text"]  # derived outputs: atomic, locked, with provenance
 from kdcollapse.runs._derived import (containing_run, figure_source, lm_source, metrics_source, outputs_stale, read_outputs,
                                       read_robust_eval, record_outputs, run_lock_for, save_figure, seal_problem, sealed,

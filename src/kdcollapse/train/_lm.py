@@ -34,9 +34,8 @@ from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import TeacherHead, fused_head_loss
 from kdcollapse.losses.llm import DIVERGENCES, TARGET_DIVERGENCES, divergence_rows, token_divergence
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
-from kdcollapse.runs import (RunDir, load_tensors, on_main_process, provenance, replacing, save_tensors,
-                             update_run_record, write_text)
-from kdcollapse.runs._run_dir import check_config_unedited
+from kdcollapse.runs import (RunDir, check_config_unedited, load_tensors, on_main_process, provenance, replacing,
+                             save_tensors, update_run_record, write_text)
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
