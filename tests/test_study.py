@@ -204,7 +204,7 @@ def test_ported_pages_tests_match_scipy_on_their_records(path):
     _, summary = summarise(study, collect(study))
     if path.parent.relative_to(ROOT).as_posix() in FIGURE_PAGES:
         assert not summary["comparisons"]
-        pytest.skip("a page of single-seed runs drawn as figures: no comparison to test")
+        pytest.skip("a page drawn as figures that compares nothing: no comparison to test")
     assert summary["comparisons"]
     tested = [c for c in summary["comparisons"] if len(c["seeds"]) > 1]
     for c in tested:
