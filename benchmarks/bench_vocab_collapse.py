@@ -323,25 +323,31 @@ def gnc2_baseline(num_classes: int, dim: int, revision: str) -> dict:
         "peak_rss_gib": peak_gib()}
 
 
+def timed_statistics(num_classes: int, dim: int, tokens: int, accumulate: str, out: dict):
+    """``FeatureStatistics.update`` over ``tokens`` synthetic tokens in batches, timed into ``out`` (CPU seconds
+    per 10^6 tokens as ``stats_*``), after a small warm-up for the lazy imports; returns the statistics."""
+    from kdcollapse.metrics import FeatureStatistics
+
+    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=accumulate)
+    out["accumulate"] = stats.accumulate
+    warm = FeatureStatistics(2, dim, sync_on_compute=False, accumulate=accumulate)  # lazy imports, small K
+    warm.update(*next(batches(2, dim, BATCH, seed=3)))
+    del warm
+    watch = Stopwatch()
+    for x, y in batches(num_classes, dim, tokens):
+        watch(lambda: stats.update(x, y))
+    watch.per_million(out, "stats", tokens)
+    return stats
+
+
 def statistics_case(num_classes: int, dim: int, args) -> dict:
     """The statistics phase alone, ours and rhubarbwu/neural-collapse's, on the same ``--tokens`` tokens in the
     same process: CPU seconds per 10^6 tokens of each and their ratio. Ours: ``FeatureStatistics.update`` in
     batches of 4,096 (``--accumulate``); theirs: ``MeanAccumulator`` over the tokens, then ``VarNormAccumulator``
     and ``CovarAccumulator`` against those means over them again (its two passes, float32), each batch of
     4,096 fed in pieces of ``--rhubarbwu-batch`` tokens (its one-hot (B, K) float32 matrix is the memory)."""
-    from kdcollapse.metrics import FeatureStatistics
-
     out = {"K": num_classes, "d": dim, "mode": "statistics", "tokens": args.tokens}
-    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
-    out["accumulate"] = stats.accumulate
-    warm = FeatureStatistics(2, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports, small K
-    warm.update(*next(batches(2, dim, BATCH, seed=3)))
-    del warm
-    watch = Stopwatch()
-    for x, y in batches(num_classes, dim, args.tokens):
-        watch(lambda: stats.update(x, y))
-    watch.per_million(out, "stats", args.tokens)
-    stats = None  # freed before theirs
+    timed_statistics(num_classes, dim, args.tokens, args.accumulate, out)  # its statistics freed before theirs
     out["peak_rss_ours_gib"] = peak_gib()
     reset_peak()
     out |= rhubarbwu_statistics(num_classes, dim, args.tokens, args)[0]
@@ -353,7 +359,7 @@ def statistics_case(num_classes: int, dim: int, args) -> dict:
 
 def one_case(num_classes: int, dim: int, args) -> dict:
     from kdcollapse.geometry import min_one_vs_rest_distance
-    from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, collapse_metrics
+    from kdcollapse.metrics import NearestClassMeanAccuracy, collapse_metrics
     import kdcollapse.metrics._collapse as collapse
     import kdcollapse.metrics._pairwise as pairwise
 
@@ -376,15 +382,7 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         return out | {"peak_rss_gib": peak_gib()}
     tokens = max(args.tokens, num_classes)
     out = {"K": num_classes, "d": dim, "tokens": tokens, "ncc_tokens": args.ncc_tokens}
-    stats = FeatureStatistics(num_classes, dim, sync_on_compute=False, accumulate=args.accumulate)
-    out["accumulate"] = stats.accumulate
-    warm = FeatureStatistics(2, dim, sync_on_compute=False, accumulate=args.accumulate)  # lazy imports, small K
-    warm.update(*next(batches(2, dim, BATCH, seed=3)))
-    del warm
-    watch = Stopwatch()
-    for x, y in batches(num_classes, dim, tokens):
-        watch(lambda: stats.update(x, y))
-    watch.per_million(out, "stats", tokens)
+    stats = timed_statistics(num_classes, dim, tokens, args.accumulate, out)
     out["peak_rss_stats_gib"] = peak_gib()
     out["rss_before_metrics_gib"] = reset_peak()  # the metric phase's own peak below (the states are held)
     sampler = TileSampler(pairwise._upper_tiles, args.sample_tiles)
