@@ -41,6 +41,9 @@ def test_a_run_writes_its_directory_and_resumes_bit_for_bit(setup):
     distill_lm(part, log=lambda *_: None)
     resumed = load_lm_config(root / "part" / "config.yaml", ["steps=4"])
     assert distill_lm(resumed, resume=True, log=lambda *_: None) == record | {"step_seconds": pytest.approx(0, abs=1e9)}
+    again = distill_lm(load_lm_config(root / "part" / "config.yaml", []), resume=True, log=lambda *_: None)
+    assert again == json.loads((root / "part" / "metrics.jsonl").read_text().splitlines()[-1])  # finished: nothing to train
+    assert again["step"] == 4 and again["test_perplexity"] == record["test_perplexity"]
     a = lm.load_language_model(root / "part" / "student").model.state_dict()
     for name, value in reloaded.model.state_dict().items():
         assert torch.equal(a[name], value), name

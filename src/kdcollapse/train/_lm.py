@@ -335,6 +335,8 @@ def _train(cfg: LMConfig, claim: RunDir, env: DistEnv, log) -> dict:
             on_main_process(env.is_main, report, f"the main process could not evaluate or save step {step + 1}")
     on_main_process(env.is_main, lambda: _save_student(student, tokenizer, run_dir / "student"),
                     f"the main process could not save the student in {run_dir}")
+    if env.is_main and not record:  # a resume of a finished run trains nothing: its last evaluation
+        record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     return record if env.is_main else {}
 
 
