@@ -167,35 +167,42 @@ class TileSampler:
         self.entries_run = self.entries_all = self.tiles_run = self.tiles_all = 0
 
 
-def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict) -> None:
-    """Time ``min_one_vs_rest_distance``'s screening (bounds for every class) on its first ``blocks`` blocks,
-    and scale by the number of blocks; the exact solve of the few classes it leaves is not included."""
+def gnc2_screening(weight: torch.Tensor, blocks: int, out: dict, screen_dtype: torch.dtype | None = None) -> None:
+    """Time ``min_one_vs_rest_distance``'s screening (bounds for every class) on its first ``blocks`` wide blocks,
+    and scale by the number of blocks; neither the float32 re-certification of the classes that bfloat16
+    bounds leave near the minimum nor the exact solve after it is included."""
     from kdcollapse.geometry import _distances as dist
 
     num_classes, dim = weight.shape
     m = min(dist._CANDIDATES, num_classes - 1)
-    size = dist._block(num_classes, dim, m)
+    size = dist._wide_block(num_classes)
     rows = dist._UnitRows(weight)
+    dtype = screen_dtype or dist._screen_dtype(rows.device)
+    low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
     chunks = torch.arange(num_classes).split(size)
     cpu, start = time.process_time(), time.perf_counter()
     for k in chunks[:blocks]:  # the screening loop of min_one_vs_rest_distance
-        dist._screen_bounds(rows, k, m)
+        dist._screen_bounds(rows, k, m, low)
     run = min(blocks, len(chunks))
-    out["gnc2_blocks"] = f"{run} of {len(chunks)} (block {size})"
+    out["gnc2_blocks"] = f"{run} of {len(chunks)} (block {size}, products in {str(dtype).split('.')[-1]})"
     out["gnc2_screen_s_extrapolated"] = (time.perf_counter() - start) * len(chunks) / run
     out["gnc2_screen_cpu_extrapolated"] = (time.process_time() - cpu) * len(chunks) / run
 
 
 def gnc2_weight(num_classes: int, dim: int) -> torch.Tensor:
-    """GNC2's test classifier: Gaussian rows with a common offset 0.5 N(0, I) (as the K = 4,096 table), float64."""
+    """GNC2's test classifier: Gaussian rows with a common offset 0.5 N(0, I) (as the K = 4,096 table), float64,
+    or float32 where ``accumulate="auto"`` keeps the statistics (and so W) in float32 (K = 128,256, d = 4,096)."""
+    from kdcollapse.metrics import accumulation_dtype
+
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64)
-    return weight + 0.5 * torch.randn(dim, generator=g, dtype=torch.float64)
+    weight += 0.5 * torch.randn(dim, generator=g, dtype=torch.float64)
+    return weight.to(accumulation_dtype(num_classes, dim, "auto"))
 
 
-def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
+def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtype | None = None) -> dict:
     """GNC2 in full (``min_one_vs_rest_distance``: screening of every class, then the exact solver on the classes
-    that can attain the minimum), CPU seconds of the screening (its blocks timed) and of the rest (W's unit
+    that can attain the minimum, by branch and bound), CPU seconds of the screening and of the rest (W's unit
     rows and the exact solve), and its check against the exact solver (``nearest_points``) on ``subset``
     random classes: every exact distance must lie in that class's screened [lower, upper] and none below
     GNC2. W: ``gnc2_weight``."""
@@ -203,15 +210,18 @@ def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
 
     weight = gnc2_weight(num_classes, dim)
     out = {"K": num_classes, "d": dim, "mode": "gnc2_exact"}
-    screening, bounds = Stopwatch(), _distances._screen_bounds
-    _distances._screen_bounds = lambda *a: screening(lambda: bounds(*a))  # the screening's blocks, timed
+    screening, bounds = Stopwatch(), _distances._screen_all
+    _distances._screen_all = lambda *a: screening(lambda: bounds(*a))  # the screening of every class, timed
+    dtype = screen_dtype or _distances._screen_dtype(torch.device("cpu"))
     try:
-        result = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+        result = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight, screen_dtype=dtype))
     finally:
-        _distances._screen_bounds = bounds
+        _distances._screen_all = bounds
     solved = result.solved
+    out["screen_dtype"] = str(dtype).split(".")[-1]
     out["gnc2_screening_cpu"], out["gnc2_screening_s"] = screening.cpu, screening.wall
     out["gnc2_rest_cpu"] = out["gnc2_s_cpu"] - screening.cpu  # W's unit rows and the exact solve
+    out["lower_below_min_upper"] = int((result.lower <= result.upper.min() + 1e-10).sum())
     out |= {"gnc2": float(result.value), "gnc2_gap": float(result.gap), "solved_exactly": solved.numel(),
             "screen_upper_min": float(result.upper.min())}
     print(json.dumps(out), file=sys.stderr, flush=True)  # the main result, before the check below
@@ -229,68 +239,7 @@ def gnc2_exact(num_classes: int, dim: int, subset: int) -> dict:
     return out | {"peak_rss_gib": peak_gib()}
 
 
-def gnc2_staged(num_classes: int, dim: int, subset: int, report_s: float = 120.0) -> dict:
-    """GNC2 in full in stages that report as they go (for cells whose run may be cut short): the screening of
-    ``min_one_vs_rest_distance`` block by block (progress every ``report_s`` CPU seconds), then the exact
-    solver on the classes it leaves, best upper bound first, skipping every class whose screened lower bound
-    exceeds the best exact distance so far (branch and bound: the same minimum, fewer classes solved).
-    Each progress line carries a certified bracket [min(best, smallest lower bound not yet excluded), best]."""
-    from kdcollapse.geometry import _distances as dist
-
-    tol = 1e-10
-    weight = gnc2_weight(num_classes, dim)
-    out = {"K": num_classes, "d": dim, "mode": "gnc2_staged"}
-    cpu0 = time.process_time()
-    rows = dist._UnitRows(weight)
-    m = min(dist._CANDIDATES, num_classes - 1)
-    size = dist._block(num_classes, dim, m)
-    upper = torch.empty(num_classes, dtype=torch.float64)
-    lower = torch.empty_like(upper)
-    blocks = torch.arange(num_classes).split(size)
-    screening, last = Stopwatch(), time.process_time()
-    for i, k in enumerate(blocks):
-        upper[k], lower[k] = screening(lambda: dist._screen_bounds(rows, k, m))
-        if time.process_time() - last > report_s:
-            last = time.process_time()
-            print(json.dumps({"screening_blocks": f"{i + 1} of {len(blocks)}", "screening_cpu": screening.cpu,
-                              "screening_wall": screening.wall, "load": os.getloadavg()[0]}), file=sys.stderr,
-                  flush=True)
-    todo = (lower <= upper.min() + tol).nonzero().flatten()
-    out |= {"unit_rows_cpu": time.process_time() - cpu0 - screening.cpu, "gnc2_screening_cpu": screening.cpu,
-            "gnc2_screening_s": screening.wall, "screen_upper_min": float(upper.min()),
-            "lower_below_min_upper": todo.numel()}
-    print(json.dumps(out), file=sys.stderr, flush=True)
-    todo = todo[upper[todo].argsort()]
-    best, gap, solved, solve = math.inf, 0.0, 0, Stopwatch()
-    last = time.process_time()
-    for chunk in todo.split(size):
-        chunk = chunk[lower[chunk] <= best + tol]
-        if not len(chunk):
-            continue
-        exact = solve(lambda: dist._solve_classes(rows, chunk, tol=tol, candidates=dist._CANDIDATES, block_size=None))
-        best, gap, solved = min(best, float(exact.distances.min())), max(gap, float(exact.gaps.max())), solved + len(chunk)
-        if time.process_time() - last > report_s:
-            last = time.process_time()
-            left = todo[lower[todo] <= best + tol].numel() - solved
-            print(json.dumps({"solved": solved, "left_at_most": left, "best": best, "solve_cpu": solve.cpu,
-                              "load": os.getloadavg()[0]}), file=sys.stderr, flush=True)
-    out |= {"gnc2": best, "gnc2_gap": gap, "solved_exactly": solved, "gnc2_exact_solve_cpu": solve.cpu,
-            "gnc2_exact_solve_s": solve.wall, "gnc2_s_cpu": time.process_time() - cpu0}
-    print(json.dumps(out), file=sys.stderr, flush=True)
-    others = torch.randperm(num_classes, generator=torch.Generator().manual_seed(2))[:subset]
-    check = clocked(out, "subset_exact_s", lambda: dist._solve_classes(rows, others, tol=tol,
-                                                                       candidates=dist._CANDIDATES, block_size=None))
-    values = check.distances
-    out |= {"subset": others.numel(), "subset_exact_min": float(values.min()),
-            "subset_max_gap": float(check.gaps.max()),
-            "subset_below_gnc2": int((values < best - tol).sum()),
-            "subset_outside_screen_bounds": int(((values < lower[others] - tol) | (values > upper[others] + tol)).sum()),
-            "subset_screen_upper_minus_exact_max": float((upper[others] - values).max()),
-            "subset_exact_minus_screen_lower_max": float((values - lower[others]).max())}
-    return out | {"peak_rss_gib": peak_gib()}
-
-
-def gnc2_baseline(num_classes: int, dim: int, revision: str) -> dict:
+def gnc2_baseline(num_classes: int, dim: int, revision: str, screen_dtype: torch.dtype | None = None) -> dict:
     """``min_one_vs_rest_distance`` of this tree against the one of git ``revision`` (its
     ``geometry/_distances.py`` loaded as a module), in the same process, on ``gnc2_weight``: CPU seconds of
     each and how their answers differ (value, certificate, screened bounds, classes solved)."""
@@ -310,7 +259,8 @@ def gnc2_baseline(num_classes: int, dim: int, revision: str) -> dict:
     weight = gnc2_weight(num_classes, dim)
     out = {"K": num_classes, "d": dim, "mode": "gnc2_baseline", "baseline": revision}
     old = clocked(out, "baseline_s", lambda: baseline.min_one_vs_rest_distance(weight))
-    new = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight))
+    new = clocked(out, "gnc2_s", lambda: min_one_vs_rest_distance(weight, screen_dtype=screen_dtype))
+    out["screen_dtype"] = str(screen_dtype or "auto").split(".")[-1]
     out["cpu_ratio_baseline_over_new"] = out["baseline_s_cpu"] / out["gnc2_s_cpu"]
     shared = set(old.solved.tolist()) & set(new.solved.tolist())
     return out | {
@@ -364,12 +314,11 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     import kdcollapse.metrics._pairwise as pairwise
 
     torch.set_num_threads(args.threads)
-    if args.gnc2_baseline:
-        return gnc2_baseline(num_classes, dim, args.gnc2_baseline)
-    if args.gnc2_exact and args.gnc2_staged:
-        return gnc2_staged(num_classes, dim, args.gnc2_exact)
+    screen_dtype = None if args.screen_dtype == "auto" else getattr(torch, args.screen_dtype)
     if args.gnc2_exact:
-        return gnc2_exact(num_classes, dim, args.gnc2_exact)
+        return gnc2_exact(num_classes, dim, args.gnc2_exact, screen_dtype)
+    if args.gnc2_baseline:
+        return gnc2_baseline(num_classes, dim, args.gnc2_baseline, screen_dtype)
     if args.statistics_only:
         return statistics_case(num_classes, dim, args)
     if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
@@ -378,7 +327,7 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         out = {"K": num_classes, "d": dim, "accumulate": args.accumulate}
         dtype = accumulation_dtype(num_classes, dim, args.accumulate)
         gnc2_screening(torch.randn(num_classes, dim, generator=torch.Generator().manual_seed(1), dtype=dtype),
-                       args.gnc2_blocks, out)
+                       args.gnc2_blocks, out, screen_dtype)
         return out | {"peak_rss_gib": peak_gib()}
     tokens = max(args.tokens, num_classes)
     out = {"K": num_classes, "d": dim, "tokens": tokens, "ncc_tokens": args.ncc_tokens}
@@ -541,9 +490,8 @@ def main() -> None:
     parser.add_argument("--gnc2-exact", type=int, default=0, metavar="SUBSET",
                         help="time GNC2 in full (screening + exact solve) and check it against the exact solver "
                              "on SUBSET random classes")
-    parser.add_argument("--gnc2-staged", action="store_true",
-                        help="with --gnc2-exact: run it in stages that report as they go, the exact solve by branch "
-                             "and bound (gnc2_staged)")
+    parser.add_argument("--screen-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="precision of GNC2's screening products (min_one_vs_rest_distance's screen_dtype)")
     parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
     parser.add_argument("--rhubarbwu-stats-only", action="store_true", help="time only its statistics phase")
     parser.add_argument("--rhubarbwu-batch", type=int, default=0,

@@ -298,9 +298,9 @@ def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_t
     weight = (torch.randn(num, dim, generator=g, dtype=torch.float64) + 0.5).to(weight_dtype)
     rows, k = _distances._UnitRows(weight), torch.arange(num)
     assert _distances._ieee_float32_matmul(rows.device)
-    upper32, lower32 = _distances._screen_bounds(rows, k, m)  # one float32 product against all classes
+    upper32, lower32, _ = _distances._screen_bounds(rows, k, m, rows.W32)  # one float32 product against all classes
     monkeypatch.setattr(_distances, "_ieee_float32_matmul", lambda device: False)
-    upper64, lower64 = _distances._screen_bounds(rows, k, m)  # float64 scores, as the exact solver's certificate
+    upper64, lower64, _ = _distances._screen_bounds(rows, k, m, rows.W32)  # float64 scores, as the exact certificate
     exact = one_vs_rest_distances(weight)
     gamma = (dim + 4) * 2.0**-24 / (1 - (dim + 4) * 2.0**-24)
     assert torch.equal(upper32, upper64)  # the same feasible points
@@ -308,6 +308,105 @@ def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_t
     assert bool((lower32 <= lower64 + 1e-13).all())
     assert float((lower64 - lower32).max()) <= 2 * gamma + 1e-13
     assert bool((lower32 <= exact + 1e-10).all()) and bool((upper32 >= exact - 1e-10).all())
+
+
+@pytest.mark.parametrize("screen_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_classes, dim, offset", [(300, 8, 0.0), (400, 48, 0.5), (60, 200, 0.3)])
+def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offset, screen_dtype):
+    from kdcollapse.geometry import min_one_vs_rest_distance, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(num_classes + dim)
+    weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64) + offset
+    every = one_vs_rest_distances(weight)
+    screened = min_one_vs_rest_distance(weight, candidates=16, screen_candidates=24, screen_dtype=screen_dtype)
+    # rigorous brackets for every class, the exact minimum, its class among the solved ones
+    assert bool((screened.lower <= every + 1e-12).all()) and bool((screened.upper >= every - 1e-12).all())
+    assert float(screened.value) == pytest.approx(float(every.min()), abs=1e-10) and float(screened.gap) <= 1e-10
+    assert int(every.argmin()) in screened.solved.tolist()
+    # branch and bound: each class either solved or excluded by its bounds
+    skipped = torch.ones(num_classes, dtype=torch.bool)
+    skipped[screened.solved] = False
+    assert bool((screened.lower[skipped] > screened.value).all())
+
+
+@pytest.mark.parametrize("dim", [5, 64, 576, 2048])
+def test_bfloat16_product_error_bound_holds_against_float64(dim):
+    """The bound of _product_error (bfloat16 rows and direction, float32 sums, bfloat16 result) against the
+    float64 product of the exact unit rows with the exact bfloat16 direction."""
+    from kdcollapse.geometry import _distances
+
+    g = torch.Generator().manual_seed(dim)
+    weight = torch.randn(3000, dim, generator=g, dtype=torch.float64) + 0.4
+    rows = _distances._UnitRows(weight)
+    y = (torch.randn(40, dim, generator=g) * torch.logspace(-3, 1, 40)[:, None]).bfloat16()
+    computed = (y @ rows.W32.bfloat16().T).double()
+    exact = y.double() @ _distances.unit_rows(weight).T
+    bound = _distances._product_error(torch.bfloat16, dim) * y.double().norm(dim=1, keepdim=True) + dim * 2.0**-120
+    ratio = (computed - exact).abs() / bound
+    assert float(ratio.max()) <= 1.0
+    # the test has teeth: float32's bound, without the bfloat16 roundings, is exceeded
+    float32 = _distances._product_error(torch.float32, dim) * y.double().norm(dim=1, keepdim=True)
+    assert bool(((computed - exact).abs() > float32).any())
+
+
+def test_feasible_norm_bounds_the_float64_point_of_the_float32_weights():
+    from kdcollapse.geometry import _distances
+
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(500, 96, generator=g, dtype=torch.float64) + 0.5
+    rows, k = _distances._UnitRows(weight), torch.arange(0, 500, 7)
+    cand = _distances._candidates(rows.W32, k, 40)
+    lam, y = _distances._screen_weights(rows.W32, k, cand)
+    bound = _distances._feasible_norm(lam, y)
+    unit = _distances.unit_rows(weight)
+    weights = lam.double() / lam.double().sum(1, keepdim=True)  # the feasible point the weights define, in float64
+    point = torch.einsum("bm,bmd->bd", weights, unit[cand] - unit[k][:, None, :])
+    assert bool((bound >= point.norm(dim=1)).all())
+    assert float((bound - point.norm(dim=1)).max()) < 1e-4  # and close to it
+
+
+def test_bfloat16_screening_recertifies_near_classes_in_float32(monkeypatch):
+    """Classes whose bfloat16 lower bound does not exclude them are certified again with float32 products of
+    the same direction: their lower bound is the larger of the two; the others keep the bfloat16 one."""
+    from kdcollapse.geometry import _distances
+
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(600, 32, generator=g, dtype=torch.float64) + 0.5
+    rows, low, tol = _distances._UnitRows(weight), None, 1e-10
+    low = rows.W32.bfloat16()
+    monkeypatch.setattr(_distances, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
+    upper, lower = _distances._screen_all(rows, 24, low, tol)
+    parts = [_distances._screen_bounds(rows, k, 24, low) for k in torch.arange(600).split(100)]
+    upper16, lower16, Y = (torch.cat(column) for column in zip(*parts))
+    assert torch.equal(upper, upper16)
+    lower32 = torch.minimum(_distances._lower_bounds(rows, torch.arange(600), Y, rows.W32), upper16)
+    near = lower16 <= upper16.min() + tol
+    assert 0 < int(near.sum()) < 600
+    assert torch.equal(lower[near], torch.maximum(lower16, lower32)[near])
+    assert torch.equal(lower[~near], lower16[~near])
+    assert bool((lower32[near] > lower16[near]).any())  # the float32 certificate tightens some
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gnc2_solvers_leave_the_classifier_unchanged(dtype):
+    from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
+
+    weight = (torch.randn(50, 6, generator=torch.Generator().manual_seed(9), dtype=torch.float64) + 0.2).to(dtype)
+    before = weight.clone()
+    min_one_vs_rest_distance(weight, candidates=8)
+    nearest_points(weight, candidates=8)
+    assert torch.equal(weight, before)
+
+
+def test_screen_dtype_rule_and_bad_value():
+    from kdcollapse.errors import KdcollapseError
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance
+
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert _distances._screen_dtype(torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+    assert _distances._screen_dtype(torch.device("meta")) == torch.float32
+    with pytest.raises(KdcollapseError, match="screen_dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
+        min_one_vs_rest_distance(torch.randn(10, 3), screen_dtype=torch.float16)
 
 
 def test_float32_screening_is_used_only_under_ieee_float32_products():

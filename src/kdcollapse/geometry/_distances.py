@@ -45,6 +45,7 @@ _SCREEN_STEPS = 150  # float32 pairwise Frank-Wolfe steps used to pick candidate
 _SOLVE_STEPS = 30  # float64 pairwise Frank-Wolfe steps before the active-set polish
 _WOLFE_ITERATIONS = 300
 _MAX_ROUNDS = 10  # column-generation rounds
+_PRICE_EXTRA = 64  # classes beyond the support each round prices in (supports reach ~230 at d = 4096, K = 32,000)
 _BLOCK_BYTES = 256 * 2**20
 _PROXIMAL_DELTA = 1e-10  # relative ridge of the affine sub-problems (handles dependent supports)
 _PROXIMAL_STEPS = 3
@@ -110,7 +111,10 @@ class _UnitRows:
 
     def gather(self, index: Tensor) -> Tensor:
         """Float64 unit rows ``index`` (any shape of indices; the result has a trailing d)."""
-        return self.W[index].to(torch.float64) / self.norms[index][..., None]
+        out = self.W[index].to(torch.float64)
+        if isinstance(index, slice) and self.W.dtype == torch.float64:  # a view of W: not to be divided in place
+            return out / self.norms[index][..., None]
+        return out.div_(self.norms[index][..., None])  # a fresh copy (gathered or widened)
 
     def scores(self, y: Tensor) -> Tensor:
         """``y @ U.T`` (b, K) for float64 ``y`` (b, d), U the unit rows, a chunk of rows of W at a time."""
@@ -158,8 +162,9 @@ def nearest_points(
 
 
 def _solve_classes(rows: _UnitRows, todo: Tensor, *, tol: float, candidates: int, block_size: int | None,
-                   progress: bool = False) -> NearestPoints:
-    """The QPs of the classes ``todo`` only: (len(todo),) distances and gaps, (len(todo), d) offsets."""
+                   progress: bool = False, low: Tensor | None = None) -> NearestPoints:
+    """The QPs of the classes ``todo`` only: (len(todo),) distances and gaps, (len(todo), d) offsets.
+    ``low``: the unit rows whose products choose the first candidates (default ``rows.W32``)."""
     K, d = rows.shape
     m = min(candidates, K - 1)
     block = block_size or _block(K, d, m)
@@ -169,7 +174,7 @@ def _solve_classes(rows: _UnitRows, todo: Tensor, *, tol: float, candidates: int
     positions = torch.arange(len(todo), device=rows.device)
     for where in tqdm(positions.split(block), desc="one-vs-rest distances", unit="block", disable=not progress):
         k = todo[where]
-        cand, lam = _screen(rows.W32, k, m)
+        cand, lam = _screen(rows.W32 if low is None else low, rows.W32, k, m)
         for _ in range(_MAX_ROUNDS):
             lam, P = _solve(rows, k, cand, lam, tol)
             y, gap, scores = _certify(rows, k, lam, P)
@@ -236,22 +241,30 @@ class MinimumDistance(NamedTuple):
 
     value: Tensor  # 0-d float64: the minimum, certified to ``tol`` like ``nearest_points``
     gap: Tensor  # 0-d: its certificate, the largest gap of the solved classes (minimum in [value - gap, value])
-    upper: Tensor  # (K,) screened upper bounds ||y_k|| (feasible points of each QP)
-    lower: Tensor  # (K,) screened lower bounds (upper minus the certified gap)
-    solved: Tensor  # indices of the classes solved exactly: those whose lower bound is below min(upper)
+    upper: Tensor  # (K,) screened upper bounds: u_k >= ||y_k|| for a feasible point y_k of each QP
+    lower: Tensor  # (K,) screened lower bounds l_k <= dist_k (certificates against all K - 1 classes)
+    solved: Tensor  # indices of the classes solved exactly, in the order solved (branch and bound)
 
 
 def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int = _CANDIDATES,
-                             screen_candidates: int = _CANDIDATES, block_size: int | None = None) -> MinimumDistance:
+                             screen_candidates: int = _CANDIDATES, block_size: int | None = None,
+                             screen_dtype: torch.dtype | None = None) -> MinimumDistance:
     """GNC2 (the paper's rho_one-vs-rest) exactly, solving only the QPs that can attain the minimum.
 
-    Screening (the first stage of :func:`nearest_points`: float32 Frank-Wolfe on the ``screen_candidates``
-    most similar classes) gives every class k a feasible point, hence an upper bound u_k >= dist_k, and its
-    certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`). A class
-    with l_k >= min_j u_j cannot be below the minimum; the others (usually a few) go to the exact solver.
-    The result is the exact minimum with the exact solver's certificate, at the cost of one screening pass
-    (two K x K products in float32 by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of K
-    exact QPs.
+    Screening (float32 Frank-Wolfe on the ``screen_candidates`` classes most similar to each class, as the first
+    stage of :func:`nearest_points`) gives every class k a feasible point, hence an upper bound u_k >= dist_k,
+    and its certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`).
+    A class with l_k > min_j u_j + tol cannot attain the minimum. The others go to the exact solver by branch
+    and bound: smallest upper bound first, and a class is skipped once its lower bound exceeds the best exact
+    distance found. The result is the exact minimum with the exact solver's certificate, at the cost of one
+    screening pass (two K x K products by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of
+    K exact QPs.
+
+    ``screen_dtype`` is the precision of the screening's two K x K products (choosing candidates, scoring the
+    certificate): ``torch.bfloat16`` where bfloat16 products are native and accumulate in float32 (see
+    :func:`_screen_dtype`, the default's rule), else ``torch.float32``. Neither changes the answer: every
+    bound subtracts its product's proven rounding error, and the classes that a bfloat16 certificate leaves
+    near the minimum are certified again in float32 before any is solved exactly.
     """
     rows = _UnitRows(W)
     K, d = rows.shape
@@ -261,52 +274,171 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
         raise KdcollapseError(f"tol must be positive, got {tol}")
     if candidates < 1:
         raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
-    m = min(screen_candidates, K - 1)
-    block = block_size or _block(K, d, m)
+    dtype = _screen_dtype(rows.device) if screen_dtype is None else screen_dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise KdcollapseError(f"screen_dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
+    upper, lower = _screen_all(rows, min(screen_candidates, K - 1), low, tol)
+    return _branch_and_bound(rows, upper, lower, tol=tol, candidates=candidates, block_size=block_size, low=low)
+
+
+def _screen_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 for the screening's K x K products where they are native and accumulate in float32: on CPU
+    where oneDNN has bfloat16 kernels (AVX-512 or AMX; an AVX2-only CPU emulates them far slower than float32),
+    on CUDA where bfloat16 is supported and reduced-precision reductions are off
+    (``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``, on by default, lets cuBLAS sum in
+    bfloat16, which the rounding bound of :func:`_product_error` does not cover); float32 otherwise."""
+    if device.type == "cpu":
+        native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    elif device.type == "cuda":
+        native = (torch.cuda.is_bf16_supported()
+                  and not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+    else:
+        native = False
+    return torch.bfloat16 if native else torch.float32
+
+
+def _screen_all(rows: _UnitRows, m: int, low: Tensor, tol: float) -> tuple[Tensor, Tensor]:
+    """Screened bounds (upper, lower) of every class, a wide block of classes at a time (:func:`_screen_bounds`).
+
+    With bfloat16 products the lower bounds are looser (by about 2^-7, :func:`_product_error`); the directions
+    of the classes whose lower bound is not above the smallest upper bound so far are kept, and at the end
+    those still not excluded are certified again with float32 products (their bound is the larger of the two).
+    """
+    K, d = rows.shape
     upper = torch.empty(K, dtype=torch.float64, device=rows.device)
     lower = torch.empty_like(upper)
-    for k in torch.arange(K, device=rows.device).split(block):
-        upper[k], lower[k] = _screen_bounds(rows, k, m)
-    solved = (lower <= upper.min() + tol).nonzero().flatten()
-    exact = _solve_classes(rows, solved, tol=tol, candidates=candidates, block_size=block_size)
-    best = exact.distances.argmin()
-    return MinimumDistance(exact.distances[best], exact.gaps.max(), upper, lower, solved)
+    kept, directions = torch.empty(0, dtype=torch.long, device=rows.device), rows.W32.new_empty(0, d)
+    for k in torch.arange(K, device=rows.device).split(_wide_block(K)):
+        upper[k], lower[k], Y = _screen_bounds(rows, k, m, low)
+        if low is not rows.W32:
+            near = lower[k] <= upper[: int(k[-1]) + 1].min() + tol
+            kept, directions = torch.cat([kept, k[near]]), torch.cat([directions, Y[near]])
+            still = lower[kept] <= upper[: int(k[-1]) + 1].min() + tol
+            kept, directions = kept[still], directions[still]
+    for chunk in torch.arange(len(kept), device=rows.device).split(_wide_block(K)):
+        k = kept[chunk]
+        lower[k] = torch.maximum(lower[k], torch.minimum(_lower_bounds(rows, k, directions[chunk], rows.W32), upper[k]))
+    return upper, lower
 
 
-def _screen_bounds(rows: _UnitRows, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """Screened bounds u_k >= dist_k >= l_k of the classes ``k`` (float64), from the float32 Frank-Wolfe weights.
+def _wide_block(K: int) -> int:
+    """Classes per K-wide product (its (b, K) result at most ``_BLOCK_BYTES`` in float32; at most 1024)."""
+    return max(1, min(1024, _BLOCK_BYTES // (4 * K)))
 
-    u_k = ||y|| for y = sum_j lambda_j (w_j - w_k), the weights put back onto the simplex in float64 (a
-    feasible point); l_k = u_k - gap, the certificate of ``_certify`` against all K - 1 classes. Where
-    float32 products are IEEE (``_ieee_float32_matmul``) the scores <w_j, y> come from one float32 product with
-    the float32 unit rows, and their rounding error is subtracted: |fl32(y) . fl32(w_j) computed in float32
-    - y . w_j| <= gamma_{d+4} ||y|| (gamma_n = n u / (1 - n u), u = 2^-24; Higham, Accuracy and Stability,
-    eq. 3.5, with the two roundings to float32 and w_j's unit norm), plus d 2^-125 for underflow (subnormals
-    kept or flushed to zero). So l_k
-    stays a lower bound, at most 2 gamma_{d+4} (7e-5 at d = 576) below the float64 certificate's, at half
-    its cost and without forming W's rows in float64. Otherwise (TF32 or bfloat16 products allowed) the scores
-    are float64 as in ``_certify``.
+
+def _screen_bounds(rows: _UnitRows, k: Tensor, m: int, low: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Screened bounds u_k >= dist_k >= l_k of the classes ``k`` (float64) and their float32 directions y_k.
+
+    ``low`` is W's unit rows in the products' precision (``rows.W32`` or a bfloat16 copy of it). The m
+    candidates of each class are its most similar classes by one product with ``low``; float32 Frank-Wolfe on
+    them gives weights lambda and y = sum_j lambda_j (w_j - w_k) in float32, and u_k = :func:`_feasible_norm`
+    (a rigorous bound on the norm of the feasible point the weights define); l_k = :func:`_lower_bounds` of
+    the direction -y, one more product with ``low``, its rounding error subtracted.
     """
-    cand, lam, _ = _screen_weights(rows.W32, k, m)
-    lam = lam.double()
-    lam = lam / lam.sum(1, keepdim=True)  # float32 weights back onto the simplex: y is then feasible
-    own = rows.gather(k)
-    y = torch.einsum("bm,bmd->bd", lam, rows.gather(cand) - own[:, None, :])
-    norm = y.norm(dim=1)
+    cand = _candidates(low, k, m)
+    upper = torch.empty(len(k), dtype=torch.float64, device=k.device)
+    Y = rows.W32.new_empty(len(k), rows.shape[1])
+    parts = torch.arange(len(k), device=k.device).split(_fw_block(rows.shape[1], m))
+    buffer = rows.W32.new_empty(len(parts[0]) * m, rows.shape[1])  # reused: fresh pages cost more than the gather
+    for part in parts:
+        lam, Y[part] = _screen_weights(rows.W32, k[part], cand[part], buffer)
+        upper[part] = _feasible_norm(lam, Y[part])
+    return upper, torch.minimum(_lower_bounds(rows, k, Y, low), upper), Y
+
+
+def _fw_block(d: int, m: int) -> int:
+    """Classes per screening Frank-Wolfe batch: its float32 candidate rows and Grams near ``_BLOCK_BYTES``."""
+    return max(1, min(1024, _BLOCK_BYTES // (m * d * 8 + m * m * 12)))
+
+
+def _feasible_norm(lam: Tensor, y: Tensor) -> Tensor:
+    """A rigorous upper bound on ||y*||, y* = sum_j (lambda_j / s) (w_j - w_k) with s = sum lambda (a feasible
+    point of the QP), from the float32 weights ``lam`` (b, m) >= 0 and ``y`` (b, d) = fl32(sum_j lambda_j P_j),
+    P_j = fl32(W32_j - W32_k), W32 the float32 unit rows.
+
+    With u = 2^-24: ||W32_j - w_j|| <= u, so ||P_j - (w_j - w_k)|| <= 2u + u ||W32_j - W32_k|| <= 4u + 2u^2; the
+    float32 inner products over the m weights err by at most gamma_m sum_j lambda_j ||P_j|| <= gamma_m s (2 + 4u
+    + 2u^2) in norm (Higham eq. 3.5, any order of summation). So ||s y* - y|| <= s e and ||y*|| <= ||y|| / s + e;
+    the float64 arithmetic of the bound itself is covered by a relative 2^-40.
+    """
+    u, m = 2.0**-24, lam.shape[1]
+    e = 4 * u + 2 * u * u + _gamma(m, u) * (2 + 4 * u + 2 * u * u)
+    s = lam.double().sum(1)
+    return (y.double().norm(dim=1) / s + e) * (1 + 2.0**-40)
+
+
+def _gamma(n: int, u: float) -> float:
+    """gamma_n = n u / (1 - n u), the relative error bound of an n-term inner product with unit roundoff u."""
+    return n * u / (1 - n * u)
+
+
+def _product_error(dtype: torch.dtype, d: int) -> float:
+    """c such that |computed <w_j, h> - <w_j, h>| <= c ||h|| + d 2^-120 for the product of a direction h,
+    exactly representable in ``dtype``, with the unit rows in ``dtype`` (from the float32 unit rows W32),
+    float32 accumulation.
+
+    float32 (u = 2^-24): ||W32_j - w_j|| <= u plus the d-term inner product's gamma_d; gamma_{d+4} covers both
+    (as before: Higham, Accuracy and Stability, eq. 3.5). bfloat16 (v = 2^-8): the rows' second rounding adds
+    v (1 + u), the float32 accumulation gamma_{d+4} (1 + v)(1 + u), and the result's rounding to bfloat16 at
+    most 2 v of its size (taken twice a round-to-nearest's half unit, for any rounding mode). The absolute
+    term covers subnormals flushed to zero.
+    """
+    u = 2.0**-24
+    if dtype == torch.float32:
+        return _gamma(d + 4, u)
+    v = 2.0**-8
+    accumulated = (1 + v) * (1 + u) * (1 + _gamma(d + 4, u))
+    return v * (1 + u) + u + (1 + v) * (1 + u) * _gamma(d + 4, u) + 2 * v * accumulated
+
+
+def _lower_bounds(rows: _UnitRows, k: Tensor, Y: Tensor, low: Tensor) -> Tensor:
+    """Certified lower bounds min_j <w_k - w_j, h> (Lemma C.6's dual) of the classes ``k``, h = -y/||y||
+    for y the rows of ``Y`` rounded to ``low``'s dtype (an exact direction: any unit h gives a lower bound).
+
+    The scores <w_j, y> come from one product with ``low`` (rows.W32 or its bfloat16 copy) and have
+    :func:`_product_error` subtracted; float32 scores fall back to float64 (``rows.scores``) where float32
+    products may use TF32 or bfloat16 inner products (``_ieee_float32_matmul``). <w_k, y> is float64.
+    """
+    d = rows.shape[1]
+    y = Y.to(low.dtype)
+    direction = y.double()
+    norm = direction.norm(dim=1)
     index = torch.arange(len(k), device=k.device)
-    if _ieee_float32_matmul(rows.device):
-        d = rows.shape[1]
-        scores = y.float() @ rows.W32.T
-        scores[index, k] = math.inf
-        gamma = (d + 4) * 2.0**-24 / (1 - (d + 4) * 2.0**-24)
-        lowest = scores.min(1).values.double() - (gamma * norm + d * 2.0**-125)
+    if low.dtype == torch.float32 and not _ieee_float32_matmul(rows.device):
+        scores = rows.scores(direction)
+        error = torch.zeros_like(norm)
     else:
-        scores = rows.scores(y)
-        scores[index, k] = math.inf
-        lowest = scores.min(1).values
-    certified = (lowest - (y * own).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
-    gap = torch.where(norm > 0, torch.minimum((norm - certified).clamp_min(0), norm), 0.0)
-    return norm, norm - gap
+        scores = y @ low.T
+        error = _product_error(low.dtype, d) * norm + d * 2.0**-120
+    scores[index, k] = math.inf
+    lowest = scores.min(1).values.double() - error
+    certified = (lowest - (direction * rows.gather(k)).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
+    return torch.where(norm > 0, certified.clamp_min(0), 0.0)
+
+
+def _branch_and_bound(rows: _UnitRows, upper: Tensor, lower: Tensor, *, tol: float, candidates: int,
+                      block_size: int | None, low: Tensor) -> MinimumDistance:
+    """The exact minimum from screened bounds: the classes whose lower bound is within ``tol`` of the smallest
+    upper bound, solved exactly a block at a time in order of their upper bounds, each block without the
+    classes whose lower bound exceeds the best exact distance so far by ``tol`` (they cannot attain it)."""
+    K, d = rows.shape
+    todo = (lower <= upper.min() + tol).nonzero().flatten()
+    todo = todo[upper[todo].argsort(stable=True)]
+    block = block_size or _block(K, d, min(candidates, K - 1))
+    first = max(1, block // 4)  # a small first block: the best distance early, to skip more classes after it
+    best, gap, solved = None, None, []
+    for chunk in (todo[:first], *todo[first:].split(block)):
+        if best is not None:
+            chunk = chunk[lower[chunk] <= best + tol]
+        if not len(chunk):
+            continue
+        exact = _solve_classes(rows, chunk, tol=tol, candidates=candidates, block_size=block_size, low=low)
+        value = exact.distances.min()
+        best = value if best is None else torch.minimum(best, value)
+        gap = exact.gaps.max() if gap is None else torch.maximum(gap, exact.gaps.max())
+        solved.append(chunk)
+    return MinimumDistance(best, gap, upper, lower, torch.cat(solved))
 
 
 def _ieee_float32_matmul(device: torch.device) -> bool:
@@ -349,38 +481,46 @@ def one_vs_one_distance(W: Tensor) -> float:
 # --- the solver ---------------------------------------------------------------------------------
 
 
-def _screen(W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """Float32 guess of each QP's support: Frank-Wolfe on the m most similar classes, then repricing."""
-    cand, lam, y = _screen_weights(W32, k, m)
-    scores = y @ W32.T
+def _screen(low: Tensor, W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """Guess of each QP's support: float32 Frank-Wolfe on the m most similar classes (by products with ``low``,
+    W's unit rows in float32 or bfloat16), then repricing by one more product with ``low``."""
+    cand = _candidates(low, k, m)
+    lam, y = _screen_weights(W32, k, cand)
+    scores = y.to(low.dtype) @ low.T
     scores[torch.arange(len(k), device=k.device), k] = math.inf
     return _price(scores, cand, lam.double(), m)
 
 
-def _screen_weights(W32: Tensor, k: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The m classes most similar to each of ``k`` and float32 Frank-Wolfe weights on them (150 pairwise
-    steps from the most similar one); returns candidates, weights and the float32 y = sum lambda_j p_j."""
-    rows = torch.arange(len(k), device=k.device)
-    sims = W32[k] @ W32.T
-    sims[rows, k] = -math.inf
-    cand = sims.topk(m, dim=1).indices
-    del sims
-    P = W32[cand] - W32[k][:, None, :]
+def _candidates(low: Tensor, k: Tensor, m: int) -> Tensor:
+    """The m classes most similar to each of ``k`` (most similar first), by one product with ``low``."""
+    sims = low[k] @ low.T
+    sims[torch.arange(len(k), device=k.device), k] = -math.inf
+    return sims.topk(m, dim=1).indices
+
+
+def _screen_weights(W32: Tensor, k: Tensor, cand: Tensor, buffer: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Float32 Frank-Wolfe weights on the candidates ``cand`` of each of ``k`` (150 pairwise steps from the
+    first, most similar, one) and the float32 y = sum_j lambda_j (W32_j - W32_k). ``buffer``: at least
+    ``cand.numel()`` rows of d float32 to hold the candidates' differences (else they are allocated)."""
+    b, m = cand.shape
+    out = None if buffer is None else buffer[: b * m]
+    P = torch.index_select(W32, 0, cand.flatten(), out=out).view(b, m, -1).sub_(W32[k][:, None, :])
     lam = torch.zeros(cand.shape, dtype=W32.dtype, device=k.device)
     lam[:, 0] = 1
     lam = _pairwise_frank_wolfe(P @ P.mT, lam, _SCREEN_STEPS)
-    return cand, lam, torch.einsum("bm,bmd->bd", lam, P)
+    return lam, torch.einsum("bm,bmd->bd", lam, P)
 
 
 def _price(scores: Tensor, cand: Tensor, lam: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """Column generation: keep the support, fill up with the classes j of smallest <w_j, y>.
+    """Column generation: keep the support, fill up with the classes j of smallest <w_j, y> (at least
+    ``_PRICE_EXTRA`` of them beyond the support).
 
     ``scores`` (b, K) holds <w_j, y> with +inf at j = k; <w_j - w_k, y> < ||y||^2 marks a violated
     optimality condition, and the smallest scores are the most violated. Returns new candidates and
     the current weights moved onto them.
     """
     support = lam > 0
-    m = min(scores.shape[1] - 1, max(m, int(support.sum(1).max()) + 16))
+    m = min(scores.shape[1] - 1, max(m, int(support.sum(1).max()) + _PRICE_EXTRA))
     key = scores.scatter(1, cand, torch.where(support, -math.inf, scores.gather(1, cand)))
     new = key.topk(m, dim=1, largest=False).indices
     dense = torch.zeros(scores.shape, dtype=lam.dtype, device=lam.device).scatter_(1, cand, lam)
@@ -389,7 +529,7 @@ def _price(scores: Tensor, cand: Tensor, lam: Tensor, m: int) -> tuple[Tensor, T
 
 def _solve(rows: _UnitRows, k: Tensor, cand: Tensor, lam: Tensor, tol: float) -> tuple[Tensor, Tensor]:
     """Float64 solve of the QPs restricted to the candidates; returns weights and P = w_cand - w_k."""
-    P = rows.gather(cand) - rows.gather(k)[:, None, :]
+    P = rows.gather(cand).sub_(rows.gather(k)[:, None, :])
     M = P @ P.mT
     lam = _pairwise_frank_wolfe(M, lam, _SOLVE_STEPS)
     return _wolfe_active_set(M, lam, tol / 10), P
@@ -399,11 +539,35 @@ def _certify(rows: _UnitRows, k: Tensor, lam: Tensor, P: Tensor) -> tuple[Tensor
     """y = sum lambda_j p_j, its certified gap against all classes, and the scores <w_j, y>."""
     y = torch.einsum("bm,bmd->bd", lam, P)
     norm = y.norm(dim=1)
-    scores = rows.scores(y)
-    scores[torch.arange(len(k), device=k.device), k] = math.inf
+    scores = _scores(rows, k, y)
     lower = (scores.min(1).values - (y * rows.gather(k)).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
     gap = torch.where(norm > 0, torch.minimum((norm - lower).clamp_min(0), norm), 0.0)
     return y, gap, scores
+
+
+def _scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
+    """<w_j, y> for every class j (b, K) float64, +inf at j = k, exact (float64) wherever it can be a row's
+    minimum: under IEEE float32 products (``_ieee_float32_matmul``) one float32 product, each score within
+    E = gamma_{d+4} ||y|| + d 2^-125 of the exact one (see :func:`_screen_bounds`), and float64 products for
+    the classes within 2E of the float32 minimum, the only ones that can attain the exact minimum (a class
+    above it by more than 2E is above the true minimum); otherwise float64 throughout (``rows.scores``)."""
+    K, d = rows.shape
+    index = torch.arange(len(k), device=k.device)
+    if not _ieee_float32_matmul(rows.device):
+        scores = rows.scores(y)
+        scores[index, k] = math.inf
+        return scores
+    scores = (y.float() @ rows.W32.T).double()
+    scores[index, k] = math.inf
+    margin = 2 * (_gamma(d + 4, 2.0**-24) * y.norm(dim=1) + d * 2.0**-125)
+    t = min(32, K - 1)
+    while True:
+        values, near = scores.topk(t, dim=1, largest=False)
+        if t == K - 1 or bool((values[:, -1] > values[:, 0] + margin).all()):
+            break
+        t = min(2 * t, K - 1)
+    exact = torch.einsum("bd,btd->bt", y, rows.gather(near))
+    return scores.scatter_(1, near, torch.where(near == k[:, None], math.inf, exact))
 
 
 def _pairwise_frank_wolfe(M: Tensor, lam: Tensor, steps: int) -> Tensor:
