@@ -17,8 +17,13 @@ so a returned distance is certified to lie in [dist - gap, dist]. The solver, pe
    then candidates re-chosen by the approximate residual (support first, then the most violated);
 2. exact solve (float64) on the candidates: pairwise Frank-Wolfe from the warm start, then Wolfe's
    nearest-point active-set method (Wolfe 1976), whose affine sub-problems are solved by Cholesky;
-3. certificate against *all* K - 1 other classes; classes whose gap exceeds ``tol`` get their most
-   violated classes added to the candidates (column generation) and go back to step 2.
+3. certificate against *all* K - 1 other classes (exact in float64: one float32 product, then float64 scores
+   for the classes that can attain the minimum, ``_scores``); classes whose gap exceeds ``tol`` get their
+   most violated classes added to the candidates (column generation) and go back to step 2.
+
+GNC2 alone (``min_one_vs_rest_distance``) screens every class with rigorous bounds (bfloat16 or float32
+K-wide products, their rounding bounded) and solves exactly, by branch and bound, only the classes that can
+attain the minimum.
 
 Everything is batched tensors on the device of W. W is never copied to float64 as a whole (``_UnitRows``):
 it is kept as given (float64, or float32 as under float32 accumulation), with its float64 row norms and
