@@ -199,16 +199,23 @@ def gnc2_weight(num_classes: int, dim: int) -> torch.Tensor:
     return weight.to(accumulation_dtype(num_classes, dim, "auto"))
 
 
-def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtype | None = None) -> dict:
+def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtype | None = None,
+               source: str = "gaussian") -> dict:
     """GNC2 in full (``min_one_vs_rest_distance``: screening of every class, then the exact solver on the classes
     that can attain the minimum, by branch and bound), CPU seconds of the screening and of the rest (W's unit
     rows and the exact solve), and its check against the exact solver (``nearest_points``) on ``subset``
     random classes: every exact distance must lie in that class's screened [lower, upper] and none below
-    GNC2. W: ``gnc2_weight``."""
+    GNC2. W: ``gnc2_weight``, or with ``source="smollm2-135m"`` that model's output embedding (its K and d)."""
     from kdcollapse.geometry import _distances, min_one_vs_rest_distance, nearest_points
 
-    weight = gnc2_weight(num_classes, dim)
-    out = {"K": num_classes, "d": dim, "mode": "gnc2_exact"}
+    if source == "gaussian":
+        weight = gnc2_weight(num_classes, dim)
+    else:
+        from kdcollapse.lm import load_language_model
+
+        weight = load_language_model(source).model.get_output_embeddings().weight.detach().clone()
+        num_classes, dim = weight.shape
+    out = {"K": num_classes, "d": dim, "mode": "gnc2_exact", "weight": source, "weight_dtype": str(weight.dtype)}
     screening, bounds = Stopwatch(), _distances._screen_all
     _distances._screen_all = lambda *a: screening(lambda: bounds(*a))  # the screening of every class, timed
     dtype = screen_dtype or _distances._screen_dtype(torch.device("cpu"))
@@ -315,7 +322,7 @@ def one_case(num_classes: int, dim: int, args) -> dict:
     torch.set_num_threads(args.threads)
     screen_dtype = None if args.screen_dtype == "auto" else getattr(torch, args.screen_dtype)
     if args.gnc2_exact:
-        return gnc2_exact(num_classes, dim, args.gnc2_exact, screen_dtype)
+        return gnc2_exact(num_classes, dim, args.gnc2_exact, screen_dtype, args.gnc2_weight)
     if args.gnc2_baseline:
         return gnc2_baseline(num_classes, dim, args.gnc2_baseline, screen_dtype)
     if args.statistics_only:
@@ -489,6 +496,9 @@ def main() -> None:
     parser.add_argument("--gnc2-exact", type=int, default=0, metavar="SUBSET",
                         help="time GNC2 in full (screening + exact solve) and check it against the exact solver "
                              "on SUBSET random classes")
+    parser.add_argument("--gnc2-weight", choices=("gaussian", "smollm2-135m"), default="gaussian",
+                        help="with --gnc2-exact: W of Gaussian rows with an offset (gnc2_weight), or the model's "
+                             "output embedding (its own K and d; --sizes then only names the case)")
     parser.add_argument("--screen-dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="precision of GNC2's screening products (min_one_vs_rest_distance's screen_dtype)")
     parser.add_argument("--gnc2-only", action="store_true", help="time only GNC2's screening (--gnc2-blocks)")
