@@ -387,6 +387,22 @@ def test_bfloat16_screening_recertifies_near_classes_in_float32(monkeypatch):
     assert bool((lower32[near] > lower16[near]).any())  # the float32 certificate tightens some
 
 
+def test_refinement_tightens_the_screened_bounds_and_keeps_them_rigorous():
+    """Float32 column generation (``_refine``) on classes the screening leaves near the minimum: still a
+    bracket of every exact distance, and a much narrower one."""
+    from kdcollapse.geometry import _distances, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(12)
+    weight = torch.randn(800, 40, generator=g, dtype=torch.float64) + 0.5
+    rows, k = _distances._UnitRows(weight), torch.arange(0, 800, 5)
+    exact = one_vs_rest_distances(weight)[k]
+    upper0, lower0, _ = _distances._screen_bounds(rows, k, 24, rows.W32)
+    upper1, lower1 = _distances._refine(rows, k, 24, rows.W32.bfloat16())
+    assert bool((lower1 <= exact + 1e-12).all()) and bool((upper1 >= exact - 1e-12).all())
+    assert float((exact - lower1).median()) < float((exact - lower0).median()) / 4
+    assert float((upper1 - exact).median()) < float((upper0 - exact).median())
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_gnc2_solvers_leave_the_classifier_unchanged(dtype):
     from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
