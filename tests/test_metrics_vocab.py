@@ -298,9 +298,9 @@ def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_t
     weight = (torch.randn(num, dim, generator=g, dtype=torch.float64) + 0.5).to(weight_dtype)
     rows, k = _distances._UnitRows(weight), torch.arange(num)
     assert _distances._ieee_float32_matmul(rows.device)
-    upper32, lower32, _ = _distances._screen_bounds(rows, k, m, rows.W32)  # one float32 product against all classes
+    upper32, lower32, *_ = _distances._screen_bounds(rows, k, m, rows.W32)  # one float32 product against all classes
     monkeypatch.setattr(_distances, "_ieee_float32_matmul", lambda device: False)
-    upper64, lower64, _ = _distances._screen_bounds(rows, k, m, rows.W32)  # float64 scores, as the exact certificate
+    upper64, lower64, *_ = _distances._screen_bounds(rows, k, m, rows.W32)  # float64 scores, as the exact certificate
     exact = one_vs_rest_distances(weight)
     gamma = (dim + 4) * 2.0**-24 / (1 - (dim + 4) * 2.0**-24)
     assert torch.equal(upper32, upper64)  # the same feasible points
@@ -365,42 +365,50 @@ def test_feasible_norm_bounds_the_float64_point_of_the_float32_weights():
     assert float((bound - point.norm(dim=1)).max()) < 1e-4  # and close to it
 
 
-def test_bfloat16_screening_recertifies_near_classes_in_float32(monkeypatch):
-    """Classes whose bfloat16 lower bound does not exclude them are certified again with float32 products of
-    the same direction: their lower bound is the larger of the two; the others keep the bfloat16 one."""
-    from kdcollapse.geometry import _distances
+def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_in_float32(monkeypatch):
+    """With bfloat16 products the screening keeps the state (candidates, weights, y) of every class whose lower
+    bound does not exclude it; tightening certifies y again with float32 products first (the lower bound is at
+    least that certificate), and every bound stays a bracket of the exact distance."""
+    from kdcollapse.geometry import _distances, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(11)
     weight = torch.randn(600, 32, generator=g, dtype=torch.float64) + 0.5
-    rows, low, tol = _distances._UnitRows(weight), None, 1e-10
+    rows, tol = _distances._UnitRows(weight), 1e-10
     low = rows.W32.bfloat16()
     monkeypatch.setattr(_distances, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
-    upper, lower = _distances._screen_all(rows, 24, low, tol)
+    upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
     parts = [_distances._screen_bounds(rows, k, 24, low) for k in torch.arange(600).split(100)]
-    upper16, lower16, Y = (torch.cat(column) for column in zip(*parts))
-    assert torch.equal(upper, upper16)
-    lower32 = torch.minimum(_distances._lower_bounds(rows, torch.arange(600), Y, rows.W32), upper16)
-    near = lower16 <= upper16.min() + tol
-    assert 0 < int(near.sum()) < 600
-    assert torch.equal(lower[near], torch.maximum(lower16, lower32)[near])
-    assert torch.equal(lower[~near], lower16[~near])
-    assert bool((lower32[near] > lower16[near]).any())  # the float32 certificate tightens some
+    upper16, lower16, cand, lam, Y = (torch.cat(column) for column in zip(*parts))
+    assert torch.equal(upper, upper16) and torch.equal(lower, lower16)
+    near = (lower16 <= upper16.min() + tol).nonzero().flatten()
+    assert 0 < len(near) < 600 and set(near.tolist()) <= set(kept.classes.tolist())
+    assert torch.equal(kept.directions, Y[kept.classes]) and torch.equal(kept.candidates, cand[kept.classes])
+    recertified = torch.minimum(_distances._lower_bounds(rows, near, Y[near], rows.W32), upper16[near])
+    assert bool((recertified > lower16[near]).any())  # float32 is tighter than bfloat16
+    _distances._tighten(rows, upper, lower, kept, 24, tol)
+    assert bool((lower[near] >= recertified).all())
+    exact = one_vs_rest_distances(weight)
+    assert bool((lower <= exact + 1e-12).all()) and bool((upper >= exact - 1e-12).all())
 
 
-def test_refinement_tightens_the_screened_bounds_and_keeps_them_rigorous():
-    """Float32 column generation (``_refine``) on classes the screening leaves near the minimum: still a
-    bracket of every exact distance, and a much narrower one."""
+def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
+    """Float32 column generation (``_tighten``) on the classes the screening leaves near the minimum: still a
+    bracket of every exact distance, a much narrower one, and few classes left that can attain the minimum."""
     from kdcollapse.geometry import _distances, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(12)
     weight = torch.randn(800, 40, generator=g, dtype=torch.float64) + 0.5
-    rows, k = _distances._UnitRows(weight), torch.arange(0, 800, 5)
-    exact = one_vs_rest_distances(weight)[k]
-    upper0, lower0, _ = _distances._screen_bounds(rows, k, 24, rows.W32)
-    upper1, lower1 = _distances._refine(rows, k, 24, rows.W32.bfloat16())
-    assert bool((lower1 <= exact + 1e-12).all()) and bool((upper1 >= exact - 1e-12).all())
-    assert float((exact - lower1).median()) < float((exact - lower0).median()) / 4
-    assert float((upper1 - exact).median()) < float((upper0 - exact).median())
+    rows, tol = _distances._UnitRows(weight), 1e-10
+    exact = one_vs_rest_distances(weight)
+    upper, lower, kept = _distances._screen_all(rows, 24, rows.W32.bfloat16(), tol)
+    near = (lower <= upper.min() + tol).nonzero().flatten()
+    before = (exact - lower)[near].median(), (upper - exact)[near].median()
+    _distances._tighten(rows, upper, lower, kept, 24, tol)
+    assert bool((lower <= exact + 1e-12).all()) and bool((upper >= exact - 1e-12).all())
+    left = (lower <= upper.min() + tol).nonzero().flatten()  # each went through every round: tight bounds
+    assert 1 <= len(left) < len(near) / 4, (len(left), len(near))
+    assert float((exact - lower)[left].max()) < float(before[0]) / 100
+    assert float((upper - exact)[left].max()) < float(before[1]) / 10
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

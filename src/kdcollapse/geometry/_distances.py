@@ -261,7 +261,7 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     stage of :func:`nearest_points`) gives every class k a feasible point, hence an upper bound u_k >= dist_k,
     and its certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`).
     A class with l_k > min_j u_j + tol cannot attain the minimum. The others get tighter bounds from two rounds
-    of float32 column generation (:func:`_refine`), and those still not excluded go to the exact solver by branch
+    of float32 column generation (:func:`_tighten`), and those still not excluded go to the exact solver by branch
     and bound: smallest upper bound first, and a class is skipped once its lower bound exceeds the best exact
     distance found. The result is the exact minimum with the exact solver's certificate, at the cost of one
     screening pass (two K x K products by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of
@@ -286,8 +286,8 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
         raise KdcollapseError(f"screen_dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
     m = min(screen_candidates, K - 1)
-    upper, lower = _screen_all(rows, m, low, tol)
-    _tighten(rows, upper, lower, m, low, tol)
+    upper, lower, kept = _screen_all(rows, m, low, tol)
+    _tighten(rows, upper, lower, kept, m, tol)
     return _branch_and_bound(rows, upper, lower, tol=tol, candidates=candidates, block_size=block_size, low=low)
 
 
@@ -307,28 +307,33 @@ def _screen_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native else torch.float32
 
 
-def _screen_all(rows: _UnitRows, m: int, low: Tensor, tol: float) -> tuple[Tensor, Tensor]:
-    """Screened bounds (upper, lower) of every class, a wide block of classes at a time (:func:`_screen_bounds`).
+class _Screened(NamedTuple):
+    """The screening's state of the classes it keeps (near the minimum): their float32 Frank-Wolfe weights on
+    their candidates and the float32 y, from which :func:`_tighten` goes on."""
 
-    With bfloat16 products the lower bounds are looser (by about 2^-7, :func:`_product_error`); the directions
-    of the classes whose lower bound is not above the smallest upper bound so far are kept, and at the end
-    those still not excluded are certified again with float32 products (their bound is the larger of the two).
-    """
+    classes: Tensor  # (n,) class indices
+    candidates: Tensor  # (n, m)
+    weights: Tensor  # (n, m) float32
+    directions: Tensor  # (n, d) float32 y
+
+
+def _screen_all(rows: _UnitRows, m: int, low: Tensor, tol: float) -> tuple[Tensor, Tensor, _Screened]:
+    """Screened bounds (upper, lower) of every class, a wide block of classes at a time (:func:`_screen_bounds`),
+    and the state of the classes whose lower bound is not above the smallest upper bound so far (only they
+    can attain the minimum; the set is pruned as that bound falls)."""
     K, d = rows.shape
     upper = torch.empty(K, dtype=torch.float64, device=rows.device)
     lower = torch.empty_like(upper)
-    kept, directions = torch.empty(0, dtype=torch.long, device=rows.device), rows.W32.new_empty(0, d)
+    kept = _Screened(torch.empty(0, dtype=torch.long, device=rows.device),
+                     torch.empty(0, m, dtype=torch.long, device=rows.device), rows.W32.new_empty(0, m),
+                     rows.W32.new_empty(0, d))
     for k in torch.arange(K, device=rows.device).split(_wide_block(K)):
-        upper[k], lower[k], Y = _screen_bounds(rows, k, m, low)
-        if low is not rows.W32:
-            near = lower[k] <= upper[: int(k[-1]) + 1].min() + tol
-            kept, directions = torch.cat([kept, k[near]]), torch.cat([directions, Y[near]])
-            still = lower[kept] <= upper[: int(k[-1]) + 1].min() + tol
-            kept, directions = kept[still], directions[still]
-    for chunk in torch.arange(len(kept), device=rows.device).split(_wide_block(K)):
-        k = kept[chunk]
-        lower[k] = torch.maximum(lower[k], torch.minimum(_lower_bounds(rows, k, directions[chunk], rows.W32), upper[k]))
-    return upper, lower
+        upper[k], lower[k], cand, lam, Y = _screen_bounds(rows, k, m, low)
+        threshold = upper[: int(k[-1]) + 1].min() + tol
+        near = lower[k] <= threshold
+        kept = _Screened(*(torch.cat([old, new[near]]) for old, new in zip(kept, (k, cand, lam, Y))))
+        kept = _Screened(*(field[lower[kept.classes] <= threshold] for field in kept))
+    return upper, lower, kept
 
 
 def _wide_block(K: int) -> int:
@@ -336,8 +341,10 @@ def _wide_block(K: int) -> int:
     return max(1, min(1024, _BLOCK_BYTES // (4 * K)))
 
 
-def _screen_bounds(rows: _UnitRows, k: Tensor, m: int, low: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Screened bounds u_k >= dist_k >= l_k of the classes ``k`` (float64) and their float32 directions y_k.
+def _screen_bounds(rows: _UnitRows, k: Tensor, m: int,
+                   low: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Screened bounds u_k >= dist_k >= l_k of the classes ``k`` (float64), their candidates, float32
+    Frank-Wolfe weights and float32 directions y_k.
 
     ``low`` is W's unit rows in the products' precision (``rows.W32`` or a bfloat16 copy of it). The m
     candidates of each class are its most similar classes by one product with ``low``; float32 Frank-Wolfe on
@@ -348,12 +355,13 @@ def _screen_bounds(rows: _UnitRows, k: Tensor, m: int, low: Tensor) -> tuple[Ten
     cand = _candidates(low, k, m)
     upper = torch.empty(len(k), dtype=torch.float64, device=k.device)
     Y = rows.W32.new_empty(len(k), rows.shape[1])
+    lam = rows.W32.new_empty(cand.shape)
     parts = torch.arange(len(k), device=k.device).split(_fw_block(rows.shape[1], m))
     buffer = rows.W32.new_empty(len(parts[0]) * m, rows.shape[1])  # reused: fresh pages cost more than the gather
     for part in parts:
-        lam, Y[part] = _screen_weights(rows.W32, k[part], cand[part], buffer)
-        upper[part] = _feasible_norm(lam, Y[part])
-    return upper, torch.minimum(_lower_bounds(rows, k, Y, low), upper), Y
+        lam[part], Y[part] = _screen_weights(rows.W32, k[part], cand[part], buffer)
+        upper[part] = _feasible_norm(lam[part], Y[part])
+    return upper, torch.minimum(_lower_bounds(rows, k, Y, low), upper), cand, lam, Y
 
 
 def _fw_block(d: int, m: int) -> int:
@@ -429,43 +437,33 @@ def _lower_bounds(rows: _UnitRows, k: Tensor, Y: Tensor, low: Tensor,
     return (bound, scores) if return_scores else bound
 
 
-def _tighten(rows: _UnitRows, upper: Tensor, lower: Tensor, m: int, low: Tensor, tol: float) -> None:
-    """Tighten, in place, the bounds of the classes the screening leaves near the minimum (l_k <= min u + tol):
-    :func:`_refine` on them in order of u_k, a batch at a time, each batch without the classes that the bounds
-    found so far already exclude. Both bounds stay rigorous (the smaller upper, the larger lower bound)."""
-    K, d = rows.shape
-    todo = (lower <= upper.min() + tol).nonzero().flatten()
-    todo = todo[upper[todo].argsort(stable=True)]
-    for chunk in todo.split(_fw_block(d, 2 * m)):
-        chunk = chunk[lower[chunk] <= upper.min() + tol]
-        if not len(chunk):
-            continue
-        u, l = _refine(rows, chunk, m, low)
-        upper[chunk] = torch.minimum(upper[chunk], u)
-        lower[chunk] = torch.maximum(lower[chunk], torch.minimum(l, upper[chunk]))
-
-
-def _refine(rows: _UnitRows, k: Tensor, m: int, low: Tensor) -> tuple[Tensor, Tensor]:
-    """Bounds (upper, lower) of the classes ``k`` from ``_REFINE_ROUNDS`` rounds of float32 column generation:
-    the screening's Frank-Wolfe weights, then per round the float32 certificate against all classes (its
-    scores also price in the most violated classes, :func:`_price`) and Frank-Wolfe again on the new
-    candidates from the current weights. Each round's bounds are rigorous (:func:`_feasible_norm`,
-    :func:`_lower_bounds` with float32 products); returned are the best of them. On Gaussian classifiers one
-    round takes the lower bound's gap from ~2e-2 to ~2e-3, two to the float32 certificate's floor (~1e-4 at
-    d = 2,048), for about what the screening costs per class."""
-    cand = _candidates(low, k, m)
-    lam, y = _screen_weights(rows.W32, k, cand)
-    upper = _feasible_norm(lam, y)
-    lower = torch.zeros_like(upper)
-    for _ in range(_REFINE_ROUNDS):
-        bound, scores = _lower_bounds(rows, k, y, rows.W32, return_scores=True)
-        lower = torch.maximum(lower, bound)
-        cand, lam = _price(scores, cand, lam.double(), m)
-        P = rows.W32[cand].sub_(rows.W32[k][:, None, :])
-        lam = _pairwise_frank_wolfe(P @ P.mT, lam.float(), _SCREEN_STEPS)
-        y = torch.einsum("bm,bmd->bd", lam, P)
-        upper = torch.minimum(upper, _feasible_norm(lam, y))
-    return upper, torch.maximum(lower, _lower_bounds(rows, k, y, rows.W32))
+def _tighten(rows: _UnitRows, upper: Tensor, lower: Tensor, kept: _Screened, m: int, tol: float) -> None:
+    """Tighten, in place, the bounds of the classes the screening leaves near the minimum (l_k <= min u + tol),
+    from the screening's state: per round, the float32 certificate of y against all classes (a rigorous lower
+    bound, :func:`_lower_bounds`; with bfloat16 screening this is also its re-certification), then for the
+    classes it does not exclude, its scores price in the most violated classes (:func:`_price`) and float32
+    Frank-Wolfe runs again from the current weights (a new y and upper bound, :func:`_feasible_norm`), up to
+    ``_REFINE_ROUNDS`` rounds; in order of u_k, a batch at a time. Both bounds stay rigorous (the smaller
+    upper, the larger lower bound). On Gaussian classifiers one round takes the lower bound's gap from ~2e-2
+    to ~2e-3, two to the float32 certificate's floor (~1e-4 at d = 2,048), each for about the screening's
+    cost per class, and most classes drop out after the first."""
+    near = lower[kept.classes] <= upper.min() + tol
+    kept = _Screened(*(field[near] for field in kept))
+    order = upper[kept.classes].argsort(stable=True)
+    for part in order.split(_fw_block(rows.shape[1], 2 * m)):
+        k, cand, lam, y = (field[part] for field in kept)
+        for round_ in range(_REFINE_ROUNDS + 1):
+            bound, scores = _lower_bounds(rows, k, y, rows.W32, return_scores=True)
+            lower[k] = torch.maximum(lower[k], torch.minimum(bound, upper[k]))
+            going = lower[k] <= upper.min() + tol
+            if round_ == _REFINE_ROUNDS or not going.any():
+                break
+            k, cand, lam, scores = k[going], cand[going], lam[going], scores[going]
+            cand, lam = _price(scores, cand, lam.double(), m)
+            P = rows.W32[cand].sub_(rows.W32[k][:, None, :])
+            lam = _pairwise_frank_wolfe(P @ P.mT, lam.float(), _SCREEN_STEPS)
+            y = torch.einsum("bm,bmd->bd", lam, P)
+            upper[k] = torch.minimum(upper[k], _feasible_norm(lam, y))
 
 
 def _branch_and_bound(rows: _UnitRows, upper: Tensor, lower: Tensor, *, tol: float, candidates: int,
