@@ -411,6 +411,34 @@ def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
     assert float((upper - exact)[left].max()) < float(before[1]) / 10
 
 
+def test_duplicate_rows_give_zero_distances_with_bounded_work(monkeypatch):
+    """Classes with a duplicate row have distance 0 (y = 0): every score ties with the minimum, and the exact
+    certificate's scores fall back to float64 chunks instead of gathering ever more of the K rows per class (a
+    real W, SmolLM2-135M's output embedding, has such rows)."""
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, one_vs_rest_distances
+
+    g = torch.Generator().manual_seed(13)
+    weight = torch.randn(400, 16, generator=g, dtype=torch.float64) + 0.3
+    weight[5] = weight[17]
+    weight[300] = 2.5 * weight[17]  # the same direction: rows are normalised
+    distances = one_vs_rest_distances(weight, candidates=8)
+    assert float(distances[[5, 17, 300]].max()) < 1e-15 and float(distances.min()) < 1e-15
+    screened = min_one_vs_rest_distance(weight, candidates=8)
+    assert float(screened.value) < 1e-15 and float(screened.gap) < 1e-15
+    # the degenerate direction y = 0 directly: exact scores, no gather of more than 32 rows per class
+    rows, k = _distances._UnitRows(weight), torch.arange(10)
+    monkeypatch.setattr(_distances, "_CHUNK_ENTRIES", 16 * 40)  # chunks of 40 rows: at most 32 gathered per class
+    gathered = []
+    gather = _distances._UnitRows.gather
+    monkeypatch.setattr(_distances._UnitRows, "gather", lambda self, index: gathered.append(
+        index.shape[-1] if isinstance(index, torch.Tensor) and index.ndim == 2 else 0) or gather(self, index))
+    scores = _distances._scores(rows, k, torch.zeros(10, 16, dtype=torch.float64))
+    assert max(gathered, default=0) <= max(32, _distances._CHUNK_ENTRIES // (10 * 16))
+    expected = torch.zeros(10, 400, dtype=torch.float64)
+    expected[torch.arange(10), k] = math.inf
+    assert torch.equal(scores, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_gnc2_solvers_leave_the_classifier_unchanged(dtype):
     from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points

@@ -599,7 +599,9 @@ def _scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
     minimum: under IEEE float32 products (``_ieee_float32_matmul``) one float32 product, each score within
     E = gamma_{d+4} ||y|| + d 2^-125 of the exact one (see :func:`_screen_bounds`), and float64 products for
     the classes within 2E of the float32 minimum, the only ones that can attain the exact minimum (a class
-    above it by more than 2E is above the true minimum); otherwise float64 throughout (``rows.scores``)."""
+    above it by more than 2E is above the true minimum); otherwise, or when more than a chunk's worth of
+    classes is that close (y near zero, as for a class with a duplicate row), float64 throughout
+    (``rows.scores``, a chunk of W's rows at a time)."""
     K, d = rows.shape
     index = torch.arange(len(k), device=k.device)
     if not _ieee_float32_matmul(rows.device):
@@ -609,11 +611,15 @@ def _scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
     scores = (y.float() @ rows.W32.T).double()
     scores[index, k] = math.inf
     margin = 2 * (_gamma(d + 4, 2.0**-24) * y.norm(dim=1) + d * 2.0**-125)
-    t = min(32, K - 1)
+    t, most = min(32, K - 1), max(32, _CHUNK_ENTRIES // max(1, len(k) * d))
     while True:
         values, near = scores.topk(t, dim=1, largest=False)
         if t == K - 1 or bool((values[:, -1] > values[:, 0] + margin).all()):
             break
+        if t >= most:  # many classes within rounding of the minimum (y ~ 0, duplicate rows): float64 throughout
+            scores = rows.scores(y)
+            scores[index, k] = math.inf
+            return scores
         t = min(2 * t, K - 1)
     exact = torch.einsum("bd,btd->bt", y, rows.gather(near))
     return scores.scatter_(1, near, torch.where(near == k[:, None], math.inf, exact))
