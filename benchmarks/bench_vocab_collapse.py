@@ -238,6 +238,8 @@ def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtyp
     out |= {"gnc2": float(result.value), "gnc2_gap": float(result.gap), "solved_exactly": solved.numel(),
             "screen_upper_min": float(result.upper.min())}
     print(json.dumps(out), file=sys.stderr, flush=True)  # the main result, before the check below
+    if source != "gaussian":
+        out |= distinct_directions(weight, source)
     others = torch.randperm(num_classes, generator=torch.Generator().manual_seed(2))[:subset]
     check = clocked(out, "subset_exact_s", lambda: nearest_points(weight, classes=others))
     dist = check.distances[others]
@@ -250,6 +252,25 @@ def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtyp
             "subset_screen_upper_minus_exact_median": float((upper - dist).median()),
             "subset_exact_minus_screen_lower_max": float((dist - lower).max())}
     return out | {"peak_rss_gib": peak_gib()}
+
+
+def distinct_directions(weight: torch.Tensor, source: str) -> dict:
+    """A real W's duplicate directions (rows equal after normalisation: GNC2 is 0 if any), a few of their groups
+    as tokens, and GNC2 of W with one row per distinct direction (CPU seconds)."""
+    from kdcollapse.geometry import min_one_vs_rest_distance, unit_rows
+    from kdcollapse.lm import load_language_model
+
+    _, inverse, counts = torch.unique(unit_rows(weight), dim=0, return_inverse=True, return_counts=True)
+    groups = (counts > 1).nonzero().flatten()
+    tokenizer = load_language_model(source).tokenizer
+    first = torch.full((len(counts),), len(inverse)).scatter_reduce(0, inverse, torch.arange(len(inverse)), "amin")
+    out = {"distinct_directions": len(counts), "duplicate_groups": len(groups),
+           "rows_in_duplicate_groups": int(counts[groups].sum()),
+           "duplicate_examples": [tokenizer.convert_ids_to_tokens((inverse == g).nonzero().flatten().tolist())
+                                  for g in groups[:4]]}
+    distinct = clocked(out, "gnc2_distinct_s", lambda: min_one_vs_rest_distance(weight[first.sort().values]))
+    return out | {"gnc2_distinct": float(distinct.value), "gnc2_distinct_gap": float(distinct.gap),
+                  "gnc2_distinct_solved_exactly": distinct.solved.numel()}
 
 
 def gnc2_baseline(num_classes: int, dim: int, revision: str, screen_dtype: torch.dtype | None = None) -> dict:
