@@ -669,3 +669,21 @@ def test_metric_phase_holds_no_k_by_d_copy_beyond_the_states_and_w(monkeypatch, 
     assert counter.peak < copy / 4 + small, (counter.peak, copy, small)
     assert all(torch.allclose(v.double(), expected[k].double(), rtol=1e-12, atol=0, equal_nan=True)
                for k, v in values.items())  # the counting changes nothing (up to eigvalsh's rounding)
+
+
+def test_vocab_benchmark_gnc2_in_full_runs_and_checks_itself_at_small_k():
+    """``bench_vocab_collapse.py --gnc2-exact`` (the runs of results/benchmarks/vocab_collapse.md) at a small K:
+    its record names the phases and its own check against the exact solver passes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vocab_collapse.py"
+    result = subprocess.run([sys.executable, str(script), "--one", "1500x24", "--gnc2-exact", "16", "--threads", "1"],
+                            capture_output=True, text=True, timeout=300, check=True)
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert record["mode"] == "gnc2_exact" and record["K"] == 1500 and record["subset"] == 16
+    assert record["subset_below_gnc2"] == 0 and record["subset_outside_screen_bounds"] == 0
+    assert record["near_after_refining"] <= record["near_after_screening"] and record["solved_exactly"] >= 1
+    assert record["gnc2"] <= record["subset_exact_min"] + 1e-10 and record["gnc2_gap"] <= 1e-10
