@@ -310,7 +310,18 @@ def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_t
     assert bool((lower32 <= exact + 1e-10).all()) and bool((upper32 >= exact - 1e-10).all())
 
 
-@pytest.mark.parametrize("screen_dtype", [torch.float32, torch.bfloat16])
+def _native_bfloat16() -> bool:
+    """Whether GNC2's screening may use bfloat16 products here (oneDNN's kernels: float32 sums, the bound holds)."""
+    from kdcollapse.geometry import _distances
+
+    return _distances._screen_dtype(torch.device("cpu")) == torch.bfloat16
+
+
+needs_native_bfloat16 = pytest.mark.skipif(not _native_bfloat16(), reason="no native bfloat16 products on this CPU "
+                                           "(AVX2 only): the library screens in float32 there")
+
+
+@pytest.mark.parametrize("screen_dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_native_bfloat16)])
 @pytest.mark.parametrize("num_classes, dim, offset", [(300, 8, 0.0), (400, 48, 0.5), (60, 200, 0.3)])
 def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offset, screen_dtype):
     from kdcollapse.geometry import min_one_vs_rest_distance, one_vs_rest_distances
@@ -329,6 +340,7 @@ def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offs
     assert bool((screened.lower[skipped] > screened.value).all())
 
 
+@needs_native_bfloat16
 @pytest.mark.parametrize("dim", [5, 64, 576, 2048])
 def test_bfloat16_product_error_bound_holds_against_float64(dim):
     """The bound of _product_error (bfloat16 rows and direction, float32 sums, bfloat16 result) against the
@@ -365,6 +377,7 @@ def test_feasible_norm_bounds_the_float64_point_of_the_float32_weights():
     assert float((bound - point.norm(dim=1)).max()) < 1e-4  # and close to it
 
 
+@needs_native_bfloat16
 def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_in_float32(monkeypatch):
     """With bfloat16 products the screening keeps the state (candidates, weights, y) of every class whose lower
     bound does not exclude it; tightening certifies y again with float32 products first (the lower bound is at
@@ -400,7 +413,7 @@ def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
     weight = torch.randn(800, 40, generator=g, dtype=torch.float64) + 0.5
     rows, tol = _distances._UnitRows(weight), 1e-10
     exact = one_vs_rest_distances(weight)
-    upper, lower, kept = _distances._screen_all(rows, 24, rows.W32.bfloat16(), tol)
+    upper, lower, kept = _distances._screen_all(rows, 24, rows.W32.to(_distances._screen_dtype(rows.device)), tol)
     near = (lower <= upper.min() + tol).nonzero().flatten()
     before = (exact - lower)[near].median(), (upper - exact)[near].median()
     _distances._tighten(rows, upper, lower, kept, 24, tol)
@@ -459,6 +472,18 @@ def test_screen_dtype_rule_and_bad_value():
     assert _distances._screen_dtype(torch.device("meta")) == torch.float32
     with pytest.raises(KdcollapseError, match="screen_dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
         min_one_vs_rest_distance(torch.randn(10, 3), screen_dtype=torch.float16)
+
+
+def test_bfloat16_screening_is_refused_where_not_native(monkeypatch):
+    from kdcollapse.errors import KdcollapseError
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance
+
+    monkeypatch.setattr(_distances, "_screen_dtype", lambda device: torch.float32)  # as on an AVX2-only CPU
+    with pytest.raises(KdcollapseError, match="needs native bfloat16 products summed in float32"):
+        min_one_vs_rest_distance(torch.randn(10, 3), screen_dtype=torch.bfloat16)
+    weight = torch.randn(200, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert float(min_one_vs_rest_distance(weight).value) == pytest.approx(
+        float(min_one_vs_rest_distance(weight, screen_dtype=torch.float32).value), abs=1e-12)
 
 
 def test_float32_screening_is_used_only_under_ieee_float32_products():

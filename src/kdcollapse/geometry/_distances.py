@@ -269,7 +269,7 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
 
     ``screen_dtype`` is the precision of the screening's two K x K products (choosing candidates, scoring the
     certificate): ``torch.bfloat16`` where bfloat16 products are native and accumulate in float32 (see
-    :func:`_screen_dtype`, the default's rule), else ``torch.float32``. Neither changes the answer: every
+    :func:`_screen_dtype`, the default's rule; asking for it elsewhere is an error), else ``torch.float32``. Neither changes the answer: every
     bound subtracts its product's proven rounding error, and the classes that a bfloat16 certificate leaves
     near the minimum are certified again in float32 before any is solved exactly.
     """
@@ -281,9 +281,14 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
         raise KdcollapseError(f"tol must be positive, got {tol}")
     if candidates < 1:
         raise KdcollapseError(f"candidates must be at least 1, got {candidates}")
-    dtype = _screen_dtype(rows.device) if screen_dtype is None else screen_dtype
+    native = _screen_dtype(rows.device)
+    dtype = native if screen_dtype is None else screen_dtype
     if dtype not in (torch.float32, torch.bfloat16):
         raise KdcollapseError(f"screen_dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    if dtype != native and dtype == torch.bfloat16:
+        raise KdcollapseError(f"screen_dtype=torch.bfloat16 needs native bfloat16 products summed in float32, which "
+                              f"{rows.device.type} does not have here (the rounding bound would not hold); use "
+                              "torch.float32 or leave screen_dtype unset")
     low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
     m = min(screen_candidates, K - 1)
     upper, lower, kept = _screen_all(rows, m, low, tol)
