@@ -218,11 +218,15 @@ def gnc2_exact(num_classes: int, dim: int, subset: int, screen_dtype: torch.dtyp
     out = {"K": num_classes, "d": dim, "mode": "gnc2_exact", "weight": source, "weight_dtype": str(weight.dtype)}
     screening, bounds, refining, tighten = Stopwatch(), _distances._screen_all, Stopwatch(), _distances._tighten
 
-    def timed_tighten(rows, upper, lower, *rest):  # the refinement, timed, and how many classes it starts from
+    def timed_screening(*args):  # the screening of every class, timed, and how many classes it leaves near
+        upper, lower, kept = screening(lambda: bounds(*args))
         out["near_after_screening"] = int((lower <= upper.min() + 1e-10).sum())
-        refining(lambda: tighten(rows, upper, lower, *rest))
+        return upper, lower, kept
 
-    _distances._screen_all = lambda *a: screening(lambda: bounds(*a))  # the screening of every class, timed
+    def timed_tighten(*args):  # the tightening (when more than one exact block is near), timed
+        refining(lambda: tighten(*args))
+
+    _distances._screen_all = timed_screening
     _distances._tighten = timed_tighten
     dtype = screen_dtype or _distances._screen_dtype(torch.device("cpu"))
     try:

@@ -321,15 +321,23 @@ needs_native_bfloat16 = pytest.mark.skipif(not _native_bfloat16(), reason="no na
                                            "(AVX2 only): the library screens in float32 there")
 
 
+@pytest.mark.parametrize("block_size", [None, 4])  # 4: more than one exact block is near, so tightening runs
 @pytest.mark.parametrize("screen_dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_native_bfloat16)])
 @pytest.mark.parametrize("num_classes, dim, offset", [(300, 8, 0.0), (400, 48, 0.5), (60, 200, 0.3)])
-def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offset, screen_dtype):
-    from kdcollapse.geometry import min_one_vs_rest_distance, one_vs_rest_distances
+def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offset, screen_dtype, block_size,
+                                                          monkeypatch):
+    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(num_classes + dim)
     weight = torch.randn(num_classes, dim, generator=g, dtype=torch.float64) + offset
     every = one_vs_rest_distances(weight)
-    screened = min_one_vs_rest_distance(weight, candidates=16, screen_candidates=24, screen_dtype=screen_dtype)
+    tightened = []
+    tighten = _distances._tighten
+    monkeypatch.setattr(_distances, "_tighten", lambda *a: tightened.append(1) or tighten(*a))
+    screened = min_one_vs_rest_distance(weight, candidates=16, screen_candidates=24, screen_dtype=screen_dtype,
+                                        block_size=block_size)
+    near = int((screened.lower <= screened.upper.min() + 1e-10).sum())
+    assert bool(tightened) == (block_size == 4) or near <= 4  # tightening only when one exact block is not enough
     # rigorous brackets for every class, the exact minimum, its class among the solved ones
     assert bool((screened.lower <= every + 1e-12).all()) and bool((screened.upper >= every - 1e-12).all())
     assert float(screened.value) == pytest.approx(float(every.min()), abs=1e-10) and float(screened.gap) <= 1e-10
@@ -387,10 +395,12 @@ def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_
     g = torch.Generator().manual_seed(11)
     weight = torch.randn(600, 32, generator=g, dtype=torch.float64) + 0.5
     rows, tol = _distances._UnitRows(weight), 1e-10
+    exact = one_vs_rest_distances(weight)
     low = rows.W32.bfloat16()
     monkeypatch.setattr(_distances, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
     upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
     parts = [_distances._screen_bounds(rows, k, 24, low) for k in torch.arange(600).split(100)]
+    monkeypatch.undo()
     upper16, lower16, cand, lam, Y = (torch.cat(column) for column in zip(*parts))
     assert torch.equal(upper, upper16) and torch.equal(lower, lower16)
     near = (lower16 <= upper16.min() + tol).nonzero().flatten()
@@ -400,7 +410,6 @@ def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_
     assert bool((recertified > lower16[near]).any())  # float32 is tighter than bfloat16
     _distances._tighten(rows, upper, lower, kept, 24, tol)
     assert bool((lower[near] >= recertified).all())
-    exact = one_vs_rest_distances(weight)
     assert bool((lower <= exact + 1e-12).all()) and bool((upper >= exact - 1e-12).all())
 
 

@@ -260,8 +260,8 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     Screening (float32 Frank-Wolfe on the ``screen_candidates`` classes most similar to each class, as the first
     stage of :func:`nearest_points`) gives every class k a feasible point, hence an upper bound u_k >= dist_k,
     and its certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`).
-    A class with l_k > min_j u_j + tol cannot attain the minimum. The others get tighter bounds from two rounds
-    of float32 column generation (:func:`_tighten`), and those still not excluded go to the exact solver by branch
+    A class with l_k > min_j u_j + tol cannot attain the minimum. The others, if more than one block of the exact
+    solver, get tighter bounds from two rounds of float32 column generation (:func:`_tighten`), and those still not excluded go to the exact solver by branch
     and bound: smallest upper bound first, and a class is skipped once its lower bound exceeds the best exact
     distance found. The result is the exact minimum with the exact solver's certificate, at the cost of one
     screening pass (two K x K products by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of
@@ -292,7 +292,9 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
     m = min(screen_candidates, K - 1)
     upper, lower, kept = _screen_all(rows, m, low, tol)
-    _tighten(rows, upper, lower, kept, m, tol)
+    block = block_size or _block(K, d, min(candidates, K - 1))
+    if int((lower <= upper.min() + tol).sum()) > block:  # more than one exact block can attain the minimum
+        _tighten(rows, upper, lower, kept, m, tol)
     return _branch_and_bound(rows, upper, lower, tol=tol, candidates=candidates, block_size=block_size, low=low)
 
 
