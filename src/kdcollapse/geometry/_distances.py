@@ -260,18 +260,19 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     Screening (float32 Frank-Wolfe on the ``screen_candidates`` classes most similar to each class, as the first
     stage of :func:`nearest_points`) gives every class k a feasible point, hence an upper bound u_k >= dist_k,
     and its certificate against all K - 1 classes a lower bound l_k <= dist_k (see :func:`_screen_bounds`).
-    A class with l_k > min_j u_j + tol cannot attain the minimum. The others, if more than one block of the exact
-    solver, get tighter bounds from two rounds of float32 column generation (:func:`_tighten`), and those still not excluded go to the exact solver by branch
-    and bound: smallest upper bound first, and a class is skipped once its lower bound exceeds the best exact
-    distance found. The result is the exact minimum with the exact solver's certificate, at the cost of one
-    screening pass (two K x K products by blocks, O(K^2 d), and the candidate Grams, O(K m^2 d)) instead of
-    K exact QPs.
+    A class with l_k > min_j u_j + tol cannot attain the minimum. The others, if more than one block of the
+    exact solver, get tighter bounds from two rounds of float32 column generation (:func:`_tighten`); those
+    still not excluded go to the exact solver by branch and bound: smallest upper bound first, and a class is
+    skipped once its lower bound exceeds the best exact distance found. The result is the exact minimum with
+    the exact solver's certificate, at the cost of one screening pass (two K x K products by blocks, O(K^2 d),
+    and the candidate Grams, O(K m^2 d)) instead of K exact QPs.
 
     ``screen_dtype`` is the precision of the screening's two K x K products (choosing candidates, scoring the
     certificate): ``torch.bfloat16`` where bfloat16 products are native and accumulate in float32 (see
-    :func:`_screen_dtype`, the default's rule; asking for it elsewhere is an error), else ``torch.float32``. Neither changes the answer: every
-    bound subtracts its product's proven rounding error, and the classes that a bfloat16 certificate leaves
-    near the minimum are certified again in float32 before any is solved exactly.
+    :func:`_screen_dtype`, the default's rule; asking for it elsewhere is an error), else ``torch.float32``.
+    Neither changes the answer: every bound subtracts its product's proven rounding error, and the classes a
+    bfloat16 certificate leaves near the minimum are certified again in float32 (the tightening's first step)
+    or solved exactly.
     """
     rows = _UnitRows(W)
     K, d = rows.shape
@@ -432,12 +433,11 @@ def _lower_bounds(rows: _UnitRows, k: Tensor, Y: Tensor, low: Tensor,
     norm = direction.norm(dim=1)
     index = torch.arange(len(k), device=k.device)
     if low.dtype == torch.float32 and not _ieee_float32_matmul(rows.device):
-        scores = rows.scores(direction)
-        error = torch.zeros_like(norm)
+        scores, error = _float64_scores(rows, k, direction), torch.zeros_like(norm)
     else:
         scores = y @ low.T
+        scores[index, k] = math.inf
         error = _product_error(low.dtype, d) * norm + d * 2.0**-120
-    scores[index, k] = math.inf
     lowest = scores.min(1).values.double() - error
     certified = (lowest - (direction * rows.gather(k)).sum(1)) / norm  # min_j <w_j - w_k, y> / ||y||
     bound = torch.where(norm > 0, certified.clamp_min(0), 0.0)
@@ -467,9 +467,7 @@ def _tighten(rows: _UnitRows, upper: Tensor, lower: Tensor, kept: _Screened, m: 
                 break
             k, cand, lam, scores = k[going], cand[going], lam[going], scores[going]
             cand, lam = _price(scores, cand, lam.double(), m)
-            P = rows.W32[cand].sub_(rows.W32[k][:, None, :])
-            lam = _pairwise_frank_wolfe(P @ P.mT, lam.float(), _SCREEN_STEPS)
-            y = torch.einsum("bm,bmd->bd", lam, P)
+            lam, y = _screen_weights(rows.W32, k, cand, lam=lam)
             upper[k] = torch.minimum(upper[k], _feasible_norm(lam, y))
 
 
@@ -554,16 +552,19 @@ def _candidates(low: Tensor, k: Tensor, m: int) -> Tensor:
     return sims.topk(m, dim=1).indices
 
 
-def _screen_weights(W32: Tensor, k: Tensor, cand: Tensor, buffer: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Float32 Frank-Wolfe weights on the candidates ``cand`` of each of ``k`` (150 pairwise steps from the
-    first, most similar, one) and the float32 y = sum_j lambda_j (W32_j - W32_k). ``buffer``: at least
-    ``cand.numel()`` rows of d float32 to hold the candidates' differences (else they are allocated)."""
+def _screen_weights(W32: Tensor, k: Tensor, cand: Tensor, buffer: Tensor | None = None,
+                    lam: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Float32 Frank-Wolfe weights on the candidates ``cand`` of each of ``k`` (150 pairwise steps from ``lam``,
+    by default the first, most similar, candidate) and the float32 y = sum_j lambda_j (W32_j - W32_k).
+    ``buffer``: at least ``cand.numel()`` rows of d float32 to hold the candidates' differences (else they
+    are allocated)."""
     b, m = cand.shape
     out = None if buffer is None else buffer[: b * m]
     P = torch.index_select(W32, 0, cand.flatten(), out=out).view(b, m, -1).sub_(W32[k][:, None, :])
-    lam = torch.zeros(cand.shape, dtype=W32.dtype, device=k.device)
-    lam[:, 0] = 1
-    lam = _pairwise_frank_wolfe(P @ P.mT, lam, _SCREEN_STEPS)
+    if lam is None:
+        lam = torch.zeros(cand.shape, dtype=W32.dtype, device=k.device)
+        lam[:, 0] = 1
+    lam = _pairwise_frank_wolfe(P @ P.mT, lam.to(W32.dtype), _SCREEN_STEPS)
     return lam, torch.einsum("bm,bmd->bd", lam, P)
 
 
@@ -610,13 +611,10 @@ def _scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
     classes is that close (y near zero, as for a class with a duplicate row), float64 throughout
     (``rows.scores``, a chunk of W's rows at a time)."""
     K, d = rows.shape
-    index = torch.arange(len(k), device=k.device)
     if not _ieee_float32_matmul(rows.device):
-        scores = rows.scores(y)
-        scores[index, k] = math.inf
-        return scores
+        return _float64_scores(rows, k, y)
     scores = (y.float() @ rows.W32.T).double()
-    scores[index, k] = math.inf
+    scores[torch.arange(len(k), device=k.device), k] = math.inf
     margin = 2 * (_gamma(d + 4, 2.0**-24) * y.norm(dim=1) + d * 2.0**-125)
     t, most = min(32, K - 1), max(32, _CHUNK_ENTRIES // max(1, len(k) * d))
     while True:
@@ -624,12 +622,17 @@ def _scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
         if t == K - 1 or bool((values[:, -1] > values[:, 0] + margin).all()):
             break
         if t >= most:  # many classes within rounding of the minimum (y ~ 0, duplicate rows): float64 throughout
-            scores = rows.scores(y)
-            scores[index, k] = math.inf
-            return scores
+            return _float64_scores(rows, k, y)
         t = min(2 * t, K - 1)
     exact = torch.einsum("bd,btd->bt", y, rows.gather(near))
     return scores.scatter_(1, near, torch.where(near == k[:, None], math.inf, exact))
+
+
+def _float64_scores(rows: _UnitRows, k: Tensor, y: Tensor) -> Tensor:
+    """<w_j, y> for every class j (b, K) in float64 (``rows.scores``, a chunk of W's rows at a time), +inf at j = k."""
+    scores = rows.scores(y)
+    scores[torch.arange(len(k), device=k.device), k] = math.inf
+    return scores
 
 
 def _pairwise_frank_wolfe(M: Tensor, lam: Tensor, steps: int) -> Tensor:
