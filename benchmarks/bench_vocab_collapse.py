@@ -33,8 +33,15 @@ and the peak memory is that of the full pass (a tile's memory does not depend on
 ``--single-call`` skips the features-only ``collapse_metrics(stats)`` call and times only the call with W
 (every metric but GNC2). ``--gnc2-blocks B`` times GNC2's screening (the O(K^2 d) part of
 ``min_one_vs_rest_distance``) on its first B blocks of classes and scales it to all K classes;
-``--gnc2-exact SUBSET`` runs GNC2 in full and checks it against the exact solver on SUBSET random classes;
-``--gnc2-baseline REV`` times GNC2 in full against the solver of git revision REV in the same process.
+``--gnc2-exact SUBSET`` runs GNC2 in full (screening, tightening and exact solve timed apart) and checks it
+against the exact solver on SUBSET random classes; with ``--gnc2-weight smollm2-135m`` W is that model's output
+embedding (its duplicate directions and GNC2 without them reported too);
+``--gnc2-baseline REV`` times GNC2 in full against the solver of git revision REV in the same process;
+``--screen-dtype float32`` forces the screening's products to float32 (default: bfloat16 where native).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_vocab_collapse.py --accumulate auto --gnc2-exact 256 --sizes 32000x2048
+    OMP_NUM_THREADS=1 python benchmarks/bench_vocab_collapse.py --gnc2-exact 256 --gnc2-weight smollm2-135m \
+        --sizes 49152x576
 ``--statistics-only`` times the statistics phase alone, ours and rhubarbwu's (``--rhubarbwu-batch``), on
 the same ``--tokens`` tokens. Every phase reports wall and process CPU seconds (``*_cpu``): on a shared
 machine the CPU time is the cost.

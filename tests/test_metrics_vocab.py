@@ -479,7 +479,8 @@ def test_screen_dtype_rule_and_bad_value():
     native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert _distances._screen_dtype(torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
     assert _distances._screen_dtype(torch.device("meta")) == torch.float32
-    with pytest.raises(KdcollapseError, match="screen_dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
+    message = "screen_dtype must be torch.float32 or torch.bfloat16, got torch.float16"
+    with pytest.raises(KdcollapseError, match=message):
         min_one_vs_rest_distance(torch.randn(10, 3), screen_dtype=torch.float16)
 
 
@@ -721,3 +722,17 @@ def test_vocab_benchmark_gnc2_in_full_runs_and_checks_itself_at_small_k():
     assert record["subset_below_gnc2"] == 0 and record["subset_outside_screen_bounds"] == 0
     assert record["near_after_refining"] <= record["near_after_screening"] and record["solved_exactly"] >= 1
     assert record["gnc2"] <= record["subset_exact_min"] + 1e-10 and record["gnc2_gap"] <= 1e-10
+
+
+def test_the_gnc2_example_of_the_geometry_page_runs():
+    """docs/geometry.md's ``min_one_vs_rest_distance`` example (both screening precisions) runs as written."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "geometry.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    blocks = [block for block in blocks if "min_one_vs_rest_distance" in block]
+    assert len(blocks) == 1
+    namespace: dict = {}
+    exec(compile(blocks[0], "docs/geometry.md", "exec"), namespace)  # noqa: S102 - the page's own example
+    assert float(namespace["same"].value) == pytest.approx(float(namespace["gnc2"].value), abs=1e-10)
