@@ -386,10 +386,11 @@ def test_feasible_norm_bounds_the_float64_point_of_the_float32_weights():
 
 
 @needs_native_bfloat16
-def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_in_float32(monkeypatch):
+def test_screening_keeps_the_near_classes_state_and_certifies_to_float32s_error(monkeypatch):
     """With bfloat16 products the screening keeps the state (candidates, weights, y) of every class whose lower
-    bound does not exclude it; tightening certifies y again with float32 products first (the lower bound is at
-    least that certificate), and every bound stays a bracket of the exact distance."""
+    bound does not exclude it; its certificate is as tight as a float32 product's (the window of classes its
+    bfloat16 scores cannot exclude, scored again in float32), far tighter than the bfloat16 scores alone give;
+    tightening keeps every bound a bracket of the exact distance."""
     from kdcollapse.geometry import _distances, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(11)
@@ -399,18 +400,61 @@ def test_screening_keeps_the_near_classes_state_and_tightening_recertifies_them_
     low = rows.W32.bfloat16()
     monkeypatch.setattr(_distances, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
     upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
-    parts = [_distances._screen_bounds(rows, k, 24, low) for k in torch.arange(600).split(100)]
+    parts, smallest = [], math.inf
+    for k in torch.arange(600).split(100):
+        parts.append(_distances._screen_bounds(rows, k, 24, low, smallest, tol))
+        smallest = min(smallest, float(parts[-1][0].min()))
     monkeypatch.undo()
     upper16, lower16, cand, lam, Y = (torch.cat(column) for column in zip(*parts))
     assert torch.equal(upper, upper16) and torch.equal(lower, lower16)
     near = (lower16 <= upper16.min() + tol).nonzero().flatten()
     assert 0 < len(near) < 600 and set(near.tolist()) <= set(kept.classes.tolist())
     assert torch.equal(kept.directions, Y[kept.classes]) and torch.equal(kept.candidates, cand[kept.classes])
-    recertified = torch.minimum(_distances._lower_bounds(rows, near, Y[near], rows.W32), upper16[near])
-    assert bool((recertified > lower16[near]).any())  # float32 is tighter than bfloat16
-    _distances._tighten(rows, upper, lower, kept, 24, tol)
-    assert bool((lower[near] >= recertified).all())
+    float32 = torch.minimum(_distances._lower_bounds(rows, near, Y[near], rows.W32), upper16[near])
+    floor = 2 * _distances._product_error(torch.float32, 32)  # both within it of the true certificate
+    assert float((float32 - lower16[near]).abs().max()) <= floor
+    y = Y[near].bfloat16().double()  # the bfloat16 scores alone, their error subtracted: far looser
+    scores = y @ low.double().T
+    scores[torch.arange(len(near)), near] = math.inf
+    alone = ((scores.min(1).values - _distances._product_error(torch.bfloat16, 32) * y.norm(dim=1)
+              - (y * rows.gather(near)).sum(1)) / y.norm(dim=1)).clamp_min(0)
+    assert float((lower16[near] - alone).median()) > 100 * floor
+    _distances._tighten(rows, upper, lower, kept, 24, tol, low)
+    assert bool((lower >= lower16).all()) and bool((upper <= upper16).all())
     assert bool((lower <= exact + 1e-12).all()) and bool((upper >= exact - 1e-12).all())
+
+
+@needs_native_bfloat16
+@pytest.mark.parametrize("window", [4096, 8])
+def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch, window):
+    """The bfloat16 certificate's minimum (``_window_minimum``) against the float64 minimum of <w_j, y> over
+    j != k, for directions of norms 1e-3 to 10, a zero direction, directions whose smallest 300 scores lie
+    within the bfloat16 error of each other while their bfloat16 roundings differ (rows v + p_j with p_j
+    orthogonal to y, the first row 1e-4 lower along y: the bfloat16 order of the window is scrambled, and a
+    window of the first 64 classes misses the minimum), and with a window too small for most rows (``_WINDOW`` = 8: those rows
+    take the full float32 product)."""
+    from kdcollapse.geometry import _distances
+
+    monkeypatch.setattr(_distances, "_WINDOW", window)
+    g = torch.Generator().manual_seed(13)
+    direction = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(24) / 48**0.5
+    spread = torch.randn(300, 48, generator=g, dtype=torch.float64)
+    spread -= torch.outer(spread @ direction, direction)  # orthogonal to the direction
+    weight = torch.cat([torch.ones(48, dtype=torch.float64) / 48**0.5 + 0.05 * spread
+                        - 1e-4 * torch.eye(300, 1, dtype=torch.float64) * direction,
+                        torch.randn(2700, 48, generator=g, dtype=torch.float64) + 10 * direction])
+    rows = _distances._UnitRows(weight)
+    k = torch.randint(300, 3000, (41,), generator=g)
+    Y = torch.randn(41, 48, generator=g) * torch.logspace(-3, 1, 41)[:, None]
+    Y[7] = 0
+    Y[30:] = direction.float() * torch.logspace(-1, 1, 11)[:, None]
+    exact = (Y.double() @ _distances.unit_rows(weight).T)
+    exact[torch.arange(41), k] = math.inf
+    exact = exact.min(1).values
+    lowest = _distances._window_minimum(rows, k, Y, _distances._products(Y, k, rows.W32.bfloat16()))
+    floor = 2 * (_distances._product_error(torch.float32, 48) * Y.double().norm(dim=1) + 48 * 2.0**-120)
+    assert bool((lowest <= exact).all())
+    assert bool((exact - lowest <= floor).all())
 
 
 def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
@@ -422,10 +466,11 @@ def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
     weight = torch.randn(800, 40, generator=g, dtype=torch.float64) + 0.5
     rows, tol = _distances._UnitRows(weight), 1e-10
     exact = one_vs_rest_distances(weight)
-    upper, lower, kept = _distances._screen_all(rows, 24, rows.W32.to(_distances._screen_dtype(rows.device)), tol)
+    low = rows.W32.to(_distances._screen_dtype(rows.device))
+    upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
     near = (lower <= upper.min() + tol).nonzero().flatten()
     before = (exact - lower)[near].median(), (upper - exact)[near].median()
-    _distances._tighten(rows, upper, lower, kept, 24, tol)
+    _distances._tighten(rows, upper, lower, kept, 24, tol, low)
     assert bool((lower <= exact + 1e-12).all()) and bool((upper >= exact - 1e-12).all())
     left = (lower <= upper.min() + tol).nonzero().flatten()  # each went through every round: tight bounds
     assert 1 <= len(left) < len(near) / 4, (len(left), len(near))

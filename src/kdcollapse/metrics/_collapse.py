@@ -45,7 +45,7 @@ from kdcollapse.metrics._linalg import (
     symmetric_from_upper,
     weighted_sum,
 )
-from kdcollapse.metrics._pairwise import TILE, cdnv, equiangle, etf_error
+from kdcollapse.metrics._pairwise import TILE, equiangle, equiangle_and_cdnv, etf_error
 
 
 class States(Protocol):
@@ -184,12 +184,12 @@ def _cosine(unit_means: LazyRows) -> dict[str, Tensor]:
     return {"cosine_within": within, "class_separation": 1 - within / total}
 
 
-def _equinorm_equiangle(vectors: Tensor | LazyRows, tile: int) -> tuple[Tensor, Tensor]:
-    """NC2 (Papyan et al. 2020): coefficient of variation of the norms (std with Bessel's correction, as
-    ``torch.std``) and the mean over k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``; rows of ``vectors`` (K, d),
-    the cosines in tiles (``kdcollapse.metrics._pairwise``)."""
+def _equinorm(vectors: Tensor | LazyRows) -> Tensor:
+    """NC2's equinorm (Papyan et al. 2020): the coefficient of variation of the norms of the rows of
+    ``vectors`` (K, d) (std with Bessel's correction, as ``torch.std``); its equiangularity, the mean over
+    k != k' of ``|cos(v_k, v_k') + 1/(K-1)|``, runs in tiles (``kdcollapse.metrics._pairwise``)."""
     norms = per_row(vectors, lambda rows: rows.norm(dim=1).double())
-    return norms.std() / norms.mean(), equiangle(vectors, tile)
+    return norms.std() / norms.mean()
 
 
 def _generalized(unit: Scatter, rtol: float | None, convention: str, gnc_convention: str) -> dict[str, Tensor]:
@@ -258,7 +258,7 @@ def _classifier(centred: LazyRows, unit: Scatter, weight: Tensor, gnc_convention
 
     rows_w = LazyRows.of(weight)
     unit_weight = rows_w.map(lambda rows: F.normalize(rows, dim=1))
-    equinorm, equiangle_w = _equinorm_equiangle(weight, tile)
+    equinorm, equiangle_w = _equinorm(weight), equiangle(weight, tile)
     normalised = unit.centred.map(lambda rows: F.normalize(rows, dim=1))
     unit_means = normalised if gnc_convention == "official" else unit.class_means
     weight_norm = weight.norm()
@@ -310,11 +310,11 @@ def metrics_from_statistics(
     )
     raw, unit = scatter(stats, unit=False), scatter(stats, unit=True)
     centred = class_centred(raw)
-    equinorm, equiangle_m = _equinorm_equiangle(centred, tile)
+    equiangle_m, cdnv_m = equiangle_and_cdnv(centred, raw.variances, tile)  # one pass over the means' Gram tiles
     out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means),
            **_generalized(unit, rtol, convention, gnc_convention)}
-    out |= {"nc2_equinorm": equinorm, "nc2_equiangle": equiangle_m, "nc2_etf_error": etf_error(centred),
-            "cdnv": cdnv(raw.class_means, raw.variances, tile)}
+    out |= {"nc2_equinorm": _equinorm(centred), "nc2_equiangle": equiangle_m, "nc2_etf_error": etf_error(centred),
+            "cdnv": cdnv_m}
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
         if not isinstance(classifier_weight, Tensor) or tuple(classifier_weight.shape) != expected:

@@ -6,7 +6,8 @@ Two ways to avoid the K x K matrix, chosen per metric:
   built from class vectors: ``||A B^T||_F^2 = <A^T A, B^T B>`` turns it into d x d products. The simplex-ETF
   errors of NC2 and NC3 (Kothapalli 2023, as rhubarbwu/neural-collapse computes them) are of this kind.
 - **Tiles** (O(K^2 d) time, O(tile^2) memory) where an entry-wise non-linearity (|.|, a quotient) forbids
-  that: NC2's equiangularity (mean |cos + 1/(K-1)|) and CDNV. Only the upper triangle of tiles is visited
+  that: NC2's equiangularity (mean |cos + 1/(K-1)|) and CDNV, of the class means from one pass over their Gram
+  tiles (``equiangle_and_cdnv``). Only the upper triangle of tiles is visited
   (both kernels are symmetric), each tile is a ``tile x tile`` block in the dtype of the inputs (float64 in
   ``collapse_metrics``), and tile sums are accumulated in float64.
 
@@ -44,32 +45,33 @@ def _upper_tiles(num_rows: int, tile: int) -> Iterator[tuple[slice, slice, bool]
                 yield slice(i, i + tile), slice(j, j + tile), i == j
 
 
-def pair_mean(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor], tile: int = TILE) -> Tensor:
+def pair_mean(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
+              tile: int = TILE) -> Tensor | tuple[Tensor, ...]:
     """Mean of ``kernel(a, b)`` over all unordered pairs k < k' of ``rows`` (K, ...), in tiles.
 
-    ``kernel(a, b)`` takes two tiles of rows and returns their ``(len(a), len(b))`` block; it must be
-    symmetric (block (a, b) is the transpose of block (b, a)). Float64 sum, no K x K matrix. ``rows`` may be
-    ``LazyRows``: each tile's rows are then formed when it is visited (the row tile of a tile row once), so
-    no K x d copy of them exists.
+    ``kernel(a, b)`` takes two tiles of rows and returns their ``(len(a), len(b))`` block, or a tuple of such
+    blocks (then a tuple of means: several kernels from one pass); it must be symmetric (block (a, b) is the
+    transpose of block (b, a)). Float64 sums, no K x K matrix. ``rows`` may be ``LazyRows``: each tile's rows
+    are then formed when it is visited (the row tile of a tile row once), so no K x d copy of them exists.
     """
     num = rows.shape[0]
-    total = torch.zeros((), dtype=torch.float64, device=rows.device)
-    held, a = None, None
+    totals, held, a = None, None, None
     for r, c, diagonal in _upper_tiles(num, tile):
         if r != held:
             held, a = r, rows[r]
-        block = kernel(a, a if diagonal else rows[c])
-        if diagonal:
-            block = block.triu(1)
-        total += block.sum(dtype=torch.float64)
-    return total / (num * (num - 1) / 2)
+        blocks = kernel(a, a if diagonal else rows[c])
+        blocks = blocks if isinstance(blocks, tuple) else (blocks,)
+        sums = [(block.triu(1) if diagonal else block).sum(dtype=torch.float64) for block in blocks]
+        totals = sums if totals is None else [total + part for total, part in zip(totals, sums)]
+    means = tuple(total / (num * (num - 1) / 2) for total in totals)
+    return means if len(means) > 1 else means[0]
 
 
 def equiangle(vectors: Rows, tile: int = TILE) -> Tensor:
     """NC2 equiangularity (Papyan et al. 2020): mean over k != k' of |cos(v_k, v_k') + 1/(K-1)|."""
     shift = 1 / (vectors.shape[0] - 1)
     unit = LazyRows.of(vectors).map(lambda rows: F.normalize(rows, dim=1))
-    return pair_mean(unit, lambda a, b: (a @ b.mT + shift).abs(), tile)
+    return pair_mean(unit, lambda a, b: (a @ b.mT).add_(shift).abs_(), tile)
 
 
 def cdnv(class_means: Rows, variances: Tensor, tile: int = TILE) -> Tensor:
@@ -82,18 +84,32 @@ def cdnv(class_means: Rows, variances: Tensor, tile: int = TILE) -> Tensor:
     """
     means = LazyRows.of(class_means)
     centre = (row_sum(means) / means.shape[0]).to(means.dtype)
+    return equiangle_and_cdnv(means.map(lambda rows: rows - centre), variances, tile)[1]
 
-    def bundled(rows: slice) -> Tensor:
-        centred = means[rows] - centre
-        return torch.cat([centred, centred.square().sum(1, keepdim=True), variances[rows, None].to(centred.dtype)],
-                         dim=1)
 
-    def kernel(a: Tensor, b: Tensor) -> Tensor:
-        squared = (a[:, -2, None] + b[None, :, -2] - 2 * a[:, :-2] @ b[:, :-2].mT).clamp_min(0)
-        return (a[:, -1, None] + b[None, :, -1]) / (2 * squared)
+def equiangle_and_cdnv(centred: Rows, variances: Tensor, tile: int = TILE) -> tuple[Tensor, Tensor]:
+    """NC2's equiangularity (:func:`equiangle`) and CDNV (:func:`cdnv`) of the class means from one tiled pass:
+    ``centred`` holds the class means less the mean of the class means (``class_centred``), ``variances`` the
+    sigma_k^2. Both kernels read the same Gram tile C_a C_b^T: cosines are it over the rows' norms, squared
+    distances |c_a|^2 + |c_b|^2 - 2 c_a.c_b, so the O(K^2 d) products run once instead of twice. A row of norm
+    0 has cosine 0 with every row (as ``F.normalize`` gives)."""
+    rows = LazyRows.of(centred)
+    (num, dim), shift = rows.shape, 1 / (rows.shape[0] - 1)
 
-    shape = (means.shape[0], means.shape[1] + 2)
-    return pair_mean(LazyRows(shape, means.dtype, means.device, bundled), kernel, tile)
+    def bundled(part: slice) -> Tensor:  # [c_k, |c_k|^2, sigma_k^2, 0...]: 16 more columns keep the rows aligned
+        chunk = rows[part]
+        out = chunk.new_zeros(len(chunk), dim + 16)
+        out[:, :dim], out[:, dim], out[:, dim + 1] = chunk, chunk.square().sum(1), variances[part]
+        return out
+
+    def kernel(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:  # in place where it can: fewer passes over a tile
+        gram = a[:, :dim] @ b[:, :dim].mT
+        inverse_a, inverse_b = (rows[:, dim].sqrt().clamp_min(1e-12).reciprocal() for rows in (a, b))
+        squared = torch.add(a[:, dim, None], b[None, :, dim]).add_(gram, alpha=-2).clamp_min_(0).mul_(2)
+        quotient = torch.add(a[:, dim + 1, None], b[None, :, dim + 1]).div_(squared)
+        return gram.mul_(inverse_a[:, None]).mul_(inverse_b[None, :]).add_(shift).abs_(), quotient
+
+    return pair_mean(LazyRows((num, dim + 16), rows.dtype, rows.device, bundled), kernel, tile)
 
 
 def etf_error(A: Rows, B: Rows | None = None) -> Tensor:
