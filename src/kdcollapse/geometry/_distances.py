@@ -272,8 +272,8 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
     certificate): ``torch.bfloat16`` where bfloat16 products are native and accumulate in float32 (see
     :func:`_screen_dtype`, the default's rule; asking for it elsewhere is an error), else ``torch.float32``.
     Neither changes the answer: every bound subtracts its product's proven rounding error, and the classes a
-    bfloat16 certificate leaves near the minimum are certified again in float32 (the tightening's first step)
-    or solved exactly.
+    bfloat16 certificate does not exclude are certified again at float32's error from the float32 scores of
+    the few classes their bfloat16 scores cannot exclude (:func:`_window_minimum`).
     """
     rows = _UnitRows(W)
     K, d = rows.shape
