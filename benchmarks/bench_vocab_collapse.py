@@ -37,7 +37,12 @@ and the peak memory is that of the full pass (a tile's memory does not depend on
 against the exact solver on SUBSET random classes; with ``--gnc2-weight smollm2-135m`` W is that model's output
 embedding (its duplicate directions and GNC2 without them reported too);
 ``--gnc2-baseline REV`` times GNC2 in full against the solver of git revision REV in the same process;
-``--screen-dtype float32`` forces the screening's products to float32 (default: bfloat16 where native).
+``--screen-dtype float32`` forces the screening's products to float32 (default: bfloat16 where native);
+``--pairwise-baseline REV`` times the class means' NC2 equiangularity and CDNV from one pass over their Gram
+tiles against the two passes of revision REV, same process, in the dtype ``--accumulate`` gives:
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_vocab_collapse.py --pairwise-baseline 4484191 --accumulate float32 \
+        --sizes 16384x4096
 
     OMP_NUM_THREADS=1 python benchmarks/bench_vocab_collapse.py --accumulate auto --gnc2-exact 256 --sizes 32000x2048
     OMP_NUM_THREADS=1 python benchmarks/bench_vocab_collapse.py --gnc2-exact 256 --gnc2-weight smollm2-135m \
@@ -284,23 +289,52 @@ def distinct_directions(weight: torch.Tensor, source: str) -> dict:
                   "gnc2_distinct_solved_exactly": distinct.solved.numel()}
 
 
+def revision_module(revision: str, path: str):
+    """The module ``src/kdcollapse/<path>`` of git ``revision``, loaded beside this tree's (its own imports of
+    kdcollapse resolve to this tree)."""
+    import importlib.util
+    import tempfile
+
+    source = subprocess.run(["git", "show", f"{revision}:src/kdcollapse/{path}"], check=True, capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+        file.write(source)
+    spec = importlib.util.spec_from_file_location("baseline_" + path.replace("/", "_")[:-3], file.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.unlink(file.name)
+    return module
+
+
+def pairwise_baseline(num_classes: int, dim: int, revision: str, dtype: torch.dtype) -> dict:
+    """The class means' tiled pairwise metrics (NC2's equiangularity and CDNV) of this tree,
+    ``equiangle_and_cdnv`` (one pass over the Gram tiles), against ``equiangle`` and ``cdnv`` of git
+    ``revision`` (two passes), same process, same means (Gaussian rows with an offset, in ``dtype``, centred
+    on their mean as ``class_centred`` does): CPU seconds of each and the answers' relative differences."""
+    from kdcollapse.metrics._pairwise import equiangle_and_cdnv
+
+    baseline = revision_module(revision, "metrics/_pairwise.py")
+    generator = torch.Generator().manual_seed(1)
+    means = (torch.randn(num_classes, dim, generator=generator, dtype=torch.float64) + 0.5).to(dtype)
+    variances = torch.rand(num_classes, generator=generator, dtype=torch.float64) * dim
+    centred = means - (means.sum(0, dtype=torch.float64) / num_classes).to(dtype)
+    out = {"K": num_classes, "d": dim, "mode": "pairwise_baseline", "baseline": revision, "dtype": str(dtype)}
+    old_angle = clocked(out, "baseline_equiangle_s", lambda: baseline.equiangle(centred))
+    old_cdnv = clocked(out, "baseline_cdnv_s", lambda: baseline.cdnv(means, variances))
+    new_angle, new_cdnv = clocked(out, "equiangle_and_cdnv_s", lambda: equiangle_and_cdnv(centred, variances))
+    before = out["baseline_equiangle_s_cpu"] + out["baseline_cdnv_s_cpu"]
+    return out | {"cpu_ratio_baseline_over_new": before / out["equiangle_and_cdnv_s_cpu"],
+                  "equiangle_relative_difference": abs(float(new_angle / old_angle) - 1),
+                  "cdnv_relative_difference": abs(float(new_cdnv / old_cdnv) - 1)}
+
+
 def gnc2_baseline(num_classes: int, dim: int, revision: str, screen_dtype: torch.dtype | None = None) -> dict:
     """``min_one_vs_rest_distance`` of this tree against the one of git ``revision`` (its
     ``geometry/_distances.py`` loaded as a module), in the same process, on ``gnc2_weight``: CPU seconds of
     each and how their answers differ (value, certificate, screened bounds, classes solved)."""
-    import importlib.util
-    import tempfile
-
     from kdcollapse.geometry import min_one_vs_rest_distance
 
-    source = subprocess.run(["git", "show", f"{revision}:src/kdcollapse/geometry/_distances.py"], check=True,
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
-        file.write(source)
-    spec = importlib.util.spec_from_file_location("baseline_distances", file.name)
-    baseline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(baseline)
-    os.unlink(file.name)
+    baseline = revision_module(revision, "geometry/_distances.py")
     weight = gnc2_weight(num_classes, dim)
     out = {"K": num_classes, "d": dim, "mode": "gnc2_baseline", "baseline": revision}
     old = clocked(out, "baseline_s", lambda: baseline.min_one_vs_rest_distance(weight))
@@ -364,6 +398,11 @@ def one_case(num_classes: int, dim: int, args) -> dict:
         return gnc2_exact(num_classes, dim, args.gnc2_exact, screen_dtype, args.gnc2_weight)
     if args.gnc2_baseline:
         return gnc2_baseline(num_classes, dim, args.gnc2_baseline, screen_dtype)
+    if args.pairwise_baseline:
+        from kdcollapse.metrics import accumulation_dtype
+
+        dtype = accumulation_dtype(num_classes, dim, args.accumulate)
+        return pairwise_baseline(num_classes, dim, args.pairwise_baseline, dtype)
     if args.statistics_only:
         return statistics_case(num_classes, dim, args)
     if args.gnc2_only:  # GNC2's screening alone, on a W in the dtype that --accumulate gives
@@ -548,6 +587,9 @@ def main() -> None:
                         help="time only the statistics phase, ours and (if installed) rhubarbwu's, on --tokens tokens")
     parser.add_argument("--gnc2-baseline", metavar="REV",
                         help="time GNC2 in full against the solver of git revision REV, same W, same process")
+    parser.add_argument("--pairwise-baseline", metavar="REV",
+                        help="time the class means' equiangularity and CDNV (one tiled pass) against the two "
+                             "passes of git revision REV, same process, in the dtype --accumulate gives")
     parser.add_argument("--feature-pass", type=int, default=0,
                         help="only time SmolLM2-135M's forward pass over this many tokens (the issue's target)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -566,6 +608,7 @@ def main() -> None:
 
         width = accumulation_dtype(k, d, args.accumulate).itemsize
         need = estimated_peak_gib(k, d, width, copies=3 if args.gnc2_only or args.gnc2_exact or args.gnc2_baseline
+                                  or args.pairwise_baseline
                                   else 4)
         if args.statistics_only:  # ours' two sums and the inputs' means, then theirs' sums, means and inputs' means
             need = 1.0 + max(2 * width + 4, 3 * 4) * k * d / 2**30
