@@ -436,6 +436,7 @@ def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch
     from kdcollapse.geometry import _distances
 
     monkeypatch.setattr(_distances, "_WINDOW", window)
+    monkeypatch.setattr(_distances, "_WINDOW_SHARE", 1)  # windows up to K: the cluster's window is gathered
     g = torch.Generator().manual_seed(13)
     direction = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(24) / 48**0.5
     spread = torch.randn(300, 48, generator=g, dtype=torch.float64)

@@ -56,7 +56,8 @@ _BLOCK_BYTES = 256 * 2**20
 _PROXIMAL_DELTA = 1e-10  # relative ridge of the affine sub-problems (handles dependent supports)
 _PROXIMAL_STEPS = 3
 _CHUNK_ENTRIES = 2**24  # rows of W widened to float64 at a time: 128 MiB whatever d
-_WINDOW = 4096  # most classes per row whose bfloat16 scores a certificate recomputes in float32
+_WINDOW = 4096  # most classes per row whose bfloat16 scores a certificate recomputes in float32 ...
+_WINDOW_SHARE = 64  # ... and at most K / _WINDOW_SHARE: a larger window's gather costs more than a K-wide product
 
 
 def _checked(W: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -493,8 +494,9 @@ def _window_minimum(rows: _UnitRows, k: Tensor, Y: Tensor, coarse: Tensor) -> Te
     of <w_j, y>. The class attaining the minimum has c_j - E_j <= min_i (c_i + E_i) = c_min + E_min (both sides
     increase with c_j), i.e. c_j is at most a threshold: a few hundred classes per row where the smallest
     scores are small, as near a QP's optimum. Only their scores are computed again in float32
-    (:func:`_gathered_minimum`), rows with similar counts together; rows with more than ``_WINDOW`` such
-    classes (y near zero, ties) take the full float32 product."""
+    (:func:`_gathered_minimum`), rows with similar counts together; rows with more than ``_WINDOW`` or
+    K / ``_WINDOW_SHARE`` such classes (y near zero, ties, large smallest scores) take the full float32
+    product, which costs less than gathering that many rows (on the CPU of the benchmarks)."""
     d = rows.shape[1]
     u, v = 2.0**-24, 2.0**-8
     rounded = Y.to(coarse.dtype).double()
@@ -508,10 +510,11 @@ def _window_minimum(rows: _UnitRows, k: Tensor, Y: Tensor, coarse: Tensor) -> Te
     threshold = (threshold + 2.0**-7 * threshold.abs() + 2.0**-120).to(coarse.dtype)  # not below it once rounded
     count = (coarse <= threshold[:, None]).sum(1)
     lowest = torch.empty(len(k), dtype=torch.float64, device=k.device)
-    rest = (count > _WINDOW).nonzero().flatten()
+    wide = count > min(_WINDOW, max(1, coarse.shape[1] // _WINDOW_SHARE))
+    rest = wide.nonzero().flatten()
     if len(rest):
         lowest[rest] = _float32_minimum(rows, k[rest], Y[rest])[1]
-    order = (count <= _WINDOW).nonzero().flatten()
+    order = (~wide).nonzero().flatten()
     if not len(order):
         return lowest
     order = order[count[order].argsort(stable=True)]
