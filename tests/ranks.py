@@ -96,3 +96,55 @@ def _wait(pids: list[int], deadline: float) -> list[int]:
             raise TimeoutError(f"the ranks did not finish in time (exit codes so far: {codes})")
         time.sleep(0.05)
     return [codes[pid] for pid in pids]
+
+
+class Forked:
+    """``kdcollapse ARGS`` (``kdcollapse.cli.main``) in one forked child of the test process, as
+    ``subprocess.Popen([python, "-m", "kdcollapse", *ARGS])`` would run it but without the interpreter's start
+    and import of torch: a real process that a test may stop (SIGSTOP) and kill (SIGKILL). Its stderr goes to
+    the file ``stderr``, its stdout nowhere."""
+
+    def __init__(self, args: Sequence[str], stderr: str | Path):
+        self._stderr, self.returncode = Path(stderr), None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            code = 1
+            try:
+                err, out = open(self._stderr, "w"), open(os.devnull, "w")  # noqa: SIM115 - closed by _exit
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout, sys.stderr = out, err
+                os.environ["OMP_NUM_THREADS"] = "1"
+                torch.set_num_threads(1)  # a forked process must not start OpenMP's thread pool
+                from kdcollapse.cli import main
+
+                code = main(list(args))
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 1
+            except BaseException:  # noqa: BLE001 - reported, and the child still ends in os._exit
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code or 0)
+
+    def poll(self) -> int | None:
+        """The exit code once the child ended (``-signal`` when a signal ended it), else None."""
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def stderr(self) -> str:
+        return self._stderr.read_text() if self._stderr.exists() else ""

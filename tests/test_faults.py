@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,6 @@ from kdcollapse.train import TrainingDiverged, fit
 
 MLP = ["data.name=digits", "data.batch_size=256", "train.progress=false", "optim.lr=0.05",
        "schedule.name=constant", "model.name=mlp", "model.kwargs={input_size: 8, hidden: [16]}"]
-SRC = str(Path(__file__).parents[1] / "src")
 
 
 def tiny(run_dir, *extra):
@@ -195,29 +192,31 @@ OPTIMISERS = ["optim.name=adamw", "optim.lr=0.01", "optim.accumulate=2", "train.
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [OPTIMISERS], ids=["adamw-steplr-accumulate-ema"])
-def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty_yaml, extra):
+def test_kill_9_during_training_then_a_second_process_and_resume(tmp_path, empty_yaml, extra, capsys):
     """A real SIGKILL at an arbitrary moment after the first epoch; meanwhile (the first process frozen with
-    SIGSTOP, holding its lock) a second process is refused. The killed process's lock does not block the
-    resume, which continues exactly as an uninterrupted run."""
+    SIGSTOP, holding its lock) a second process (this one) is refused. The killed process's lock does not block
+    the resume, which continues exactly as an uninterrupted run. The first process is a fork of this one
+    (tests/ranks.py: no interpreter start-up and import of torch)."""
+    from ranks import Forked
+
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "kdcollapse", "train", "--config", empty_yaml, *MLP, *extra,
-                             "train.epochs=100000", f"run_dir={run_dir}"], env=env, stderr=subprocess.PIPE)
+    proc = Forked(["train", "--config", empty_yaml, *MLP, *extra, "train.epochs=100000", f"run_dir={run_dir}"],
+                  tmp_path / "first.err")
     try:
         deadline = time.time() + 120
         while not (run_dir / "checkpoint.safetensors").exists():
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None and time.time() < deadline, proc.stderr()[-2000:]
             time.sleep(0.01)
         proc.send_signal(signal.SIGSTOP)
-        second = subprocess.run([sys.executable, "-m", "kdcollapse", "train", "--config", empty_yaml, *MLP,
-                                 "--overwrite", f"run_dir={run_dir}"], check=False, env=env, capture_output=True,
-                                text=True)
-        assert second.returncode == 2, second.stderr[-2000:]
-        assert f"is in use by another process (pid {proc.pid} on host" in second.stderr
-        assert "Traceback" not in second.stderr
+        capsys.readouterr()
+        assert main(["train", "--config", empty_yaml, *MLP, "--overwrite", f"run_dir={run_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by another process (pid {proc.pid} on host" in err, err[-2000:]
+        assert "Traceback" not in err
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]  # killed, not ended on its own
     resume(run_dir, 1)  # completes or discards the epoch being committed at the kill, trains nothing
     reached = weights(run_dir, "checkpoint.safetensors")[1]["epoch"]
     resume(run_dir, reached + 1)

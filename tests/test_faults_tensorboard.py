@@ -7,17 +7,14 @@ rebuilds the log from the committed records, under the run's lock: a crash never
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_faults import MLP, SRC, Crash, crash_at
+from test_faults import MLP, Crash, crash_at
 
 from kdcollapse.config import load_config
 from kdcollapse.runs import read_metrics
@@ -112,20 +109,23 @@ def test_turning_tensorboard_on_in_a_resume_logs_the_earlier_epochs(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_mid_training_leaves_no_phantom_step_and_resume_no_duplicate(tmp_path):
+    """The killed process is a fork of the test process (tests/ranks.py: no interpreter start-up)."""
+    from ranks import Forked
+
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC}
     (tmp_path / "empty.yaml").write_text("{}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "kdcollapse", "train", "--config", str(tmp_path / "empty.yaml"),
-                             *MLP, *TB, "train.epochs=100000", f"run_dir={run_dir}"], env=env, stderr=subprocess.PIPE)
+    proc = Forked(["train", "--config", str(tmp_path / "empty.yaml"), *MLP, *TB, "train.epochs=100000",
+                   f"run_dir={run_dir}"], tmp_path / "train.err")
     try:
         deadline = time.time() + 180
         while committed_epoch(run_dir) < 2:
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None and time.time() < deadline, proc.stderr()[-2000:]
             time.sleep(0.01)
         time.sleep(random.uniform(0.0, 0.5))  # an arbitrary instant of a later epoch
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]  # killed, not ended on its own
     assert_prefix_of_committed(run_dir)
     reached = committed_epoch(run_dir)
     resume(run_dir, reached + 1)

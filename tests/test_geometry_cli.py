@@ -97,15 +97,20 @@ def test_bad_sizes_report_an_error(capsys):
     assert status == 2 and "K must be an integer >= 2" in err
 
 
-def test_ufm_report_is_drawn_from_its_records_and_checked(capsys, tmp_path):
+def test_ufm_report_is_drawn_from_its_records_and_checked(capsys, tmp_path, monkeypatch):
+    from kdcollapse.experiments import ufm_report
     from kdcollapse.experiments.ufm_report import _fmt
 
     # --quick: the whole pipeline on small sizes. The page and the figures come from ufm.json alone: --check redraws
     # them and finds nothing to change; a hand edit of the page or a changed figure is out of date; nothing written.
+    # Experiment A with a tenth of --quick's iterations (its sizes as shipped): 60 GNC logs of its 4 runs, not 200.
+    compare = {**ufm_report._QUICK["compare"], "gd_steps": 20, "lbfgs_steps": 10}
+    monkeypatch.setitem(ufm_report._QUICK, "compare", compare)
     out = tmp_path / "ufm"
     status, text, _ = run(capsys, "ufm", "--quick", "--out", out)
     assert status == 0 and "wrote" in text
     records = json.loads((out / "ufm.json").read_text())
+    assert records["quick"] and {k: records["compare"][k] for k in compare} == compare
     page = (out / "ufm.md").read_text()
     sphere = records["compare"]["runs"][2]
     assert (sphere["regularization"], sphere["optimizer"]) == ("sphere", "lbfgs")
