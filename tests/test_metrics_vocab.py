@@ -431,8 +431,8 @@ def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch
     j != k, for directions of norms 1e-3 to 10, a zero direction, directions whose smallest 300 scores lie
     within the bfloat16 error of each other while their bfloat16 roundings differ (rows v + p_j with p_j
     orthogonal to y, the first row 1e-4 lower along y: the bfloat16 order of the window is scrambled, and a
-    window of the first 64 classes misses the minimum), and with a window too small for most rows (``_WINDOW`` = 8: those rows
-    take the full float32 product)."""
+    window of the first 64 classes misses the minimum), and with a window too small for most rows
+    (``_WINDOW`` = 8: those rows take the full float32 product)."""
     from kdcollapse.geometry import _distances
 
     monkeypatch.setattr(_distances, "_WINDOW", window)

@@ -248,12 +248,12 @@ def _offset_is_noise(outside: Tensor, projector: Tensor, unit: Scatter, weights:
     return float(fdtrc(rank, dof - rank + 1, f_statistic)) > OFFSET_TEST_LEVEL
 
 
-def _classifier(centred: LazyRows, unit: Scatter, weight: Tensor, gnc_convention: str,
+def _classifier(centred: LazyRows, gram: Tensor, unit: Scatter, weight: Tensor, gnc_convention: str,
                 tile: int) -> dict[str, Tensor]:
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020; Kothapalli's self-duality
     error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``);
-    ``centred`` is ``class_centred`` of the raw features' scatter. No K x d copy of W or of the means: the
-    normalised and scaled rows are formed a chunk at a time (``LazyRows``)."""
+    ``centred`` is ``class_centred`` of the raw features' scatter, ``gram`` its ``cross_gram``. No K x d copy
+    of W or of the means: the normalised and scaled rows are formed a chunk at a time (``LazyRows``)."""
     optimum = softmax_code_optimum(*weight.shape)
 
     rows_w = LazyRows.of(weight)
@@ -271,7 +271,7 @@ def _classifier(centred: LazyRows, unit: Scatter, weight: Tensor, gnc_convention
         "nc2_equinorm_w": equinorm,
         "nc2_equiangle_w": equiangle_w,
         "nc3": nc3,
-        "nc3_self_duality": etf_error(centred, weight),
+        "nc3_self_duality": etf_error(centred, weight, gram),
         "gnc2": min_one_vs_rest_distance(weight).value,  # W in its dtype: no K x d float64 copy
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
         "gnc3": (1 - row_dots(unit_weight, unit_means)).mean(),
@@ -313,8 +313,9 @@ def metrics_from_statistics(
     equiangle_m, cdnv_m = equiangle_and_cdnv(centred, raw.variances, tile)  # one pass over the means' Gram tiles
     out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means),
            **_generalized(unit, rtol, convention, gnc_convention)}
-    out |= {"nc2_equinorm": _equinorm(centred), "nc2_equiangle": equiangle_m, "nc2_etf_error": etf_error(centred),
-            "cdnv": cdnv_m}
+    gram = cross_gram(centred)  # M~^T M~ (d x d): NC2's and NC3's ETF errors
+    out |= {"nc2_equinorm": _equinorm(centred), "nc2_equiangle": equiangle_m,
+            "nc2_etf_error": etf_error(centred, gram=gram), "cdnv": cdnv_m}
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
         if not isinstance(classifier_weight, Tensor) or tuple(classifier_weight.shape) != expected:
@@ -324,5 +325,5 @@ def metrics_from_statistics(
         weight = classifier_weight.detach().to(device=raw.total.device, dtype=raw.centred.dtype)
         if not bool(torch.isfinite(torch.stack(torch.aminmax(weight))).all()):  # NaN propagates; no K x d mask
             raise KdcollapseError("classifier_weight contains NaN or inf")
-        out |= _classifier(centred, unit, weight, gnc_convention, tile)
+        out |= _classifier(centred, gram, unit, weight, gnc_convention, tile)
     return out

@@ -112,7 +112,7 @@ def equiangle_and_cdnv(centred: Rows, variances: Tensor, tile: int = TILE) -> tu
     return pair_mean(LazyRows((num, dim + 16), rows.dtype, rows.device, bundled), kernel, tile)
 
 
-def etf_error(A: Rows, B: Rows | None = None) -> Tensor:
+def etf_error(A: Rows, B: Rows | None = None, gram: Tensor | None = None) -> Tensor:
     r"""Distance of the normalised cross-Gram ``B A^T`` (K x K) from the simplex ETF's Gram, in O(K d^2).
 
     :math:`\lVert S/\lVert S\rVert_F - (I - \mathbf 1\mathbf 1^\top/K)/\sqrt{K-1}\rVert_F` with
@@ -124,15 +124,17 @@ def etf_error(A: Rows, B: Rows | None = None) -> Tensor:
     d x d matrix A^T A; exact to rounding even at an ETF. NC3: both matrices have unit norm, so the square
     is :math:`2 - 2\langle S, E\rangle/\lVert S\rVert_F` with :math:`\langle S, E\rangle = (\mathrm{tr}\,S -
     \mathbf 1^\top S\mathbf 1/K)/\sqrt{K-1}` and :math:`\lVert S\rVert_F^2 = \langle A^\top A, B^\top B\rangle`;
-    the subtraction leaves an absolute error of about sqrt(eps) = 1.5e-8 near 0.
+    the subtraction leaves an absolute error of about sqrt(eps) = 1.5e-8 near 0. ``gram``: A^T A
+    (``cross_gram(A)``) where the caller has it (one O(K d^2) product for NC2 and NC3).
     """
     num, dim = A.shape
+    gram = cross_gram(A) if gram is None else gram
     if B is None:
-        eigenvalues = torch.linalg.eigvalsh(cross_gram(A)).flip(0)[: min(dim, num - 1)].clamp_min(0)
+        eigenvalues = torch.linalg.eigvalsh(gram).flip(0)[: min(dim, num - 1)].clamp_min(0)
         level = eigenvalues.square().sum().sqrt() / math.sqrt(num - 1)
         spread = (eigenvalues - level).square().sum() + (num - 1 - eigenvalues.numel()) * level.square()
         return spread.sqrt() / (level * math.sqrt(num - 1))
-    norm = (cross_gram(A) * cross_gram(B)).sum().clamp_min(0).sqrt()
+    norm = (gram * cross_gram(B)).sum().clamp_min(0).sqrt()
     trace = row_dots(A, B).sum()
     total = row_sum(A) @ row_sum(B)
     inner = (trace - total / num) / math.sqrt(num - 1)
