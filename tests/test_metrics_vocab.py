@@ -105,11 +105,29 @@ def test_collapse_metrics_do_not_depend_on_the_tile_or_the_chunk(monkeypatch, ti
     reference = collapse_metrics(stats, w, tile=2048)
     means = stats.class_means()
     monkeypatch.setattr(linalg, "CHUNK_ROWS", chunk)
+    monkeypatch.setattr(linalg, "GRAM_BLOCK", 4)  # the d x d Grams by blocks of 4 and 2 columns
     tiled = collapse_metrics(stats, w, tile=tile)
     rel = 1e-12 if accumulate == "float64" else 1e-6  # float32 rows: the chunked sums round differently
     for key, value in reference.items():
         assert float(tiled[key]) == pytest.approx(float(value), rel=rel, abs=1e-15), key
     assert torch.equal(stats.class_means(), means)
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 40])
+def test_symmetric_gram_by_upper_blocks_equals_the_full_product(monkeypatch, block):
+    """``cross_gram`` of one matrix (weighted or not, float64 whole or float32 in chunks) forms only the
+    column blocks on and above the diagonal and mirrors them: equal to the float64 product A^T diag(w) A."""
+    import kdcollapse.metrics._linalg as linalg
+
+    monkeypatch.setattr(linalg, "GRAM_BLOCK", block)
+    monkeypatch.setattr(linalg, "CHUNK_ROWS", 50)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(120, 23, generator=g, dtype=torch.float64)
+    weights = torch.rand(120, generator=g, dtype=torch.float64)
+    for rows in (a, a.float()):
+        exact = rows.double().mT @ (rows.double() * weights[:, None])
+        assert torch.allclose(linalg.cross_gram(rows, weights=weights), exact, rtol=1e-13, atol=1e-13)
+        assert torch.allclose(linalg.cross_gram(rows), rows.double().mT @ rows.double(), rtol=1e-13, atol=1e-13)
 
 
 def test_class_square_sums_merge_exactly_across_shifts():
