@@ -771,17 +771,17 @@ def test_metric_phase_holds_no_k_by_d_copy_beyond_the_states_and_w(monkeypatch, 
 
 
 def test_vocab_benchmark_gnc2_in_full_runs_and_checks_itself_at_small_k():
-    """``bench_vocab_collapse.py --gnc2-exact`` (the runs of results/benchmarks/vocab_collapse.md) at a small K:
-    its record names the phases and its own check against the exact solver passes."""
-    import json
-    import subprocess
-    import sys
+    """``bench_vocab_collapse.py --gnc2-exact`` (the runs of results/benchmarks/vocab_collapse.md) at a small K,
+    its case run in this process (``gnc2_exact``, what ``--one 1500x24 --gnc2-exact 16`` runs): its record
+    names the phases and its own check against the exact solver passes."""
+    import importlib.util
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vocab_collapse.py"
-    result = subprocess.run([sys.executable, str(script), "--one", "1500x24", "--gnc2-exact", "16", "--threads", "1"],
-                            capture_output=True, text=True, timeout=300, check=True)
-    record = json.loads(result.stdout.strip().splitlines()[-1])
+    spec = importlib.util.spec_from_file_location("bench_vocab_collapse", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = bench.gnc2_exact(1500, 24, 16)
     assert record["mode"] == "gnc2_exact" and record["K"] == 1500 and record["subset"] == 16
     assert record["subset_below_gnc2"] == 0 and record["subset_outside_screen_bounds"] == 0
     assert record["near_after_refining"] <= record["near_after_screening"] and record["solved_exactly"] >= 1
