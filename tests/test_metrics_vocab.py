@@ -113,6 +113,28 @@ def test_collapse_metrics_do_not_depend_on_the_tile_or_the_chunk(monkeypatch, ti
     assert torch.equal(stats.class_means(), means)
 
 
+def test_equiangle_and_cdnv_in_one_pass_equal_the_two_kernels_and_the_dense_definitions():
+    """NC2's equiangularity and CDNV from one pass over the centred means' Gram tiles equal ``equiangle`` (unit
+    rows) and ``cdnv`` and the dense definitions, also with a class mean at the centre (a zero row: cosine 0
+    with every row, as ``F.normalize`` gives) and tiles that do not divide K."""
+    from kdcollapse.metrics._pairwise import cdnv, equiangle, equiangle_and_cdnv
+
+    g = np.random.default_rng(21)
+    means = g.normal(size=(9, 5)) + 2.0
+    means[4] = np.delete(means, 4, axis=0).mean(0)  # its centred row is zero
+    variances = g.uniform(0.5, 2.0, size=9)
+    centred = torch.from_numpy(means - means.mean(0))
+    unit = centred.numpy() / np.maximum(np.linalg.norm(centred.numpy(), axis=1, keepdims=True), 1e-12)
+    dense_angle = float(np.abs((unit @ unit.T)[~np.eye(9, dtype=bool)] + 1 / 8).mean())
+    for tile in (2, 4, 2048):
+        angle, spread = equiangle_and_cdnv(centred, torch.from_numpy(variances), tile)
+        assert float(angle) == pytest.approx(float(equiangle(centred, tile)), rel=1e-12)
+        assert float(angle) == pytest.approx(dense_angle, rel=1e-12)
+        assert float(spread) == pytest.approx(float(cdnv(torch.from_numpy(means), torch.from_numpy(variances))),
+                                              rel=1e-12)
+        assert float(spread) == pytest.approx(dense_cdnv(means, variances), rel=1e-10)
+
+
 @pytest.mark.parametrize("block", [1, 3, 7, 40])
 def test_symmetric_gram_by_upper_blocks_equals_the_full_product(monkeypatch, block):
     """``cross_gram`` of one matrix (weighted or not, float64 whole or float32 in chunks) forms only the
