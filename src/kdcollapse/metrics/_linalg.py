@@ -129,9 +129,10 @@ GRAM_BLOCK = 1024  # columns per block of a symmetric Gram (only the blocks on a
 
 
 def _gram(left: Tensor, right: Tensor, symmetric: bool) -> Tensor:
-    """``left^T right``; when it is symmetric (``right`` is the rows ``left`` weights), only its blocks of
+    """``left^T right``; when it is symmetric (``left`` is ``right`` with its rows weighted), only its blocks of
     ``GRAM_BLOCK`` columns on and above the diagonal are computed and the rest mirrored (10 of 16 block
-    products at d = 4,096; 1.4x less CPU for a float64 chunk of 8,192 x 4,096 rows on the benchmarks' CPU)."""
+    products at d = 4,096; 1.4x less CPU for a float64 chunk of 8,192 x 4,096 rows, one run, on the
+    benchmarks' Intel Xeon, CPU capability AVX512)."""
     dim = left.shape[1]
     if not symmetric or dim <= GRAM_BLOCK:
         return left.mT @ right
