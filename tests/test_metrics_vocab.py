@@ -328,6 +328,34 @@ def test_screened_gnc2_equals_the_exact_solver_on_every_class(num_classes, dim, 
     assert float(screened.gap) <= 1e-10
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "relu", "offset", "duplicate"])
+def test_small_k_solves_every_class_without_screening_and_equals_the_screened_path(kind):
+    """Where one QP holds every other class (K - 1 <= candidates) GNC2 and the distances skip the screening's
+    Frank-Wolfe warm start and solve every class from its most similar one: the same distances, certificates
+    and minimum as the screened path (forced by fewer candidates than K - 1)."""
+    from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
+
+    g = torch.Generator().manual_seed(11)
+    num, dim = 60, 24
+    weight = torch.randn(num, dim, generator=g, dtype=torch.float64)
+    weight = {"gaussian": weight, "relu": weight.relu() + 1e-3, "offset": weight + 3.0,
+              "duplicate": torch.cat([weight[:-1], 2 * weight[:1]])}[kind]
+    fast, screened = nearest_points(weight), nearest_points(weight, candidates=num - 2)
+    torch.testing.assert_close(fast.distances, screened.distances, rtol=0, atol=1e-12)
+    assert float(fast.gaps.max()) <= 1e-10 and float(screened.gaps.max()) <= 1e-10
+    small = min_one_vs_rest_distance(weight)
+    assert small.solved.tolist() == list(range(num))  # every class solved: no screening
+    forced = min_one_vs_rest_distance(weight, candidates=num - 2, screen_candidates=num - 2)
+    assert len(forced.solved) < num
+    assert float(small.value) == pytest.approx(float(forced.value), abs=1e-12)
+    assert float(small.value) == pytest.approx(float(screened.distances.min()), abs=1e-12)
+    assert bool((small.lower <= fast.distances + 1e-12).all()) and bool((small.upper >= fast.distances - 1e-12).all())
+    assert bool((small.lower <= small.upper).all())
+    assert float(small.gap) <= 1e-10
+    if kind == "duplicate":
+        assert float(small.value) == 0.0
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float64, torch.float32])
 def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_twice_its_rounding_bound(
         monkeypatch, weight_dtype):
