@@ -247,6 +247,10 @@ CLI: list[tuple[list[str], list[str]]] = [
     # distill-lm: every value is checked before the teacher is loaded
     (["distill-lm", "--config", "missing.yaml"], ["missing.yaml"]),
     (["distill-lm", "--config", "exists.txt"], ["exists.txt"]),
+    (["distill", "--config", "lm/smollm2_tiny"], ["lm/smollm2_tiny", "distill-lm --config"]),
+    (["train", "--config", "configs/lm/smollm2_tiny.yaml"], ["configs/lm/smollm2_tiny.yaml", "distill-lm"]),
+    (["distill-lm", "--config", "lm/smollm2_tinyy"], ["lm/smollm2_tinyy", "'lm/smollm2_tiny'", "recipes list"]),
+    (["distill-lm", "--config", "lm/smollm2_tiny", "lr=-1"], ["lr", "-1"]),  # the recipe name loads
     (["distill-lm", "nope.key=1"], ["nope", "batch_size"]),
     (["distill-lm", "loss.divergence=nope"], ["nope", "forward_kl"]),
     (["distill-lm", "loss.weight=-1"], ["loss.weight", "-1", "jsd"]),

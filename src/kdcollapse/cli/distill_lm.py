@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 _EXAMPLES = """examples:
-  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml
-  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml --baseline   # also the CE-only student
-  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml loss.divergence=jsd loss.weight=0.5 seed=1
+  kdcollapse distill-lm --config lm/smollm2_tiny            # a shipped recipe (kdcollapse recipes list 'lm/*')
+  kdcollapse distill-lm --config my_run.yaml --baseline     # a YAML file; also the CE-only student
+  kdcollapse distill-lm --config lm/smollm2_tiny loss.divergence=jsd loss.weight=0.5 seed=1
   kdcollapse distill-lm --resume runs/lm/smollm2_tiny
-  kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml teacher_k=null loss.divergence=jsd \
-      loss.weight=0.5 generation.lmbda=0.5                 # GKD: half of each batch sampled by the student
-  torchrun --nproc_per_node=2 -m kdcollapse distill-lm --config configs/lm/smollm2_tiny.yaml batch_size=4
+  kdcollapse distill-lm --config lm/smollm2_tiny teacher_k=null loss.divergence=jsd \\
+      loss.weight=0.5 generation.lmbda=0.5                  # GKD: half of each batch sampled by the student
+  torchrun --nproc_per_node=2 -m kdcollapse distill-lm --config lm/smollm2_tiny batch_size=4
 """
 
 
@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     text = "Distil a causal language model (HF directory, GGUF, SmolLM2-135M) into a small student."
     p = subparsers.add_parser("distill-lm", help=text, description=text, epilog=_EXAMPLES,
                               formatter_class=HelpFormatter)
-    p.add_argument("--config", metavar="FILE", help="YAML config (keys: kdcollapse.train.LMConfig)")
+    p.add_argument("--config", metavar="FILE", help="YAML config (keys: kdcollapse.train.LMConfig) or a recipe "
+                   "name ('lm/smollm2_tiny'; kdcollapse recipes list 'lm/*')")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
     p.add_argument("--baseline", action="store_true",
@@ -54,7 +55,9 @@ def _run(args) -> int:
         cfg = load_lm_config(Path(args.resume) / "config.yaml", args.overrides)
         cfg.run_dir = args.resume
     else:
-        cfg = load_lm_config(args.config, args.overrides)
+        from kdcollapse.recipes import config_file
+
+        cfg = load_lm_config(config_file(args.config) if args.config else None, args.overrides)
     with distributed_teardown():  # under torchrun: leave the process group together
         results = {"distilled": distill_lm(cfg, resume=bool(args.resume))}
         if args.baseline:  # cross-entropy on the corpus text only: no divergence, no sampled blocks

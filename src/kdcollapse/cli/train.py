@@ -159,9 +159,13 @@ def _resolve_config(args) -> RunConfig:
         return cfg
     if not args.config:
         raise ConfigError("give --config FILE (see configs/) or --resume RUN_DIR")
-    from kdcollapse.recipes import config_file
+    from kdcollapse.recipes import RECIPES_DIR, config_file
 
-    return load_config(config_file(args.config), args.overrides)
+    path = config_file(args.config)
+    if path.resolve().is_relative_to((RECIPES_DIR / "lm").resolve()):
+        raise ConfigError(f"{args.config!r} is a language-model recipe: run it with "
+                          f"`kdcollapse distill-lm --config {args.config}`")
+    return load_config(path, args.overrides)
 
 
 def _parse_seeds(text: str) -> list[int]:
