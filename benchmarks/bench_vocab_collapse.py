@@ -17,7 +17,9 @@ With ``--rhubarbwu`` (and ``neural_collapse`` importable: ``pip install --no-dep
 rhubarbwu/neural-collapse) the same inputs go through its accumulators (means; covariance and variance
 norms in a second pass) and measures (covariance_ratio, simplex_etf_error, self_duality_error,
 variability_cdnv with tile_size ``--rhubarbwu-tile``, the DecAccumulator). Its ETF errors and CDNV fill K x K float32
-grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``.
+grids, so its metric phase runs only where three of them (12 K^2 bytes) fit ``--max-gib``. Its CDNV costs
+O(K^2 d) elementwise (hours of one core at K = 32,000, d >= 2,048): ``--rhubarbwu-cdnv-classes N`` runs it on
+the first N classes and scales the time by (K / N)^2 (its tiles all cost the same), the rest in full.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 32000x576,49152x576
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_vocab_collapse.py --sizes 128256x4096 --accumulate float32
@@ -503,10 +505,20 @@ def rhubarbwu_case(num_classes: int, dim: int, tokens: int, weight: torch.Tensor
         return out
     if 3 * 4 * num_classes**2 > args.max_gib * 2**30:  # its ETF errors and CDNV hold ~3 K x K float32 grids
         return out | {"rhubarbwu_metrics": f"skipped: 3 K x K float32 grids exceed --max-gib {args.max_gib}"}
+    subset = args.rhubarbwu_cdnv_classes if 0 < args.rhubarbwu_cdnv_classes < num_classes else 0
     values = clocked(out, "rw_metrics_s", lambda: {
         "nc1": covariance_ratio(covariance, means, m_g), "nc2_etf_error": simplex_etf_error(means, m_g),
         "nc3_self_duality": self_duality_error(weight, means, m_g),
-        "cdnv": variability_cdnv(var_norms, means, tile_size=args.rhubarbwu_tile)})
+        **({} if subset else {"cdnv": variability_cdnv(var_norms, means, tile_size=args.rhubarbwu_tile)})})
+    if args.rhubarbwu_float64:  # its ETF errors on the same means in float64 (untimed): its float32 default's error
+        values["nc2_etf_error_float64"] = simplex_etf_error(means.double(), m_g.double())
+        values["nc3_self_duality_float64"] = self_duality_error(weight.double(), means.double(), m_g.double())
+    if subset:  # its CDNV grid on the first classes only, the time scaled by the grid's entries (K / n)^2
+        values[f"cdnv_first_{subset}"] = clocked(out, "rw_cdnv_subset_s", lambda: variability_cdnv(
+            var_norms[:subset], means[:subset], tile_size=args.rhubarbwu_tile))
+        scale = (num_classes / subset) ** 2
+        out["rw_cdnv_classes"], out["rw_cdnv_scale"] = subset, scale
+        out["rw_metrics_s_cpu_extrapolated"] = out["rw_metrics_s_cpu"] + scale * out["rw_cdnv_subset_s_cpu"]
     dec = DecAccumulator(num_classes, dim, "cpu", M=means, W=weight)
     watch, count = Stopwatch(), 0
     for x, y in batches(num_classes, dim, args.ncc_tokens, seed=2):
@@ -571,6 +583,11 @@ def main() -> None:
     parser.add_argument("--rhubarbwu-tokens", type=int, default=0, help="tokens for its statistics phase")
     parser.add_argument("--rhubarbwu-tile", type=int, default=1024,
                         help="its variability_cdnv tile_size (its kernel holds two tile x tile x d float32 arrays)")
+    parser.add_argument("--rhubarbwu-cdnv-classes", type=int, default=0, metavar="N",
+                        help="run its CDNV on the first N classes only and scale its time by (K / N)^2 "
+                             "(rw_metrics_s_cpu_extrapolated): its grid costs hours of one core at K >= 32,000")
+    parser.add_argument("--rhubarbwu-float64", action="store_true",
+                        help="also its ETF errors on the same means in float64 (a K x K float64 grid; not timed)")
     parser.add_argument("--gnc2-exact", type=int, default=0, metavar="SUBSET",
                         help="time GNC2 in full (screening + exact solve) and check it against the exact solver "
                              "on SUBSET random classes")
