@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import random
 import statistics
 import subprocess
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -50,3 +52,17 @@ def shared_machine(load: tuple[float, float]) -> str:
     return (f"Machine: {cpu_model()} ({os.cpu_count()} cores, CPU capability {cpu_capability()}, shared: 1-minute "
             f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end), torch threads: "
             f"{torch.get_num_threads()}, torch {torch.__version__}")
+
+
+def revision_module(revision: str, path: str):
+    """The module ``src/kdcollapse/<path>`` of git ``revision``, loaded beside this tree's (its own imports of
+    kdcollapse resolve to this tree)."""
+    source = subprocess.run(["git", "show", f"{revision}:src/kdcollapse/{path}"], check=True, capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+        file.write(source)
+    spec = importlib.util.spec_from_file_location("baseline_" + path.replace("/", "_")[:-3], file.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    os.unlink(file.name)
+    return module

@@ -67,7 +67,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import machine  # noqa: E402
+from _timing import machine, revision_module  # noqa: E402
 
 BATCH = 4096
 
@@ -289,23 +289,6 @@ def distinct_directions(weight: torch.Tensor, source: str) -> dict:
     distinct = clocked(out, "gnc2_distinct_s", lambda: min_one_vs_rest_distance(weight[first.sort().values]))
     return out | {"gnc2_distinct": float(distinct.value), "gnc2_distinct_gap": float(distinct.gap),
                   "gnc2_distinct_solved_exactly": distinct.solved.numel()}
-
-
-def revision_module(revision: str, path: str):
-    """The module ``src/kdcollapse/<path>`` of git ``revision``, loaded beside this tree's (its own imports of
-    kdcollapse resolve to this tree)."""
-    import importlib.util
-    import tempfile
-
-    source = subprocess.run(["git", "show", f"{revision}:src/kdcollapse/{path}"], check=True, capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
-        file.write(source)
-    spec = importlib.util.spec_from_file_location("baseline_" + path.replace("/", "_")[:-3], file.name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(file.name)
-    return module
 
 
 def pairwise_baseline(num_classes: int, dim: int, revision: str, dtype: torch.dtype) -> dict:

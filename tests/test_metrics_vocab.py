@@ -330,13 +330,13 @@ def test_screened_gnc2_equals_the_exact_solver_on_every_class(num_classes, dim, 
 
 @pytest.mark.parametrize("kind", ["gaussian", "relu", "offset", "duplicate"])
 def test_small_k_solves_every_class_without_screening_and_equals_the_screened_path(kind):
-    """Where one QP holds every other class (K - 1 <= candidates) GNC2 and the distances skip the screening's
+    """For K <= 32 classes (all candidates of each other) GNC2 and the distances skip the screening and its
     Frank-Wolfe warm start and solve every class from its most similar one: the same distances, certificates
     and minimum as the screened path (forced by fewer candidates than K - 1)."""
     from kdcollapse.geometry import min_one_vs_rest_distance, nearest_points
 
     g = torch.Generator().manual_seed(11)
-    num, dim = 60, 24
+    num, dim = 30, 24
     weight = torch.randn(num, dim, generator=g, dtype=torch.float64)
     weight = {"gaussian": weight, "relu": weight.relu() + 1e-3, "offset": weight + 3.0,
               "duplicate": torch.cat([weight[:-1], 2 * weight[:1]])}[kind]

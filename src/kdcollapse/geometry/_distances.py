@@ -15,7 +15,7 @@ so a returned distance is certified to lie in [dist - gap, dist]. The solver, pe
 
 1. screening (float32): candidates = the most similar classes, a few hundred pairwise Frank-Wolfe steps,
    then candidates re-chosen by the approximate residual (support first, then the most violated); skipped
-   where the candidates are every other class (K - 1 <= ``candidates``): step 2 starts from the most similar;
+   for K <= ``_SOLVE_ALL`` (32) classes all candidates of each other: step 2 starts from the most similar;
 2. exact solve (float64) on the candidates: pairwise Frank-Wolfe from the warm start, then Wolfe's
    nearest-point active-set method (Wolfe 1976), whose affine sub-problems are solved by Cholesky;
 3. certificate against *all* K - 1 other classes (exact in float64: one float32 product, then float64 scores
@@ -25,8 +25,10 @@ so a returned distance is certified to lie in [dist - gap, dist]. The solver, pe
 GNC2 alone (``min_one_vs_rest_distance``) screens every class with rigorous bounds (bfloat16 or float32
 K-wide products, their rounding bounded), tightens the bounds of the classes near the minimum by float32
 column generation, and solves exactly, by branch and bound, only the classes that can still attain it.
-Where one QP holds every other class (K - 1 <= both candidate counts) it solves every class instead: at
-such K the screening costs more than it saves (24 against 3 ms at K = 10, one thread).
+For K <= ``_SOLVE_ALL`` classes (all candidates of each other) it solves every class instead: there the
+screening costs more than it saves (GNC2 in 2.7-7.6x less time at K = 10-32, d = 16-512, one thread of an
+AVX512 CPU); from about 64 classes at d >= K the screening's warm start and branch and bound win
+(results/benchmarks/gnc2_small_k.md).
 
 Everything is batched tensors on the device of W. W is never copied to float64 as a whole (``_UnitRows``):
 it is kept as given (float64, or float32 as under float32 accumulation), with its float64 row norms and
@@ -61,6 +63,7 @@ _PROXIMAL_STEPS = 3
 _CHUNK_ENTRIES = 2**24  # rows of W widened to float64 at a time: 128 MiB whatever d
 _WINDOW = 4096  # most classes per row whose bfloat16 scores a certificate recomputes in float32 ...
 _WINDOW_SHARE = 64  # ... and at most K / _WINDOW_SHARE: a larger window's gather costs more than a K-wide product
+_SOLVE_ALL = 32  # up to this many classes (all candidates of each other) no screening: every QP solved from a vertex
 
 
 def _checked(W: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -185,7 +188,7 @@ def _solve_classes(rows: _UnitRows, todo: Tensor, *, tol: float, candidates: int
     positions = torch.arange(len(todo), device=rows.device)
     for where in tqdm(positions.split(block), desc="one-vs-rest distances", unit="block", disable=not progress):
         k = todo[where]
-        if m == K - 1:  # the candidates are every other class: start from the most similar one
+        if m == K - 1 and K <= _SOLVE_ALL:  # few classes, all candidates: start from the most similar one
             cand = _candidates(rows.W32 if low is None else low, k, m)
             lam = torch.zeros(cand.shape, dtype=torch.float64, device=rows.device)
             lam[:, 0] = 1
@@ -301,7 +304,7 @@ def min_one_vs_rest_distance(W: Tensor, *, tol: float = 1e-10, candidates: int =
                               f"{rows.device.type} does not have here (the rounding bound would not hold); use "
                               "torch.float32 or leave screen_dtype unset")
     low = rows.W32 if dtype == torch.float32 else rows.W32.to(dtype)
-    if K - 1 <= min(candidates, screen_candidates):  # each QP holds every class: solve them all, no screening
+    if K <= _SOLVE_ALL and K - 1 <= min(candidates, screen_candidates):  # few classes: solve all, no screening
         every = torch.arange(K, device=rows.device)
         exact = _solve_classes(rows, every, tol=tol, candidates=candidates, block_size=block_size, low=low)
         return MinimumDistance(exact.distances.min(), exact.gaps.max(), exact.distances,
