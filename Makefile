@@ -20,8 +20,10 @@ $(VENV)/.dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/kdcollapse demo $(DEMO_ARGS)
 
+# Two pytest-xdist workers, each test file on one of them (its module fixtures run once): 1.5x less wall time
+# on 2 cores than one process. `$(PY) -m pytest -q` runs the same tests in one process.
 test: $(VENV)/.dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Every results page (results/**/study.yaml) is what `kdcollapse study report` writes from its committed records
 # (runs.json): exit 1 naming each stale file. The same check is tests/test_study.py::test_ported_pages_*. The pages
