@@ -838,6 +838,43 @@ def test_vocab_benchmark_gnc2_in_full_runs_and_checks_itself_at_small_k():
     assert record["gnc2"] <= record["subset_exact_min"] + 1e-10 and record["gnc2_gap"] <= 1e-10
 
 
+def test_vocab_benchmark_scales_rhubarbwus_cdnv_and_gives_its_float64_etf_errors():
+    """``--rhubarbwu-cdnv-classes N`` (its CDNV on N classes, the time scaled by (K / N)^2) and
+    ``--rhubarbwu-float64`` (its ETF errors on the same means in float64) of bench_vocab_collapse.py, the
+    options of the K = 32,000 runs of results/benchmarks/vocab_collapse.md. Needs rhubarbwu/neural-collapse
+    installed (``pip install --no-deps`` from its repository); skipped without it."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("neural_collapse")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vocab_collapse.py"
+    spec = importlib.util.spec_from_file_location("bench_vocab_collapse", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(rhubarbwu_tokens=0, rhubarbwu_stats_only=False, rhubarbwu_batch=0, max_gib=2.0,
+                              rhubarbwu_cdnv_classes=40, rhubarbwu_tile=16, rhubarbwu_float64=True, ncc_tokens=64)
+    num, dim = 120, 8
+    out = bench.rhubarbwu_case(num, dim, num, torch.randn(num, dim, generator=torch.Generator().manual_seed(3)), args)
+    assert out["rw_cdnv_classes"] == 40 and out["rw_cdnv_scale"] == (num / 40) ** 2
+    assert out["rw_metrics_s_cpu_extrapolated"] == pytest.approx(
+        out["rw_metrics_s_cpu"] + out["rw_cdnv_scale"] * out["rw_cdnv_subset_s_cpu"], rel=1e-12)
+    values = out["rw_values"]
+    assert "cdnv" not in values and math.isfinite(values["cdnv_first_40"])
+    # the float64 ETF error against its definition on the float32 means it computed (Kothapalli's structure error)
+    from neural_collapse.accumulate import MeanAccumulator
+
+    acc = MeanAccumulator(num, dim, "cpu")
+    for x, y in bench.batches(num, dim, num):
+        acc.accumulate(x, y)
+    means = acc.compute()[0].double()
+    centred = (means - means.mean(0)).numpy()
+    gram = centred @ centred.T
+    gram = gram / np.linalg.norm(gram) + 1 / num / math.sqrt(num - 1) - np.eye(num) / math.sqrt(num - 1)
+    assert values["nc2_etf_error_float64"] == pytest.approx(float(np.linalg.norm(gram)), rel=1e-12)
+    assert values["nc2_etf_error"] == pytest.approx(values["nc2_etf_error_float64"], rel=1e-4)  # float32 at small K
+
+
 def test_the_gnc2_example_of_the_geometry_page_runs():
     """docs/geometry.md's ``min_one_vs_rest_distance`` example (both screening precisions) runs as written."""
     import re
