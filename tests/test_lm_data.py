@@ -249,3 +249,34 @@ def test_a_dataset_source_without_datasets_names_the_extra(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(KdcollapseError, match=r"needs datasets.*kdcollapse\[llm\]"):
         lm.read_examples(path)
+
+
+def test_the_data_section_is_checked_and_gives_blocks_per_split(tmp_path, tokenizer):
+    from kdcollapse.errors import ConfigError
+    for key, value, message in (("format", "csv", "data.format must be one of auto, text"),
+                                ("loss_on", "prompt", "data.loss_on must be one of completion, all"),
+                                ("layout", "stack", "data.layout must be one of pack, pad"),
+                                ("fields", {"answer": "a"}, "data.fields maps")):
+        with pytest.raises(ConfigError, match=message):
+            lm.DataSpec(**{key: value})
+    root = write_corpus(tmp_path / "corpus", copies=8)
+    spec = lm.DataSpec(source=str(root))
+    assert spec.text_corpus
+    blocks, key = lm.data_blocks(tokenizer, spec, 16, cache_dir=tmp_path / "cache")
+    assert key == lm.tokenize_corpus(tokenizer, root, cache_dir=tmp_path / "cache").key
+    assert all(b.targets.all() for b in blocks.values())
+    rows = [{"messages": CHATS[i % 2]} for i in range(40)] + [{"messages": CHATS[0][:1] + [
+        {"role": "assistant", "content": f"Reply number {i}."}]} for i in range(40)]
+    path = _write(rows, "jsonl", tmp_path)
+    chat = lm.DataSpec(source=str(path), layout="pad")
+    assert not chat.text_corpus
+    blocks, key = lm.data_blocks(tokenizer, chat, 48)
+    again, key_again = lm.data_blocks(tokenizer, chat, 48)
+    assert key == key_again and len(key) == 64
+    _, long_mask = lm.tokenize_example(tokenizer, lm.Example("c", "chat", messages=tuple(CHATS[1])))
+    assert long_mask.index(True) >= 48  # so a padded row of 48 tokens of CHATS[1] counts nothing: its rows are dropped
+    assert sum(b.examples for b in blocks.values()) == 60
+    train = blocks["train"]
+    assert train.ids.shape[1] == 48 and train.targets.any(1).all() and not train.targets.all()
+    everything, other_key = lm.data_blocks(tokenizer, lm.DataSpec(source=str(path), layout="pad", loss_on="all"), 48)
+    assert other_key != key and (everything["train"].targets.sum() > train.targets.sum())

@@ -153,3 +153,14 @@ def test_student_init_is_checked_before_anything_loads():
     teacher = _teacher(tiny_tokenizer(), "llama", layers=3)
     with pytest.raises(KdcollapseError, match="the teacher has 3 layers"):
         lm.select_layers(teacher, lm.StudentInit.from_mapping({"from": "teacher", "layers": [0, 5]}))
+
+
+def test_the_student_section_is_a_config_or_an_init_from_the_teacher(capfd):
+    assert lm.check_student_section({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2}) is None
+    assert "eos_token_id" not in capfd.readouterr().err  # no warning about a stand-in vocabulary
+    assert lm.check_student_section({"init": {"from": "teacher", "layers": "minitron", "keep": 3}}) == \
+        lm.StudentInit("minitron", 3, 32)
+    with pytest.raises(ConfigError, match="remove student.hidden_size"):
+        lm.check_student_section({"init": {"from": "teacher"}, "hidden_size": 64})
+    with pytest.raises(ConfigError, match="student: unknown keys for a llama config: hiden_size"):
+        lm.check_student_section({"model_type": "llama", "hiden_size": 64})

@@ -11,7 +11,8 @@ from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, T
 from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example, read_examples, render_chat,
                                      tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
-from kdcollapse.lm._student import (StudentInit, block_importance, decoder_layers, distilbert_layers,
+from kdcollapse.lm._data import DataSpec, data_blocks
+from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
@@ -26,5 +27,5 @@ __all__ = [
     "read_examples", "Example", "DataFields", "render_chat", "tokenize_example", "DATA_FORMATS", "LOSS_ON",
     "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
     "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
-    "block_importance", "decoder_layers",
+    "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
 ]

@@ -95,6 +95,12 @@ def read_examples(source: str | Path | None, *, format: str = "auto", fields: Da
     return examples
 
 
+def is_dataset_source(path: Path) -> bool:
+    """Whether ``path`` is read by ``datasets`` (a saved dataset, a data file, a folder holding data files)
+    rather than as a folder of text files."""
+    return path.is_file() or _is_saved_dataset(path) or bool(_dataset_files(path))
+
+
 def _dataset_files(path: Path) -> list[Path]:
     if path.is_file():
         if path.suffix not in _DATASET_FILES:
@@ -120,6 +126,8 @@ def _is_saved_dataset(path: Path) -> bool:
 
 def _read_rows(path: Path, files: list[Path]) -> tuple[list[dict], list[str]]:
     datasets = require("datasets", "Hugging Face datasets sources")
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # "Generating train split" for a local file is noise
     try:
         if not files:
             loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
@@ -135,6 +143,9 @@ def _read_rows(path: Path, files: list[Path]) -> tuple[list[dict], list[str]]:
     except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise their own classes for malformed files
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise DataError(f"cannot read the dataset {path}: {type(err).__name__}: {first}") from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     columns = list(parts[0].column_names)
     for part in parts[1:]:
         if list(part.column_names) != columns:

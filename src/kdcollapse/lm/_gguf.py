@@ -155,8 +155,8 @@ def load_gguf(path: Path, *, dtype: torch.dtype, tokenizer: Any, cache_dir: str 
                                                                   dtype=torch.float32)
         make_saveable(model)
         own_tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    if cache:
-        write_gguf_cache(directory, sha256, model, own_tokenizer)
+        if cache:
+            write_gguf_cache(directory, sha256, model, own_tokenizer)
     return model.to(dtype), tokenizer if tokenizer is not None else own_tokenizer
 
 

@@ -80,6 +80,28 @@ class StudentInit:
         return cls(layers, keep, blocks)
 
 
+def check_student_section(student: Mapping[str, Any]) -> StudentInit | None:
+    """A run's ``student`` mapping checked before any model loads: ``{init: {from: teacher, ...}}`` (nothing else:
+    the architecture is the teacher's) gives its :class:`StudentInit`; otherwise it is a ``transformers`` config
+    (checked by :func:`~kdcollapse.lm.language_model_config`, with no stand-in vocabulary, so no warning about
+    special-token ids outside it) and None is returned."""
+    from kdcollapse.lm._load import language_model_config
+    if not isinstance(student, Mapping):
+        raise ConfigError(f"'student' must be a mapping (a transformers config or {{init: {{from: teacher}}}}), got "
+                          f"{student!r}")
+    if "init" in student:
+        others = sorted(set(student) - {"init"})
+        if others:
+            raise ConfigError(f"student.init builds the student from the teacher's own architecture: remove "
+                              f"student.{', student.'.join(others)} (or student.init for a random student)")
+        return StudentInit.from_mapping(student["init"])
+    try:
+        language_model_config(student)
+    except KdcollapseError as err:
+        raise ConfigError(f"student: {err}") from None
+    return None
+
+
 def decoder_layers(model: Any) -> tuple[str, nn.ModuleList]:
     """The name and the ``ModuleList`` of ``model``'s decoder layers (the one list of ``num_hidden_layers``
     modules: ``model.layers`` for Llama/Qwen/Mistral, ``transformer.h`` for GPT-2)."""
