@@ -1,6 +1,7 @@
 """How long a GGUF teacher takes to load: dequantised by ``transformers`` from the GGUF file (no cache), the first
 load that also writes the cache, and the later loads that read the cache (``kdcollapse.lm._gguf``), against the
-time of reading the cached ``model.safetensors`` alone (``safetensors.torch.load_file``) and of hashing the GGUF.
+time of reading the cached ``model.safetensors`` alone (``safetensors.torch.load_file`` with every tensor summed, so
+every byte is read: ``load_file`` alone maps the file lazily) and of hashing the GGUF and the cached file.
 
     PYTHONPATH=src nice -n 10 python benchmarks/bench_gguf_cache.py --markdown results/benchmarks/gguf_cache.md
 
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +30,25 @@ from safetensors.torch import load_file
 from kdcollapse import lm
 from kdcollapse.lm import _gguf
 
-try:
-    from _timing import shared_machine
-except ImportError:  # run from elsewhere
-    import sys
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _timing import shared_machine
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import shared_machine  # noqa: E402
+
+
+READ = "read model.safetensors into tensors (load_file, every tensor summed so every byte is read)"
+
+
+FRESH_LOAD = "a new Python process: import kdcollapse.lm, load from the cache (each distill-lm start)"
+FRESH_READ = "a new Python process: import transformers, read model.safetensors into tensors"
+
+
+def child(code: str) -> tuple[float, float]:
+    """Wall and CPU seconds of a new Python process running ``code`` (with this tree's kdcollapse)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def timed(fn) -> tuple[float, float, object]:
@@ -68,15 +85,22 @@ def main() -> None:
             with torch.no_grad():
                 assert torch.equal(cached.model(ids).logits, reference)
             del cached
-            wall, cpu, _ = timed(lambda: load_file(str(weights)))
-            rows.setdefault("read model.safetensors alone (load_file)", []).append((wall, cpu))
+            wall, cpu, _ = timed(lambda: [t.sum() for t in load_file(str(weights)).values()])
+            rows.setdefault(READ, []).append((wall, cpu))
+            wall, cpu, _ = timed(lambda: _gguf.file_sha256(weights))
+            rows.setdefault("SHA-256 of model.safetensors (the check of every later load)", []).append((wall, cpu))
             wall, cpu, _ = timed(lambda: _gguf.file_sha256(path))
             rows.setdefault("SHA-256 of the GGUF (streamed)", []).append((wall, cpu))
+            for name, code in ((FRESH_LOAD, f"from kdcollapse import lm; lm.load_language_model({str(path)!r}, "
+                                            f"cache_dir={cache!r})"),
+                               (FRESH_READ, f"import transformers; from safetensors.torch import load_file; "
+                                            f"[t.sum() for t in load_file({str(weights)!r}).values()]")):
+                rows.setdefault(name, []).append(child(code))
         cached_mib = weights.stat().st_size / 2**20
     load.append(os.getloadavg()[0])
     med = {name: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v), len(v))
            for name, v in rows.items()}
-    base = med["read model.safetensors alone (load_file)"]
+    base = med[READ]
     lines = [f"{shared_machine(tuple(load))}.",
              f"Model: {path.name} ({path.stat().st_size / 2**20:.0f} MiB GGUF; cached model.safetensors "
              f"{cached_mib:.0f} MiB float32).", "",

@@ -77,6 +77,7 @@ def test_a_gguf_is_cached_by_its_sha256_and_reloads_equal(tiny, tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == [directory.name]  # nothing temporary left
     second = lm.load_language_model(q8, cache_dir=tmp_path)
     assert loads.gguf == 1  # read from the cache, not dequantised again
+    assert second.model.get_output_embeddings().weight is second.model.get_input_embeddings().weight  # still tied
     for (name, p), (_, q) in zip(first.model.named_parameters(), second.model.named_parameters(), strict=True):
         assert torch.equal(p, q), name
     ids = _ids(tokenizer)

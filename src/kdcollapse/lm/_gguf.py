@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,20 +137,22 @@ def write_gguf_cache(directory: Path, sha256: str, model: Any, tokenizer: Any) -
     return directory
 
 
-def load_gguf(path: Path, *, dtype: torch.dtype, tokenizer: Any, cache_dir: str | Path | None,
-              cache: bool) -> tuple[Any, Any]:
+def load_gguf(path: Path, *, dtype: torch.dtype, tokenizer: Any, cache_dir: str | Path | None, cache: bool,
+              check: Callable[[Path], None]) -> tuple[Any, Any]:
     """The model and tokenizer of the GGUF file ``path``: from its cache when that is complete and intact, else
-    dequantised by ``transformers`` and (``cache``) written to the cache for the next load."""
+    checked by ``check`` (its header and tensor table parsed: seconds for a vocabulary of 49,152 tokens, so not
+    done when the file's SHA-256 already matches an intact cache), dequantised by ``transformers`` and
+    (``cache``) written to the cache for the next load."""
     transformers = require("transformers", "language models")
     sha256 = file_sha256(path) if cache else None
     directory = gguf_cache_path(path, cache_dir, sha256=sha256) if cache else None
     with quiet_transformers():
         if cache and read_gguf_cache(directory, sha256):
-            model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
-                                                                      use_safetensors=True, trust_remote_code=False)
+            model = read_cached_model(directory)
             if tokenizer is None:
                 tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
             return model.to(dtype), tokenizer
+        check(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                                   dtype=torch.float32)
         make_saveable(model)
@@ -160,12 +162,47 @@ def load_gguf(path: Path, *, dtype: torch.dtype, tokenizer: Any, cache_dir: str 
     return model.to(dtype), tokenizer if tokenizer is not None else own_tokenizer
 
 
-def load_gguf_tokenizer(path: Path, cache_dir: str | Path | None = None) -> Any:
+def read_cached_model(directory: Path) -> Any:
+    """The model of a cache directory: its architecture built from ``config.json`` without drawing initial weights,
+    then ``model.safetensors`` copied in (every weight the file holds; the output head may be tied to the input
+    embeddings instead). About the time of reading the file, where ``from_pretrained`` took several times that."""
+    transformers = require("transformers", "language models")
+    from safetensors.torch import load_file
+    config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    with _no_init_weights(), torch.random.fork_rng(devices=[]):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = load_file(str(directory / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)  # the file's tensors, not copies
+    head = set()
+    if getattr(config, "tie_word_embeddings", False):  # skipping the initialisation skipped the tying too
+        model.tie_weights()
+        output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+        if output is not None and output.weight is embedding.weight:
+            head = {name for name, p in model.named_parameters(remove_duplicate=False) if p is output.weight}
+    if unexpected or set(missing) - head:
+        raise KdcollapseError(f"{directory / 'model.safetensors'} does not match its config.json (missing "
+                              f"{sorted(set(missing) - head)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    return model.eval()
+
+
+def _no_init_weights():
+    """``transformers``' context that skips drawing initial weights (they are overwritten), where it exists."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return getattr(__import__(module, fromlist=["no_init_weights"]), "no_init_weights")()
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext()
+
+
+def load_gguf_tokenizer(path: Path, cache_dir: str | Path | None, check: Callable[[Path], None]) -> Any:
     """The tokenizer of the GGUF file ``path``: from its cache's tokenizer files when they are intact (the model
-    files are not read), else built from the GGUF's metadata."""
+    files are not read), else built from the GGUF's metadata (after ``check``)."""
     transformers = require("transformers", "language models")
     sha256 = file_sha256(path)
     directory = gguf_cache_path(path, cache_dir, sha256=sha256)
-    if read_gguf_cache(directory, sha256, files=("tokenizer.json", "tokenizer_config.json")):
-        return transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
-    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with quiet_transformers():
+        if read_gguf_cache(directory, sha256, files=("tokenizer.json", "tokenizer_config.json")):
+            return transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=False)
+        check(path)
+        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -96,14 +96,16 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
                                   f"as pytorch_model.bin: save the model with save_pretrained)")
         directory, options = path, {"trust_remote_code": False}
     elif path.suffix == ".gguf":
-        check_gguf(path)
+        if not (pretrained and cache):
+            check_gguf(path)
         directory, options = path.parent, {"gguf_file": path.name}
     else:
         raise KdcollapseError(f"{path}: a language model is a directory with config.json or a .gguf file")
     transformers = require("transformers", PURPOSE)
     try:
         if pretrained and "gguf_file" in options:
-            model, tokenizer = load_gguf(path, dtype=dtype, tokenizer=tokenizer, cache_dir=cache_dir, cache=cache)
+            model, tokenizer = load_gguf(path, dtype=dtype, tokenizer=tokenizer, cache_dir=cache_dir, cache=cache,
+                                         check=check_gguf)
         elif pretrained:
             with quiet_transformers():
                 model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True,
@@ -111,7 +113,8 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
         else:
             model = _initialised(transformers.AutoConfig.from_pretrained(directory, **options), seed).to(dtype)
         if tokenizer is None:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+            tokenizer = (load_tokenizer(path, cache_dir=cache_dir) if "gguf_file" in options
+                         else transformers.AutoTokenizer.from_pretrained(directory, **options))
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise KdcollapseError(f"cannot load the language model {path}: {_first_line(err)}") from None
     return LanguageModel(model.eval(), tokenizer, str(path))
@@ -126,8 +129,7 @@ def load_tokenizer(source: str | Path, *, cache_dir: str | Path | None = None) -
     transformers = require("transformers", PURPOSE)
     try:
         if not path.is_dir():
-            check_gguf(path)
-            return load_gguf_tokenizer(path, cache_dir)
+            return load_gguf_tokenizer(path, cache_dir, check_gguf)
         refuse_remote_code(path)
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
