@@ -69,7 +69,8 @@ def pack_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], blo
                        torch.tensor(targets[:cut], dtype=torch.bool).view(n, block_size), len(tokenized))
 
 
-def pad_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int, pad_id: int) -> TokenBlocks:
+def pad_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
+                 pad_id: int) -> TokenBlocks:
     """The ``pad`` layout of the module doc."""
     _check_block_size(block_size)
     if not tokenized:
@@ -109,7 +110,8 @@ def example_blocks(tokenizer: Any, examples: Sequence[Example], block_size: int,
         if not chosen:
             continue
         try:
-            out[split] = pack_examples(chosen, block_size) if layout == "pack" else pad_examples(chosen, block_size, pad_id)
+            out[split] = (pack_examples(chosen, block_size) if layout == "pack"
+                          else pad_examples(chosen, block_size, pad_id))
         except DataError:
             continue
     if "train" not in out:

@@ -98,7 +98,7 @@ def read_gguf_cache(directory: Path, sha256: str, files: tuple[str, ...] | None 
     every file listed (or only ``files``) has the size and SHA-256 the manifest records."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
-        if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION or manifest.get("gguf_sha256") != sha256:
+        if (manifest.get("format"), manifest.get("version"), manifest.get("gguf_sha256")) != (_FORMAT, _VERSION, sha256):
             return False
         for name, (size, digest) in manifest["files"].items():
             if files is not None and name not in files:
