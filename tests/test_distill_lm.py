@@ -49,7 +49,7 @@ def test_a_run_writes_its_directory_and_resumes_bit_for_bit(setup):
         assert torch.equal(a[name], value), name
 
 
-@pytest.mark.parametrize("overrides", [["teacher_k=null", "loss.divergence=jsd", "loss.weight=0.5"],
+@pytest.mark.parametrize("overrides", [["teacher_k=null", "loss.divergence=jsd", "loss.beta=0.5"],
                                        ["precision=bf16", "loss.divergence=reverse_kl", "accumulate=2"]])
 def test_online_teacher_and_bf16_paths_train(setup, overrides):  # CE only: the CLI test's --baseline
     root, options = setup
@@ -100,10 +100,10 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
     """lmbda = 1: every block is the student's completion of its first half, scored by the teacher with
     JSD(0.5) at the completion's positions only: equal to the plain (unfused) computation."""
     from kdcollapse.losses.llm import token_divergence
-    from kdcollapse.train._lm import _loss, _Teacher
+    from kdcollapse.train._lm_task import _loss, _Teacher
 
     root, options = setup
-    cfg = load_lm_config(None, [*options, "run_dir=unused", "loss.divergence=jsd", "loss.weight=0.5",
+    cfg = load_lm_config(None, [*options, "run_dir=unused", "loss.divergence=jsd", "loss.beta=0.5",
                                 "generation.lmbda=1", "teacher_k=null", "generation.temperature=1.5"])
     teacher = _Teacher(str(root / "teacher"))
     student = lm.load_language_model(root / "teacher").model  # any model: the teacher scores it
@@ -115,12 +115,12 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
                                     generator=torch.Generator().manual_seed(7)).sequences
     with torch.no_grad():
         q, p = student(sampled).logits[:, 3:-1], teacher.model(sampled).logits[:, 3:-1]
-        want = token_divergence(q.reshape(-1, 300), p.reshape(-1, 300).log_softmax(-1), "jsd", 0.5,
+        want = token_divergence(q.reshape(-1, 300), p.reshape(-1, 300).log_softmax(-1), "jsd", beta=0.5,
                                 reduction="none").mean()
     torch.testing.assert_close(got.detach(), want.to(got.dtype), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.weight=0.5", "generation.lmbda=0.5"],
+@pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.beta=0.5", "generation.lmbda=0.5"],
                                        ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
                          ids=["on_policy", "seq_kd"])
 def test_sampled_runs_resume_bit_for_bit(setup, overrides):
@@ -259,9 +259,9 @@ groups:
     step: distill_lm
     grid:
       lr: [0.01, 0.001]
-      arm: [{{arm: ce, divergence: none, weight: null, ce: 1.0, distill: 0.0}},
-            {{arm: dkd, divergence: dkd, weight: 2.0, ce: 0.0, distill: 1.0}}]
-    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.weight: "{{weight}}", loss.ce_weight: "{{ce}}",
+      arm: [{{arm: ce, divergence: none, beta: null, ce: 1.0, distill: 0.0}},
+            {{arm: dkd, divergence: dkd, beta: 2.0, ce: 0.0, distill: 1.0}}]
+    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.beta: "{{beta}}", loss.ce_weight: "{{ce}}",
               loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
 summary:
   select: null
@@ -278,7 +278,7 @@ summary:
     for run in study.runs.values():
         assert execute(run).status == "finished" and state_of(run) == "finished"
     result = json.loads((study.runs["dkd/lr0.01/seed1"].run_dir / "result.json").read_text())
-    direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.weight=2.0", "lr=0.01", "seed=1",
+    direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.beta=2.0", "lr=0.01", "seed=1",
                                                 f"run_dir={tmp_path / 'direct'}"]), log=lambda *_: None)
     assert result["test_perplexity"] == direct["test_perplexity"] and result["val_perplexity"] == \
         direct["validation_perplexity"] and result["steps"] == 2 and result["student_parameters"] > 0
@@ -292,7 +292,7 @@ summary:
 
 
 def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teacher(setup, monkeypatch):
-    from kdcollapse.train import _lm
+    from kdcollapse.train import _lm_task as _lm
 
     root, options = setup
     distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k16'}", "steps=1"]), log=lambda *_: None)
@@ -304,7 +304,7 @@ def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teac
 
 
 def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_student(tmp_path):
-    from kdcollapse.train._lm import SMALL_LLAMA
+    from kdcollapse.config_lm import SMALL_LLAMA
 
     cfg = load_lm_config(None, ["student.hidden_size=128", "student.num_hidden_layers=2"])
     assert cfg.student == {**SMALL_LLAMA, "hidden_size": 128, "num_hidden_layers": 2}
