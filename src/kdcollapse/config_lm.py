@@ -165,8 +165,12 @@ class LMConfig:
         check_number("weight_decay", self.weight_decay)
         if not isinstance(self.student, dict):
             raise ConfigError(f"'student' must be a mapping (a transformers config), got {self.student!r}")
+        for key, value in self.student.items():  # sizes and counts: transformers accepts 0 and fails mid-run
+            if value is not None and (key.endswith("_size") or key.startswith("num_") or key in ("head_dim", "max_position_embeddings")) and \
+                    not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
         try:  # the student's architecture, checked before the teacher loads (the vocabulary comes from it)
-            lm.language_model_config({"vocab_size": 2, **self.student})
+            lm.language_model_config({"vocab_size": 1 << 16, **self.student})
         except KdcollapseError as err:
             raise ConfigError(f"student: {err}") from None
         self._check_generation()

@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -230,6 +231,10 @@ def _check_creatable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not writable")
+    try:  # access() passes for root where mkdir fails (/proc): a folder made and removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".kdcollapse-probe-", dir=existing))
+    except OSError as err:
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
 def _read_run_json(run_dir: Path) -> dict | None:

@@ -64,8 +64,8 @@ def refuse_old_format(run_dir: Path) -> None:
     if meta.get("format") == OLD_FORMAT:
         raise CheckpointError(
             f"{run_dir} is a distill-lm run of an older kdcollapse (checkpoint format {OLD_FORMAT}, no state.json), "
-            f"which this version does not resume: convert it with `python -m kdcollapse.train.convert_lm {run_dir}` "
-            "(then --resume it), or start it again in another run_dir")
+            "which this version cannot resume: train it again with its config in a new run_dir (or in this one with "
+            "--overwrite); a finished run's student/ folder stays readable by kdcollapse.lm.load_language_model")
 
 
 class LMTrainer:
