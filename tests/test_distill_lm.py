@@ -316,3 +316,87 @@ def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_stude
     whole = {"model_type": "llama", "hidden_size": 16, "num_attention_heads": 2}
     assert load_lm_config(None, [f"student={json.dumps(whole)}", "student.num_hidden_layers=1"]).student == {
         **whole, "num_hidden_layers": 1}
+
+
+# --- the shared run engine (issue 38): an LM run directory is a run directory like an image run's ----------
+
+def test_an_lm_run_is_read_by_run_run_state_plot_and_its_commits_by_state_json(setup, tmp_path, capsys):
+    """state.json commits each evaluated step (checkpoint and metrics files by digest); Run, run_state and
+    `kdcollapse plot` read the run as they read an image run; per-step scalars are committed in steps.jsonl."""
+    from kdcollapse.config_lm import LMConfig
+    from kdcollapse.runs import Run, run_state
+    from kdcollapse.runs._commit import file_digest, read_state
+
+    root, options = setup
+    run = tmp_path / "engine"
+    distill_lm(load_lm_config(None, [*options, f"run_dir={run}", "log_every=1"]), log=lambda *_: None)
+    state = read_state(run)
+    assert state["epoch"] == 4 and {"checkpoint.safetensors", "metrics.jsonl", "metrics.csv", "steps.jsonl"} <= set(state["files"])
+    for name, entry in state["files"].items():
+        assert file_digest(run / name) == entry["sha256"], name
+    opened = Run(run)
+    assert isinstance(opened.config, LMConfig) and opened.task == "lm" and opened.config.steps == 4
+    assert [r["step"] for r in opened.metrics()] == [2, 4] and opened.finished() and run_state(run) == "finished"
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    with pytest.raises(Exception, match="student"):
+        opened.model()
+    assert json.loads((run / "run.json").read_text())["task"] == "lm"
+    pytest.importorskip("matplotlib")
+    capsys.readouterr()
+    assert main(["plot", str(run), "--keys", "validation_perplexity,train_loss", "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_run_of_the_older_lm_format_is_refused_with_one_line_saying_what_to_do(setup, tmp_path, capsys):
+    from kdcollapse.runs import save_tensors
+
+    root, options = setup
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.yaml").write_text("teacher: t\nstudent: {model_type: llama}\nloss: {divergence: jsd, weight: 0.5}\n")
+    save_tensors(old / "checkpoint.safetensors", {"student.w": torch.zeros(1)},
+                 {"format": "kdcollapse.lm_checkpoint", "step": 2})
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    assert main(["distill-lm", "--resume", str(old)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "kdcollapse.lm_checkpoint" in err[0] and "--overwrite" in err[0], err
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys):
+    """A real SIGKILL after the first committed step; meanwhile (the first process frozen, holding its lock) a
+    second process is refused; the resume ends in the same metrics and student as an uninterrupted run."""
+    import signal
+    import time
+
+    from ranks import Forked
+
+    root, options = setup
+    common = [*options, "steps=40", "eval_every=1", "progress=false"]
+    run = tmp_path / "killed"
+    proc = Forked(["distill-lm", *common, f"run_dir={run}"], tmp_path / "first.err")
+    try:
+        deadline = time.time() + 120
+        while not (run / "checkpoint.safetensors").exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr()[-2000:]
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        capsys.readouterr()
+        assert main(["distill-lm", *common, f"run_dir={run}", "--overwrite"]) == 2
+        assert f"is in use by another process (pid {proc.pid}" in capsys.readouterr().err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]
+    assert main(["distill-lm", "--resume", str(run)]) == 0
+    distill_lm(load_lm_config(None, [*common, f"run_dir={tmp_path / 'straight'}"]), log=lambda *_: None)
+
+    def records(d):
+        return [{k: v for k, v in json.loads(x).items() if k != "step_seconds"}
+                for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+    assert records(run) == records(tmp_path / "straight") and len(records(run)) == 40
+    a = lm.load_language_model(run / "student").model.state_dict()
+    for name, value in lm.load_language_model(tmp_path / "straight" / "student").model.state_dict().items():
+        assert torch.equal(a[name], value), name

@@ -41,7 +41,7 @@ def _run(args) -> int:
     from kdcollapse.config_lm import LM_RESUMABLE_KEYS
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
-    from kdcollapse.train import distill_lm, load_lm_config
+    from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format
 
     if args.resume:
         if args.config:
@@ -51,6 +51,7 @@ def _run(args) -> int:
             raise ConfigError(
                 f"cannot resume: the run was trained with its own {', '.join(refused)}; a resume may change only "
                 f"{', '.join(LM_RESUMABLE_KEYS)}; start a new run_dir for anything else")
+        refuse_old_format(Path(args.resume))  # before its config, whose keys may be an older version's
         cfg = load_lm_config(Path(args.resume) / "config.yaml", args.overrides)
         cfg.run_dir = args.resume
     else:

@@ -36,7 +36,7 @@ from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_
 from kdcollapse.runs._checkpoint import read_header
 from kdcollapse.train._lm_task import LMTask
 
-__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config"]
+__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format"]
 
 OLD_FORMAT = "kdcollapse.lm_checkpoint"
 
