@@ -32,8 +32,8 @@ from kdcollapse.config_lm import LMConfig, load_lm_config
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_tensors, on_main_process,
-                             read_metrics, split_prefix, start_run_dir, unflatten_optimizer, update_run_record)
-from kdcollapse.runs._checkpoint import read_header
+                             read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
+                             update_run_record)
 from kdcollapse.train._lm_task import LMTask
 
 __all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format"]
