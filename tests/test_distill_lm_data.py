@@ -125,3 +125,20 @@ def test_the_docs_commands_run_on_tiny_models(setup, capsys):
         code = main([*argv, *tiny, f"run_dir={root / f'doc{i}'}"])
         assert code == 0, (argv, capsys.readouterr().err)
     capsys.readouterr()
+
+
+def test_bad_data_and_student_init_are_one_line_before_anything_is_written(setup, capsys):
+    root, options, _ = setup
+    for bad, message in ((["data.format=csv"], "data.format must be one of auto, text, prompt_completion, chat"),
+                         ([f"data.source={root / 'missing.jsonl'}"], "does not exist"),
+                         ([f"data.source={root / 'chat.jsonl'}", "data.format=text"], "format text needs the column"),
+                         ([f"data.source={root / 'chat.jsonl'}", f"corpus={root / 'corpus'}"], "both name the data"),
+                         (['student={"init": {"from": "teacher", "layers": "every_other"}}'],
+                          "student.init.layers must be one of distilbert, minitron"),
+                         ([f"corpus={root / 'corpus'}", 'student={"init": {"from": "teacher", "layers": [0, 7]}}'],
+                          "the teacher has 3 layers"),
+                         (['student={"init": {"from": "teacher"}, "hidden_size": 8}'], "remove student.hidden_size")):
+        assert main(["distill-lm", *options, f"run_dir={root / 'refused'}", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (bad, err)
+        assert not (root / "refused").exists()
