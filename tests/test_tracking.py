@@ -140,7 +140,7 @@ def test_wandb_history_stops_at_a_torn_last_record(wandb_resumed_run, tmp_path):
     from kdcollapse.runs._tracking import wandb_history
 
     path = tmp_path / "run.wandb"
-    shutil.copy(next(wandb_resumed_run[1][1].glob("run-*.wandb")), path)  # the resumed segment: epochs 2, 3 (steps 8, 10, 12)
+    shutil.copy(next(wandb_resumed_run[1][1].glob("run-*.wandb")), path)  # resumed segment: steps 8, 10, 12
     whole, data, seen = wandb_history(path), path.read_bytes(), set()
     assert [s for s, _ in whole] == [8, 10, 12]
     for end in range(7, len(data), 17):  # the log cut every 17 bytes: a prefix of the whole history

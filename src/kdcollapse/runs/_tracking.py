@@ -1,7 +1,7 @@
 """Experiment trackers beside ``metrics.jsonl``: Weights & Biases and MLflow, when installed and asked for
-(``train.trackers=[wandb, mlflow]``). Each run logs its config, every epoch record and the per-step scalars (:func:`tracker_rows`); ``train.group`` (a
-study's name, set by ``kdcollapse study``) groups the runs of one study: the W&B group and tag, the MLflow
-experiment and tag ``kdcollapse.group``.
+(``train.trackers=[wandb, mlflow]``). Each run logs its config, every epoch record and the per-step scalars
+(:func:`tracker_rows`); ``train.group`` (a study's name, set by ``kdcollapse study``) groups the runs of one
+study: the W&B group and tag, the MLflow experiment and tag ``kdcollapse.group``.
 
 Both keep their own defaults for where they write: ``WANDB_MODE=offline`` keeps W&B on disk (under the run
 directory), ``MLFLOW_TRACKING_URI`` picks MLflow's store (a local ``mlruns`` folder without it). A resumed
