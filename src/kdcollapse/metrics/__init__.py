@@ -11,6 +11,7 @@ from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_di
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._margin import margin
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
+from kdcollapse.metrics._ood import FeatureMean
 from kdcollapse.metrics._statistics import (ACCUMULATION_BOUND, FeatureStatistics, accumulation_dtype, collapse_metrics,
                                            covariance_spectra)
 from kdcollapse.metrics._transfer import mean_log_odds_gain
@@ -19,6 +20,7 @@ __all__ = [
     "METRICS",
     "MetricInfo",
     "FeatureStatistics",
+    "FeatureMean",
     "ACCUMULATION_BOUND",
     "accumulation_dtype",
     "IntraClassSimilarity",

@@ -25,6 +25,7 @@ class MetricInfo:
     source: Source  # what returns it
     per_epoch: bool = False  # logged as train_<name> / test_<name> when analysis.every is set
     needs_classifier: bool = False  # returned only when the linear head's weight W is given
+    needs_ood: bool = False  # returned only when the mean feature of out-of-distribution data is given
 
 
 _NC = "Papyan et al. 2020"
@@ -33,6 +34,8 @@ _C, _N, _I = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilari
 METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("nc1", "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
                f"{_NC} (NC1)", _C, per_epoch=True),
+    MetricInfo("nc1_svd", "(1/K) Tr(Σ_W Σ_B⁺), Σ_B⁺ from its K − 1 largest eigenvalues (NC1 by SVD)",
+               "Han et al. 2022", _C),
     MetricInfo("fuzziness", "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)", "VCI paper Sec. 3.2", _C),
     MetricInfo("vci", "1 − Tr(Σ_T† Σ_B)/min(d, K−1): variability a linear probe cannot remove; 0 = collapsed (VCI)",
                "VCI paper Def. 5.3", _C, per_epoch=True),
@@ -54,6 +57,18 @@ METRICS: tuple[MetricInfo, ...] = (
                "Kothapalli 2023; Wu & Papyan 2024", _C),
     MetricInfo("cdnv", "mean over class pairs of (σ_k² + σ_k'²)/(2‖μ_k − μ_k'‖²); 0 = collapsed (CDNV)",
                "Galanti et al. 2022", _C),
+    *(MetricInfo(f"nc2g_{kernel}_{stat}",
+                 f"{'mean' if stat == 'mean' else 'variance'} over class pairs of the {what} between unit centred "
+                 f"class means (hyperspherical uniformity{'; GNC2 of Linguistic Collapse' if kernel == 'log' else ''})",
+                 "Liu et al. 2023; Wu & Papyan 2024", _C)
+      for kernel, what in (("dist", "distance"), ("log", "log inverse distance"),
+                           ("riesz", "Riesz kernel |Δ|^−(d−2)")) for stat in ("mean", "var")),
+    MetricInfo("unc3", "variance over classes of w_k · (μ_k − μ̄); 0 = uniform duality (UNC3)",
+               "Wu & Papyan 2024", _C, needs_classifier=True),
+    MetricInfo("unc3_cosine", "variance over classes of cos(w_k, μ_k − μ̄) (UNC3, scale-free)",
+               "Wu & Papyan 2024", _C, needs_classifier=True),
+    MetricInfo("nc5_ood_deviation", "mean |cos(μ_k, OOD mean feature)|; 0 = OOD orthogonal to the classes (NC5)",
+               "Ammar et al. 2024 (NECO)", _C, needs_ood=True),
     MetricInfo("nc2_equinorm_w", "coefficient of variation of the classifier row norms (NC2 of W)",
                f"{_NC} (NC2)", _C, needs_classifier=True),
     MetricInfo("nc2_equiangle_w", "mean |cos + 1/(K−1)| between classifier rows (NC2 of W)",
