@@ -19,7 +19,7 @@ from kdcollapse._optional import available, install_hint, require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
 from kdcollapse.analysis._options import AnalyzeOptions
-from kdcollapse.analysis._pass import classifier_weight, feature_pass, split_metrics
+from kdcollapse.analysis._pass import classifier_weight, feature_pass, ood_mean, split_metrics
 from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.distributed import resolve_precision
@@ -44,10 +44,11 @@ MEANINGS = {m.name: m.meaning for m in METRICS} | {
 }
 
 
-def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None) -> dict:
+def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None, *, ood=None) -> dict:
     """Analyse ``subject`` in one pass and write ``analysis.json``, ``analysis.md`` and PNG figures
     (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
-    ``out_dir``. Returns the JSON document."""
+    ``out_dir``. Returns the JSON document. ``ood``: an out-of-distribution dataset (same input shape; fed
+    with the subject's standardisation), whose mean feature gives NC5 (``nc5_ood_deviation``)."""
     options = options or AnalyzeOptions()
     dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
@@ -65,7 +66,7 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
                        "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
     with run_lock_for(out_dir) as run_dir:  # an analysis written into a run directory: never beside its trainer
-        report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on)
+        report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on, ood)
         if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it
             files = ["analysis.json", "analysis.md", *report["figures"].values()]
             record_outputs(run_dir, [out_dir / name for name in files], _source(report, subject.split))
@@ -78,7 +79,7 @@ def _source(report: dict, split: str) -> dict:
 
 
 def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOptions, precision, tsne_classes,
-             figures_on: bool) -> dict:
+             figures_on: bool, ood=None) -> dict:
     device = next(model.parameters()).device
     channels_last = options.channels_last and len(dataset.input_shape) == 3
     if channels_last:
@@ -93,13 +94,16 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
         description=f"{subject.split} features", precision=precision, channels_last=channels_last,
     )  # fmt: skip
     spectra = {k: v.tolist() for k, v in covariance_spectra(result.stats).items()}
-    metrics = split_metrics(result, classifier_weight(model))
+    ood_feature = None if ood is None else ood_mean(model, ood, in_distribution=dataset,
+                                                     batch_size=options.batch_size, precision=precision)
+    metrics = split_metrics(result, classifier_weight(model), ood_feature)
     undefined = sorted(k for k, v in metrics.items() if isinstance(v, float) and math.isnan(v))
     if undefined:
         logger.warning(f"analyze: {', '.join(undefined)} undefined (NaN): the features have no spread to measure "
                        "(constant features, or a class with a single sample)")
     report = {
         **subject.info, "split": subject.split, "num_samples": result.num_samples,
+        **({} if ood is None else {"ood": {"dataset": getattr(ood, "name", None), "samples": len(ood)}}),
         "num_classes": dataset.num_classes, "feature_dim": result.stats.feature_dim,
         "metrics": metrics,
         "margins": _margin_summary(result.margins, result.labels, dataset.classes),

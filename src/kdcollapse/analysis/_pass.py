@@ -25,7 +25,7 @@ from kdcollapse.analysis._sample import ClassReservoir
 from kdcollapse.data import USER_DATA, FolderDataset, TensorDataset, as_dataset, make_loader
 from kdcollapse.distributed import autocast
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
+from kdcollapse.metrics import FeatureMean, FeatureStatistics, collapse_metrics, nearest_class_mean
 from kdcollapse.models import FeatureSpec, as_classifier, evaluating
 
 
@@ -142,7 +142,34 @@ def classifier_weight(model: nn.Module) -> Tensor | None:
     return weight if isinstance(weight, Tensor) and tuple(weight.shape) == expected else None
 
 
-def split_metrics(result: SplitPass, weight: Tensor | None) -> dict[str, float | int | bool]:
+def ood_mean(model: nn.Module, dataset, *, in_distribution, batch_size: int = 512, precision=None,
+             features: FeatureSpec = None) -> Tensor:
+    """The mean penultimate feature of ``model`` over an out-of-distribution ``dataset`` (NC5, ``ood_mean`` of
+    ``collapse_metrics``): its inputs standardised as ``in_distribution``'s (what the model was trained on)."""
+    model = as_classifier(model, features)
+    if tuple(dataset.input_shape) != tuple(in_distribution.input_shape):
+        raise KdcollapseError(f"the OOD data '{dataset.name}' has inputs of shape {tuple(dataset.input_shape)}, the "
+                              f"model's '{in_distribution.name}' {tuple(in_distribution.input_shape)}")
+    if hasattr(dataset, "__dataclass_fields__") and "mean" in dataset.__dataclass_fields__:
+        import dataclasses
+
+        dataset = dataclasses.replace(dataset, mean=in_distribution.mean, std=in_distribution.std)
+    device = next(model.parameters()).device
+    mean = None
+    with evaluating([model]):
+        for x, _ in make_loader(dataset, batch_size, train=False, device=device, seed=0):
+            with autocast(x.device, precision):
+                h = model.forward_features(x).float()
+            if mean is None:
+                mean = FeatureMean(h.shape[1], sync_on_compute=False).to(h.device)
+            mean.update(h)
+    if mean is None:
+        raise KdcollapseError(f"the OOD data '{dataset.name}' is empty")
+    return mean.compute()
+
+
+def split_metrics(result: SplitPass, weight: Tensor | None,
+                  ood: Tensor | None = None) -> dict[str, float | int | bool]:
     """Every collapse metric of the pass (``collapse_metrics`` with the head ``weight``), the accuracy of
     each head (``accuracy``, ``accuracy_<head>``; fractions) and NC4 from the feature sample.
 
@@ -151,7 +178,8 @@ def split_metrics(result: SplitPass, weight: Tensor | None) -> dict[str, float |
     Exact when the sample holds the whole split (``ncc_exact``); otherwise an unbiased estimate from
     ``ncc_samples`` rows, standard error at most 0.5 / sqrt(rows per class).
     """
-    out = {k: float(v) if v.is_floating_point() else int(v) for k, v in collapse_metrics(result.stats, weight).items()}
+    computed = collapse_metrics(result.stats, weight, ood_mean=ood)
+    out = {k: float(v) if v.is_floating_point() else int(v) for k, v in computed.items()}
     n = result.num_samples
     out |= {"accuracy" if name == "main" else f"accuracy_{name}": c / n for name, c in result.correct.items()}
     sample = result.sample

@@ -16,6 +16,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze runs/fmnist_teacher --split train --per-class 1000
   kdcollapse analyze runs/fmnist_teacher --tsne-per-class 200 --precision bf16 --channels-last
   kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
+  kdcollapse analyze runs/fmnist_teacher --ood mnist               # NC5 against another data set's features
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
   kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 4096 --out results/lm_collapse/smollm2_test_4k
@@ -51,6 +52,9 @@ def register(subparsers) -> None:
     add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
     add("--per-class", type=positive_int, metavar="N",
         help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
+    add("--ood", metavar="NAME", help="out-of-distribution dataset for NC5 (nc5_ood_deviation; same input shape)")
+    p.add_argument("--ood-split", default="test", help="split of the --ood dataset")
+    add("--ood-classes", metavar="LIST", help="only these classes of the --ood dataset (comma-separated indices)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
         help="teacher for the logit matrices (default: the run's own teacher, if any)")
     group = _adder(p.add_argument_group("a model file instead of a run directory"))
@@ -160,6 +164,8 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.out:
         check_output(args.out, "--out", folder=True)
     if args.lm:
+        if args.ood is not None:
+            raise ConfigError("--ood takes an image dataset; it does not apply to --lm")
         return _analyze_lm(args, device)
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
@@ -186,11 +192,24 @@ def _analyze(args: argparse.Namespace) -> int:
         seed=seed if args.seed is None else args.seed, progress=not args.no_progress,
         precision=args.precision, channels_last=args.channels_last,
     )  # fmt: skip
-    report = analyze(subject, out, options)
+    report = analyze(subject, out, options, ood=_ood(args))
     m = report["metrics"]
     print(f"{report.get('run_dir') or report.get('weights')} ({args.split}): accuracy {100 * m['accuracy']:.2f} %, "
           f"nc1 {m['nc1']:.4g}, vci {m['vci']:.4g}, ncc_accuracy {m['ncc_accuracy']:.4g} -> {out / 'analysis.md'}")
     return 0
+
+
+def _ood(args: argparse.Namespace):
+    """The ``--ood`` dataset (``--ood-split``, ``--ood-classes``), or None."""
+    if args.ood is None:
+        if args.ood_classes is not None:
+            raise ConfigError("--ood-classes needs --ood NAME")
+        return None
+    from kdcollapse.data import load_dataset
+
+    data = load_dataset(args.ood, args.ood_split)
+    classes = _int_list(args.ood_classes, "--ood-classes")
+    return data if classes is None else data.select_classes(classes)
 
 
 def _analyze_lm(args: argparse.Namespace, device) -> int:
