@@ -55,3 +55,68 @@ def test_bad_ood_input_is_one_error_line(run, tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- --against
+CONV = ["model.name=convnet_small", "model.kwargs={}"]
+
+
+@pytest.fixture(scope="module")
+def conv_teacher(tmp_path_factory, tiny_config):
+    path = tmp_path_factory.mktemp("collapse") / "teacher"
+    fit(tiny_config(path, *CONV, "train.epochs=1"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def conv_student(tmp_path_factory, tiny_config, conv_teacher):
+    path = tmp_path_factory.mktemp("collapse") / "student"
+    fit(tiny_config(path, *CONV, "train.epochs=1", "method.name=kd", f"teacher.checkpoint={conv_teacher}"))
+    return path
+
+
+def test_against_equals_the_geometry_of_two_plain_feature_loops(conv_student, conv_teacher, tmp_path):
+    from kdcollapse.metrics import PairedFeatures, geometry_alignment
+
+    out = tmp_path / "against"
+    assert main(["analyze", str(conv_student), "--against", str(conv_teacher), "--out", str(out), "--stages", "all",
+                 "--no-progress"]) == 0
+    report = json.loads((out / "against.json").read_text())
+    dataset = run_dataset(load_config(conv_student / "config.yaml"), "test")
+    models = [load_model(run / "model.safetensors")[0] for run in (conv_student, conv_teacher)]
+    (hs, y), (ht, _) = (features_of(m, dataset) for m in models)
+    stats = [FeatureStatistics(10, h.shape[1]) for h in (hs, ht)]
+    paired = PairedFeatures(hs.shape[1], ht.shape[1])
+    for s, h in zip(stats, (hs, ht)):
+        s.update(h, y)
+    paired.update(hs, ht)
+    expected = geometry_alignment(*stats, models[0].head.weight, models[1].head.weight, paired)
+    for key, value in expected.items():
+        assert report["layers"]["features"][key] == pytest.approx(float(value), rel=1e-5, abs=1e-7), key
+    assert set(report["layers"]) == {"features", "stage0/stage0", "stage1/stage1", "stage2/stage2", "stage3/stage3"}
+    assert 0 <= report["agreement"] <= 1 and len(report["agreement_per_class"]) == 10
+    assert "procrustes_alignment" in (out / "against.md").read_text()
+    # a stage: the spatial mean of each model's stage-2 map over the same samples
+    maps = []
+    for m in models:
+        m.eval()
+        with torch.no_grad():
+            maps.append(torch.cat([m.forward_intermediates(x, [2])[1][0].mean((2, 3))
+                                   for x, _ in make_loader(dataset, 41, train=False, device="cpu", seed=0)]))
+    stage = PairedFeatures(maps[0].shape[1], maps[1].shape[1])
+    stage.update(*maps)
+    assert report["layers"]["stage2/stage2"]["feature_cka"] == pytest.approx(
+        float(stage.compute()["feature_cka"]), rel=1e-5)
+
+
+def test_a_model_against_itself_is_aligned_at_every_stage(conv_teacher, tmp_path):
+    out = tmp_path / "self"
+    assert main(["analyze", str(conv_teacher), "--against", str(conv_teacher), "--out", str(out), "--stages", "1,3",
+                 "--no-progress"]) == 0
+    report = json.loads((out / "against.json").read_text())
+    assert set(report["layers"]) == {"features", "stage1/stage1", "stage3/stage3"}
+    for name, layer in report["layers"].items():
+        for key in ("procrustes_alignment", "simplex_similarity", "feature_cka", "feature_cka_unbiased"):
+            assert layer[key] == pytest.approx(1.0, abs=1e-6), (name, key)
+        assert layer["procrustes_residual"] == pytest.approx(0.0, abs=1e-6)
+    assert report["agreement"] == 1.0

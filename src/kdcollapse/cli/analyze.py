@@ -55,6 +55,11 @@ def register(subparsers) -> None:
     add("--ood", metavar="NAME", help="out-of-distribution dataset for NC5 (nc5_ood_deviation; same input shape)")
     p.add_argument("--ood-split", default="test", help="split of the --ood dataset")
     add("--ood-classes", metavar="LIST", help="only these classes of the --ood dataset (comma-separated indices)")
+    add("--against", metavar="TEACHER_RUN_OR_FILE",
+        help="compare RUN_DIR's geometry with this teacher's on the same data (Procrustes, CKA, simplex angles) "
+             "-> against_<split>/against.{json,md}")
+    add("--stages", metavar="LIST",
+        help="also every stage's pooled map: 'all' or comma-separated stage indices (image models)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
         help="teacher for the logit matrices (default: the run's own teacher, if any)")
     group = _adder(p.add_argument_group("a model file instead of a run directory"))
@@ -170,6 +175,8 @@ def _analyze(args: argparse.Namespace) -> int:
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
+    if args.against is not None:
+        return _against(args, device)
     if args.run_dir:
         subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
         cfg = load_config(Path(args.run_dir) / "config.yaml")
@@ -196,6 +203,29 @@ def _analyze(args: argparse.Namespace) -> int:
     m = report["metrics"]
     print(f"{report.get('run_dir') or report.get('weights')} ({args.split}): accuracy {100 * m['accuracy']:.2f} %, "
           f"nc1 {m['nc1']:.4g}, vci {m['vci']:.4g}, ncc_accuracy {m['ncc_accuracy']:.4g} -> {out / 'analysis.md'}")
+    return 0
+
+
+def _against(args: argparse.Namespace, device) -> int:
+    """``analyze STUDENT_RUN --against TEACHER``: the two models' geometry on the student's split."""
+    from kdcollapse.analysis import AnalyzeOptions, analyze_against, load_run, parse_stages
+    from kdcollapse.config import load_config
+    from kdcollapse.runs import load_model
+
+    if not args.run_dir or args.model or args.weights or args.data or args.ood:
+        raise ConfigError("--against needs a student RUN_DIR (and takes no --model/--weights/--data/--ood)")
+    stages = parse_stages(args.stages)
+    subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class)
+    teacher = load_model(args.against, device, dataset=subject.dataset)[0]
+    cfg = load_config(Path(args.run_dir) / "config.yaml")
+    out = Path(args.out) if args.out else check_output(Path(args.run_dir) / f"against_{args.split}", "the output",
+                                                       folder=True)
+    options = AnalyzeOptions(batch_size=args.batch_size or cfg.data.eval_batch_size, progress=not args.no_progress,
+                             precision=args.precision)
+    report = analyze_against(subject, teacher, out, options, stages=stages, teacher_info=str(args.against))
+    m = report["layers"]["features"]
+    print(f"{args.run_dir} vs {args.against} ({args.split}): procrustes_alignment {m['procrustes_alignment']:.4g}, "
+          f"feature_cka {m['feature_cka']:.4g}, agreement {report['agreement']:.4g} -> {out / 'against.md'}")
     return 0
 
 

@@ -6,6 +6,7 @@
 """
 
 from kdcollapse.metrics import functional
+from kdcollapse.metrics._alignment import PairedFeatures, geometry_alignment
 from kdcollapse.metrics._catalog import METRICS, MetricInfo, metric_info
 from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_distances, similarity_sums
 from kdcollapse.metrics._linalg import psd_pinv
@@ -21,6 +22,8 @@ __all__ = [
     "MetricInfo",
     "FeatureStatistics",
     "FeatureMean",
+    "PairedFeatures",
+    "geometry_alignment",
     "ACCUMULATION_BOUND",
     "accumulation_dtype",
     "IntraClassSimilarity",

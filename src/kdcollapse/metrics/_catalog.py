@@ -14,7 +14,7 @@ from typing import Literal
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 
-Source = Literal["collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity"]
+Source = Literal["collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity", "geometry_alignment"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class MetricInfo:
 
 
 _NC = "Papyan et al. 2020"
-_C, _N, _I = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity"
+_C, _N, _I, _A = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity", "geometry_alignment"
 
 METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("nc1", "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
@@ -101,6 +101,23 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("tuplet_inter", "batch tuplet loss with the other classes' samples as negatives",
                "intra-class KD paper eq. 8", _I),
     MetricInfo("tuplet_ratio", "tuplet_intra / tuplet_inter", "intra-class KD paper Thm 2", _I),
+    MetricInfo("procrustes_alignment", "student vs teacher class means after the best rotation and scaling; 1 = same "
+               "simplex up to rotation and scale", "Schönemann 1966 (orthogonal Procrustes)", _A),
+    MetricInfo("procrustes_residual", "relative squared error of the student's rotated class means against the "
+               "teacher's (rotation only: scale counts); 0 = equal", "Schönemann 1966 (orthogonal Procrustes)", _A),
+    MetricInfo("simplex_similarity", "cosine between the two models' K x K class-mean Grams (linear CKA of the class "
+               "means); 1 = same simplex", "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("simplex_angle", "arccos of simplex_similarity, degrees", "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("classifier_procrustes_alignment", "procrustes_alignment of the two classifiers' rows",
+               "Schönemann 1966 (orthogonal Procrustes)", _A, needs_classifier=True),
+    MetricInfo("classifier_similarity", "cosine between the two classifiers' K x K row Grams",
+               "Kornblith et al. 2019 (CKA)", _A, needs_classifier=True),
+    MetricInfo("classifier_angle", "arccos of classifier_similarity, degrees", "Kornblith et al. 2019 (CKA)", _A,
+               needs_classifier=True),
+    MetricInfo("feature_cka", "linear CKA of the two models' penultimate features (biased HSIC)",
+               "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("feature_cka_unbiased", "linear CKA from the unbiased HSIC estimator; ≈ 0 for independent features",
+               "Song et al. 2012; Nguyen et al. 2021", _A),
 )
 
 
