@@ -120,3 +120,36 @@ def test_a_model_against_itself_is_aligned_at_every_stage(conv_teacher, tmp_path
             assert layer[key] == pytest.approx(1.0, abs=1e-6), (name, key)
         assert layer["procrustes_residual"] == pytest.approx(0.0, abs=1e-6)
     assert report["agreement"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------- --stages
+def test_stages_give_every_metric_of_each_pooled_stage_map_from_the_same_pass(conv_teacher, tmp_path):
+    out = tmp_path / "stages"
+    assert main(["analyze", str(conv_teacher), "--out", str(out), "--stages", "all", "--no-progress"]) == 0
+    report = json.loads((out / "analysis.json").read_text())
+    assert list(report["stages"]) == ["stage0", "stage1", "stage2", "stage3"]
+    model, _ = load_model(conv_teacher / "model.safetensors")
+    dataset = run_dataset(load_config(conv_teacher / "config.yaml"), "test")
+    model.eval()
+    with torch.no_grad():
+        pairs = [(model.forward_intermediates(x)[1], y) for x, y in make_loader(dataset, 41, train=False,
+                                                                                device="cpu", seed=0)]
+    y = torch.cat([y for _, y in pairs])
+    for index, name in enumerate(report["stages"]):
+        pooled = torch.cat([maps[index].mean((2, 3)) for maps, _ in pairs])
+        stats = FeatureStatistics(10, pooled.shape[1])
+        stats.update(pooled, y)
+        expected = collapse_metrics(stats)
+        assert report["stages"][name]["channels"] == pooled.shape[1]
+        for key in ("nc1", "vci", "nc2_etf_error", "nc2g_log_var", "cdnv"):
+            assert report["stages"][name][key] == pytest.approx(float(expected[key]), rel=1e-5), (name, key)
+    assert (out / "stages.png").stat().st_size > 0
+    assert "## Stage by stage" in (out / "analysis.md").read_text()
+
+
+def test_stages_of_a_model_without_stage_maps_is_an_error(run, tmp_path, capsys):
+    assert main(["analyze", str(run), "--out", str(tmp_path / "x"), "--stages", "all", "--no-progress"]) == 2
+    assert "no stage outputs" in capsys.readouterr().err
+    assert main(["analyze", str(run), "--out", str(tmp_path / "x"), "--stages", "one", "--no-progress"]) == 2
+    assert "--stages must be 'all'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

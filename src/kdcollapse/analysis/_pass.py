@@ -22,6 +22,7 @@ from tqdm import tqdm
 from kdcollapse.analysis._options import DEFAULT_SAMPLE_SIZE
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
+from kdcollapse.analysis._stages import resolve_stages, stage_forward
 from kdcollapse.data import USER_DATA, FolderDataset, TensorDataset, as_dataset, make_loader
 from kdcollapse.distributed import autocast
 from kdcollapse.errors import KdcollapseError
@@ -41,6 +42,7 @@ class SplitPass:
     labels: Tensor  # (N,)
     correct: dict[str, int]  # per head: samples classified correctly
     logit_matrices: dict[str, ClassLogitMatrix] = field(default_factory=dict)  # per head: M^t - M^s
+    stages: dict[str, FeatureStatistics] = field(default_factory=dict)  # "stage<i>": its pooled map's statistics
 
     @property
     def num_samples(self) -> int:
@@ -68,6 +70,7 @@ def feature_pass(
     features: FeatureSpec = None,
     precision: torch.dtype | None = None,
     channels_last: bool = False,
+    stages: list[int] | None = None,
 ) -> SplitPass:
     """Run ``model`` once over ``batches`` of ``(x, y)`` and accumulate a :class:`SplitPass`.
 
@@ -84,6 +87,8 @@ def feature_pass(
     which is then batched by 512 on the model's device.
     """
     model = as_classifier(model, features)
+    stage_list = resolve_stages(model, stages)  # with stages: also each stage's pooled map, from the same pass
+    stage_stats: dict[str, FeatureStatistics] = {}
     if isinstance(batches, (TensorDataset, FolderDataset, Dataset, DataLoader)):
         batches = make_loader(user_split(batches), 512, train=False, device=next(model.parameters()).device, seed=0)
     heads = dict(heads or {})
@@ -100,7 +105,7 @@ def feature_pass(
             if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             with autocast(x.device, precision):
-                features = model.forward_features(x)
+                features, maps = stage_forward(model, x, stage_list)
                 logits = {"main": model.forward_head(features), **{n: h(features) for n, h in heads.items()}}
                 z_teacher = None if teacher is None else teacher(x)
             if stats is None:
@@ -111,6 +116,12 @@ def feature_pass(
                                 for name in correct}
             features = features.float()  # bf16/fp16 features under autocast: statistics see float32 values
             stats.update(features, y)
+            for index, pooled_map in zip(stage_list, maps):
+                name = f"stage{index}"
+                if name not in stage_stats:
+                    stage_stats[name] = FeatureStatistics(num_classes, pooled_map.shape[1],
+                                                          sync_on_compute=False).to(pooled_map.device)
+                stage_stats[name].update(pooled_map, y)
             sample.update(y, features=features, prediction=logits["main"].argmax(1),
                           index=torch.arange(seen, seen + y.shape[0], device=y.device))
             seen += y.shape[0]
@@ -123,7 +134,7 @@ def feature_pass(
                     matrices[name].update(z_teacher.double() - z.double(), y)
     if stats is None:
         raise KdcollapseError("the split is empty: no batches to analyse")
-    return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)
+    return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices, stage_stats)
 
 
 def user_split(data, normalization: tuple | None = None):

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
         help="compare RUN_DIR's geometry with this teacher's on the same data (Procrustes, CKA, simplex angles) "
              "-> against_<split>/against.{json,md}")
     add("--stages", metavar="LIST",
-        help="also every stage's pooled map: 'all' or comma-separated stage indices (image models)")
+        help="also every stage's pooled map: 'all' or comma-separated stage indices (with --lm: --layers)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
         help="teacher for the logit matrices (default: the run's own teacher, if any)")
     group = _adder(p.add_argument_group("a model file instead of a run directory"))
@@ -162,15 +162,19 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run, load_weights
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run, load_weights, parse_stages
     from kdcollapse.config import load_config
 
     device = _device(args.device)
     if args.out:
         check_output(args.out, "--out", folder=True)
     if args.lm:
-        if args.ood is not None:
-            raise ConfigError("--ood takes an image dataset; it does not apply to --lm")
+        if args.ood is not None or args.against is not None:
+            raise ConfigError("--ood and --against take image runs; they do not apply to --lm")
+        if args.stages is not None:  # a language model's stages are its hidden states
+            if args.layers != "last":
+                raise ConfigError("give --stages or --layers with --lm, not both")
+            args.layers = args.stages
         return _analyze_lm(args, device)
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
@@ -197,7 +201,7 @@ def _analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or batch_size, sample_size=args.sample_size,
         tsne_classes=_int_list(args.tsne_classes, "--tsne-classes"), tsne_per_class=args.tsne_per_class,
         seed=seed if args.seed is None else args.seed, progress=not args.no_progress,
-        precision=args.precision, channels_last=args.channels_last,
+        precision=args.precision, channels_last=args.channels_last, stages=parse_stages(args.stages),
     )  # fmt: skip
     report = analyze(subject, out, options, ood=_ood(args))
     m = report["metrics"]
