@@ -6,12 +6,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import class_table, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses.dkl import ikl_on_samples
 from kdcollapse.losses.kd import kl_rows
 
 
-@register_loss("trades", reference_first=True,
+@register_loss("trades", reference=_references.trades, reference_first=True,
                kind="logits+target", paper="Zhang et al. 2019, TRADES (ICML)",
                equation="CE(f(x), y) + β·KL(P_nat ‖ P_adv) (eq. 5)", temperature=False, sequences=True,
                ignore_index=True, chunked=True, example=lambda k, y: {"target": y})

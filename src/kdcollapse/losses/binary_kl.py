@@ -17,6 +17,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive
 
@@ -38,7 +39,7 @@ def _check_form(form: str) -> None:
         raise KdcollapseError(unknown_choice("BinaryKL form", form, FORMS))
 
 
-@register_loss("binary_kl", kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
+@register_loss("binary_kl", reference=_references.binary_kl, kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
                equation="τ²·Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]) (eq. 1)", temperature=True,
                sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {})
 def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
@@ -72,7 +73,7 @@ def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *
     return temperature**2 * samples.reduce(kl, reduction)
 
 
-@register_loss("binary_kl_norm", kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
+@register_loss("binary_kl_norm", reference=_references.binary_kl_norm, kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
                equation="τ²·Σ_k KL([½, ½] ‖ [σ(u_k), σ(−u_k)]), u = (z_s − z_t)/τ (eq. 5)",
                temperature=True, sequences=True, ignore_index=False, chunked=True,
                example=lambda k, y: {})

@@ -8,11 +8,12 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import accumulation_dtype
 from kdcollapse.losses._shapes import check_tensor
 
 
-@register_loss("within_class_cosine", kind="features",
+@register_loss("within_class_cosine", reference=_references.within_class_cosine, kind="features",
                paper="Kornblith et al. 2021; the VCI paper §6.3 (a regulariser)",
                equation="mean over classes of (1/n_k²) Σ_{i,j∈k} (1 − sim(h_i, h_j))", temperature=False,
                sequences=False, ignore_index=False, chunked=False,

@@ -9,6 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import IGNORE_INDEX, constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
 
@@ -27,7 +28,7 @@ def target_split(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
-@register_loss("dkd", kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
+@register_loss("dkd", reference=_references.dkd, kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
                equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
                ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,

@@ -6,12 +6,13 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._maps import paired_stages
 from kdcollapse.losses._reduce import validating
 from kdcollapse.losses._shapes import check_values
 
 
-@register_loss("fitnet", kind="features", paper="Romero et al. 2015, FitNets: hints for thin deep nets (ICLR)",
+@register_loss("fitnet", reference=_references.fitnet, kind="features", paper="Romero et al. 2015, FitNets: hints for thin deep nets (ICLR)",
                equation="mean (r(v_s) − u_t)², the hint loss (eq. 3) as mdistiller averages it", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
                inputs=lambda: example_tensors((4, 3, 2, 2), (4, 3, 2, 2)))

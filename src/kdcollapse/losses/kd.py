@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
 
@@ -18,7 +19,7 @@ def kl_rows(p_logits: Tensor, q_logits: Tensor) -> Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-@register_loss("kd", kind="logits", paper="Hinton et al. 2015, Distilling the knowledge in a neural network",
+@register_loss("kd", reference=_references.kd, kind="logits", paper="Hinton et al. 2015, Distilling the knowledge in a neural network",
                equation="τ²·KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) (Sec. 2)", temperature=True,
                sequences=True, ignore_index=False, chunked=True,
                example=lambda k, y: {"temperature": 2.0})

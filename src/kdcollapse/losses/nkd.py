@@ -6,12 +6,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 from kdcollapse.losses.dkd import target_split
 
 
-@register_loss("nkd", kind="logits+target",
+@register_loss("nkd", reference=_references.nkd, kind="logits+target",
                paper="Yang et al. 2023, From knowledge distillation to self-knowledge distillation (ICCV)",
                equation="−T_t·log S_t − γ·τ²·Σ_{j≠t} T̂_j(τ) log Ŝ_j(τ) (eq. 8)", temperature=True,
                sequences=True, ignore_index=True, chunked=True, example=lambda k, y: {"target": y})

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_tensor, check_values
 
@@ -27,7 +28,7 @@ def _pair(student: Tensor, teacher: Tensor, ndims: tuple[int, ...], validate: bo
     return student.flatten(1).to(dtype), teacher.detach().flatten(1).to(dtype)
 
 
-@register_loss("sp", kind="features", paper="Tung & Mori 2019, Similarity-preserving knowledge distillation (ICCV)",
+@register_loss("sp", reference=_references.sp, kind="features", paper="Tung & Mori 2019, Similarity-preserving knowledge distillation (ICCV)",
                equation="(1/B²)·‖G̃_t − G̃_s‖²_F, G̃ = row-normalised F Fᵀ (eqs. 2-4)", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
                inputs=lambda: example_tensors((6, 3, 2, 2), (6, 4, 2, 2)))
@@ -52,7 +53,7 @@ def _conditional_probabilities(f: Tensor) -> Tensor:
     return similarity / similarity.sum(1, keepdim=True)
 
 
-@register_loss("pkt", kind="features", paper="Passalis & Tefas 2018, Learning deep representations with "
+@register_loss("pkt", reference=_references.pkt, kind="features", paper="Passalis & Tefas 2018, Learning deep representations with "
                "probabilistic knowledge transfer (ECCV)", equation="mean_ij p_ij log((p_ij + ε)/(q_ij + ε)), "
                "cosine-kernel conditional probabilities (eqs. 10-12)", temperature=False, sequences=False,
                ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)))

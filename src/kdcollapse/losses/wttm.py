@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive
 
 
-@register_loss("wttm", kind="logits",
+@register_loss("wttm", reference=_references.wttm, kind="logits",
                paper="Zheng & Yang 2024, Knowledge distillation based on transformed teacher matching (ICLR)",
                equation="U_γ(p_t)·KL(p_t^γ / U_γ(p_t) ‖ p_s), U_γ(p) = Σ_j p_j^γ (WTTM objective)",
                temperature=False, sequences=True, ignore_index=False, chunked=True,
