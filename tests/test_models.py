@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.models import Classifier, count_parameters, create_model, list_models
+from kdcollapse.models import Classifier, count_parameters, create_model, list_models, model_info, register_model
 from kdcollapse.models._layers import ChannelShuffle
 from kdcollapse.models.resnet_cifar import cifar_resnet
 from kdcollapse.models.vgg import CONFIGS, PoolIfLarge
@@ -46,22 +46,9 @@ PUBLISHED = {
 
 
 def _input_spec(name: str) -> tuple[int, int]:
-    """(in_channels, resolution) of the small test input of each family."""
-    if name in SMALL:
-        return 1, 28
-    return 3, 64 if name in IMAGENET else 32
-
-
-def _final_resolution(name: str) -> int:
-    """Side of the last feature map for the test input of ``_input_spec``: 8×8 for the CIFAR ResNets and
-    WRNs (the zoo pools with a fixed 8×8 kernel), 4×4 for VGG (one max-pool fewer at 32×32) and the
-    ShuffleNets, 2×2 for MobileNetV2, 4×4 for resnet50_cifar (3 stride-2 stages), 64/32 = 2 for the
-    ImageNet nets (total stride 32; 7×7 at 224), 3×3 for the small convnets (three 2×2 pools of 28)."""
-    if name in IMAGENET or name == "mobilenetv2":
-        return 2
-    if name.startswith(("vgg", "shufflev")) or name == "resnet50_cifar":
-        return 4
-    return 3 if name.startswith("convnet") else 8
+    """(in_channels, resolution) of the small test input the model's registration declares."""
+    info = model_info(name)
+    return info.in_channels, info.input_size
 
 
 def _num_classes(name: str) -> int:
@@ -81,6 +68,23 @@ def _first_layer(model: nn.Module) -> nn.Module:
 
 def test_registry_holds_exactly_the_zoo():
     assert set(list_models()) == CIFAR | IMAGENET | SMALL
+
+
+def test_every_zoo_cnn_declares_its_final_resolution_and_stages():
+    for name in sorted(CIFAR | IMAGENET | {"convnet", "convnet_small"}):
+        info = model_info(name)
+        assert info.final_resolution and info.min_stages >= 4, name  # stem + the three stages feature methods read
+
+
+def test_a_model_with_fewer_stages_than_declared_is_refused():
+    from kdcollapse.models import _MODELS
+
+    with _MODELS.scratch():
+        register_model("_two_stages", min_stages=4)(lambda num_classes, in_channels=3: create_model(
+            "mlp", num_classes, in_channels=in_channels, input_size=8))
+        with pytest.raises(KdcollapseError) as err:
+            create_model("_two_stages", 3, in_channels=1)
+    assert "min_stages=4" in str(err.value) and "min_stages=0" in str(err.value)
 
 
 def test_list_models_pattern():
@@ -112,8 +116,9 @@ def test_seam_forward_backward(name):
     model.eval()
     with torch.no_grad():
         assert torch.allclose(model(x), model.forward_head(model.forward_features(x)), atol=1e-6)
-        if name != "mlp":
-            assert model.body(x).shape[-2:] == (_final_resolution(name),) * 2
+        side = model_info(name).final_resolution  # declared in its registration
+        if side is not None:
+            assert model.body(x).shape[-2:] == (side, side)
 
 
 @pytest.mark.parametrize("name", list_models())
