@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Exported functions that are not losses (helpers around them).
 HELPERS = {"loss_module", "validation", "slice_vocab", "shift_for_causal_lm",
-           "register_loss", "get_loss", "list_losses", "standardize_logits",
+           "register_loss", "get_loss", "list_losses", "standardize_logits", "class_table", "example_tensors",
            "crd_log_scores", "crd_normalizer", "crd_memory_update", "vid_initial_log_scale", "match_spatial_size",
            "attention_map", "ofd_margin", "pearson_correlation"}
 DOCS = (Path(__file__).parents[1] / "docs" / "losses.md").read_text()

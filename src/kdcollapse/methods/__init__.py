@@ -55,6 +55,10 @@ def build_method(config, student, *, num_classes: int, teacher: FrozenTeacher | 
                                    train_labels=train_labels)
 
 
+# The extension helpers of a user's method (``--import``): the face of these private modules.
+from kdcollapse.methods._distill import Distiller, check_config, softmax_request, standardized, warmup_factor  # noqa: E402
+from kdcollapse.methods._stages import StageTransfer, check_pairs, check_stages, stages  # noqa: E402
+
 # Importing the method modules registers them.
 from kdcollapse.methods import vanilla  # noqa: E402,F401
 from kdcollapse.methods import ce_binarykl, dhkd, dkd, dkl_kd, dual_head_kd, ikl_kd, kd  # noqa: E402,F401
@@ -65,6 +69,8 @@ from kdcollapse.methods import ctkd, mlkd, nkd, wttm  # noqa: E402,F401
 from kdcollapse.methods import crd, reviewkd, vid  # noqa: E402,F401
 from kdcollapse.methods import at, dist, fitnet, nst, ofd, pkt, sp  # noqa: E402,F401
 
-__all__ = ["Equality", "FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "batch_statistics", "build_method",
+__all__ = ["Distiller", "StageTransfer", "check_config", "check_pairs", "check_stages", "softmax_request", "stages",
+           "standardized", "warmup_factor",
+           "Equality", "FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "batch_statistics", "build_method",
            "check_stored_logits", "expand_logits", "get_method", "list_methods", "register_method", "store_logits",
            "top_logits"]

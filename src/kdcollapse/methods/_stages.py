@@ -26,6 +26,7 @@ def check_stages(key: str, feature_info: Sequence[FeatureInfo], stages: Sequence
 
 
 def check_pairs(student_key: str, teacher_key: str, student: Sequence[int], teacher: Sequence[int]) -> None:
+    """A :class:`ConfigError` unless the student's and the teacher's stage lists pair one to one."""
     if len(student) != len(teacher):
         raise ConfigError(f"method.{student_key} {list(student)} and method.{teacher_key} {list(teacher)} must "
                           f"pair the stages one to one (equal lengths)")
