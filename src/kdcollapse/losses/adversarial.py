@@ -37,7 +37,7 @@ def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
     return samples.reduce(ce, reduction) + beta * samples.reduce(kl, reduction)
 
 
-@register_loss("ikl_at", reference_first=True,
+@register_loss("ikl_at", reference=_references.ikl_at, reference_first=True,
                kind="logits+target", paper="Cui et al. 2024, DKL paper §4.1 (IKL-AT)",
                equation="CE(f(x), y) + IKL(natural → adversarial) (eq. 10)", temperature=False,
                sequences=True, ignore_index=True, chunked=True,

@@ -7,12 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, check_reduction, validating
 from kdcollapse.losses._shapes import check_positive, check_tensor, check_values, describe
 
 
-@register_loss("intra_class_contrastive", kind="features",
+@register_loss("intra_class_contrastive", reference=_references.intra_class_contrastive, kind="features",
                paper="Intra-class contrastive loss (InfoNCE with one positive per anchor)",
                equation="−log e^{sim(a,p)/τ} / (e^{sim(a,p)/τ} + Σ_n e^{sim(a,n)/τ})", temperature=True,
                sequences=False, ignore_index=False, chunked=False,

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_positive, check_tensor, check_values
@@ -61,7 +62,7 @@ def crd_normalizer(log_scores: Tensor, num_data: int | Tensor) -> float:
         return float(log_scores.exp().mean()) * n
 
 
-@register_loss("crd", kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
+@register_loss("crd", reference=_references.crd, kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
                "distillation (ICLR)", equation="NCE with P_n = 1/N: −Σ log P₀/(P₀+K/N) − Σ_i log (K/N)/(P_i+K/N)",
                temperature=True, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers", inputs=lambda: (
@@ -83,7 +84,7 @@ def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, norma
     return crd_nce_loss(log_scores, num_data, normalizer, validate=False)  # finite inputs: finite scores
 
 
-@register_loss("crd_nce", kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
+@register_loss("crd_nce", reference=_references.crd_nce, kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
                "distillation (ICLR)", equation="the NCE of crd on scores s_i = m_i·v/τ, P_i = e^{s_i}/Z",
                temperature=False, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers",

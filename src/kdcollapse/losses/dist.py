@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive, check_tensor
@@ -29,7 +30,7 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1) + eps)
 
 
-@register_loss("dist", kind="logits", paper="Huang et al. 2022, Knowledge distillation from a stronger teacher (NeurIPS)",
+@register_loss("dist", reference=_references.dist, kind="logits", paper="Huang et al. 2022, Knowledge distillation from a stronger teacher (NeurIPS)",
                equation="τ²·[β·(1 − mean_i ρ(Y_s,i:, Y_t,i:)) + γ·(1 − mean_j ρ(Y_s,:j, Y_t,:j))] (eqs. 5-7)",
                temperature=True, sequences=False, ignore_index=False, chunked=False,
                example=lambda k, y: {"temperature": 4.0, "gamma": 2.0})

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import class_table, register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, Samples, logit_samples, validating
 from kdcollapse.losses._shapes import check_positive, check_values, describe
@@ -60,7 +61,7 @@ def _decoupled(diff: Tensor, weights: Tensor, soft_labels: Tensor, log_probs: Te
     return mse_weight * wmse + ce_weight * ce
 
 
-@register_loss("dkl", reference_first=True,
+@register_loss("dkl", reference=_references.dkl, reference_first=True,
                kind="logits", paper="Cui et al. 2024, Decoupled Kullback-Leibler divergence loss",
                equation="wMSE + β·soft cross-entropy (eq. 5)", temperature=False, sequences=True,
                ignore_index=False, chunked=True, example=lambda k, y: {})
@@ -87,7 +88,7 @@ def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float
     return samples.reduce(samples.per_row(rows, chunk_size=chunk_size), reduction)
 
 
-@register_loss("ikl", kind="logits", paper="Cui et al. 2024, Decoupled Kullback-Leibler divergence loss",
+@register_loss("ikl", reference=_references.ikl, kind="logits", paper="Cui et al. 2024, Decoupled Kullback-Leibler divergence loss",
                equation="IKL: class-wise weighted wMSE + soft cross-entropy (eq. 10)", temperature=True,
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"temperature": 2.0, "mse_weight": 8.0},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive, check_tensor
@@ -33,7 +34,7 @@ def _gram_difference(a: Tensor, b: Tensor) -> Tensor:
     return (half + half.T) / 2
 
 
-@register_loss("class_correlation", kind="logits",
+@register_loss("class_correlation", reference=_references.class_correlation, kind="logits",
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), class-level alignment",
                equation="(1/K)·‖P_tᵀP_t − P_sᵀP_s‖²_F, P = softmax(Z/τ) (B×K) (eq. 6)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
@@ -46,7 +47,7 @@ def class_correlation_loss(student: Tensor, teacher: Tensor, temperature: float 
     return _gram_difference(p_t.T, p_s.T).pow(2).sum() / p_s.shape[1]
 
 
-@register_loss("batch_correlation", kind="logits",
+@register_loss("batch_correlation", reference=_references.batch_correlation, kind="logits",
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), batch-level alignment",
                equation="(1/B)·‖P_tP_tᵀ − P_sP_sᵀ‖²_F, P = softmax(Z/τ) (B×K) (eq. 5)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._maps import common_size, paired_stages, pool_to
 from kdcollapse.losses._reduce import validating
@@ -19,7 +20,7 @@ def _kernel_mean(a: Tensor, b: Tensor) -> Tensor:
     return (a @ b.transpose(1, 2)).pow(2).mean()
 
 
-@register_loss("nst", kind="features", paper="Huang & Wang 2017, Like what you like: knowledge distill via neuron "
+@register_loss("nst", reference=_references.nst, kind="features", paper="Huang & Wang 2017, Like what you like: knowledge distill via neuron "
                "selectivity transfer", equation="Σ_stages MMD² of the channels' normalised maps, k(x, y) = (xᵀy)² "
                "(eqs. 4-6)", temperature=False, sequences=False, ignore_index=False, chunked=False,
                inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)))
