@@ -9,6 +9,7 @@ reference (remove it from the list) and when a loss outside the list has none, s
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 
 import pytest
@@ -98,6 +99,30 @@ def swap_arguments(first: str, second: str):
     return mutate
 
 
+def patched(target: str, wrap):
+    """The loss run with the helper ``target`` (``module.name``) replaced by ``wrap(helper)``: a mutation inside
+    the code the loss calls (AKL's head and tail weights, IKL's two weights)."""
+    module_name, attr = target.rsplit(".", 1)
+
+    def mutate(function):
+        module = importlib.import_module(module_name)
+        helper = getattr(module, attr)
+
+        def mutant(*args, **kwargs):
+            setattr(module, attr, wrap(helper))
+            try:
+                return function(*args, **kwargs)
+            finally:
+                setattr(module, attr, helper)
+        return mutant
+    return mutate
+
+
+def swapped_outputs(helper):
+    """A helper returning its two results the other way round (AKL: head weight ↔ tail weight)."""
+    return lambda *args, **kwargs: tuple(reversed(helper(*args, **kwargs)))
+
+
 def summed(function):
     """The mean over entries replaced by their sum (the wrong normalisation)."""
     return lambda *args, **kwargs: function(*args, **kwargs) * args[0].numel()
@@ -108,7 +133,11 @@ LOSS_MUTANTS = [
     pytest.param("dkd", swap_arguments("alpha", "beta"), id="dkd_alpha_beta_swapped"),
     pytest.param("binary_kl", swap_sides, id="binary_kl_sides_swapped"),
     pytest.param("fitnet", summed, id="fitnet_summed"),
-    # the AKL token divergence, once declared: pytest.param("akl", <its head/tail swap>, id="akl_head_tail"),
+    pytest.param("ikl", patched("kdcollapse.losses.dkl._decoupled", lambda f: lambda d, w, s, lp, a, b: f(d, w, s, lp, b, a)),
+                 id="ikl_weights_swapped"),
+    # AKL (issue 39) with its head and tail weights swapped, once the loss is in the catalogue:
+    *([pytest.param("akl", patched("kdcollapse.losses.akl.akl_weights", swapped_outputs), id="akl_head_tail_swapped")]
+      if "akl" in _LOSSES else []),
 ]
 
 

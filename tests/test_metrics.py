@@ -22,7 +22,6 @@ from scipy.optimize import minimize
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import (
-    METRICS,
     FeatureStatistics,
     NearestClassMeanAccuracy,
     collapse_metrics,
@@ -33,6 +32,7 @@ from kdcollapse.metrics import (
 from kdcollapse.geometry import softmax_code_optimum
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.distributed import distributed_teardown
+from test_metrics_catalog import names as catalogued
 
 REPO = Path(__file__).resolve().parents[1]
 # (np.testing rather than torch.testing.assert_close, whose first call costs seconds of lazy imports)
@@ -175,11 +175,6 @@ CASES = {"balanced": ([30] * 5, 8), "imbalanced": ([5, 40, 12, 3, 25, 9], 4)}
 # ---------------------------------------------------------------------------------------------------
 # Every metric against the references
 # ---------------------------------------------------------------------------------------------------
-
-
-def catalogued(**where) -> set[str]:
-    """The metric keys of the catalogue (kdcollapse.metrics.METRICS) whose fields have the given values."""
-    return {m.name for m in METRICS if all(getattr(m, k) == v for k, v in where.items())}
 
 
 # Checked against closed forms below instead of reference_metrics: the ranks and the GNC2 optimum.

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_metrics import catalogued, make_features, reference_metrics, stream
+from test_metrics import make_features, reference_metrics, stream
+from test_metrics_catalog import names as catalogued
 
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, ncc_accuracy
 from kdcollapse.metrics.functional import collapse_metrics_from_features
