@@ -91,7 +91,8 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   example: Arguments | None = None, variants: Mapping[str, Arguments] = {},
                   k_squared: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
                   reference_first: bool = False, checks_values: bool = True, compiles: bool = True,
-                  notes: str = "", reference: Callable[..., Tensor] | None = None) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+                  notes: str = "", reference: Callable[..., Tensor] | None = None,
+                  ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Declare the decorated loss function (returned unchanged) under ``name``.
 
     Logit kinds give ``example(K, labels)`` (the keyword arguments of a typical call) and, for other

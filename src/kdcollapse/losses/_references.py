@@ -88,8 +88,8 @@ def wttm(student: Tensor, teacher: Tensor, gamma: float = 0.2) -> Tensor:
 
 
 def nkd(student: Tensor, teacher: Tensor, target: Tensor, temperature: float = 1.0, gamma: float = 1.5) -> Tensor:
-    """mean_b [−T_y·log S_y − γ·τ²·Σ_{j≠y} T̂_j log Ŝ_j] (NKD paper eq. 8): T_y the teacher's target probability
-    (no gradient), T̂ and Ŝ the softmax over the K − 1 non-target logits at τ."""
+    """mean_b [−T_y·log S_y − γ·τ²·Σ_{j≠y} T̂_j log Ŝ_j] (NKD paper eq. 8): T_y the teacher's target
+    probability (no gradient), T̂ and Ŝ the softmax over the K − 1 non-target logits at τ."""
     terms = []
     for s, t, y in zip(student, teacher, target.tolist()):
         others = [k for k in range(len(s)) if k != y]
@@ -249,8 +249,8 @@ def _pearson(a: Tensor, b: Tensor, eps: float = 1e-8) -> Tensor:
 
 
 def dist(student: Tensor, teacher: Tensor, beta: float = 1.0, gamma: float = 1.0, temperature: float = 1.0) -> Tensor:
-    """τ²·[β·(1 − mean_i ρ(Y_s[i], Y_t[i])) + γ·(1 − mean_j ρ(Y_s[:, j], Y_t[:, j]))], Y = softmax(z/τ) per row,
-    ρ the Pearson correlation with the official ε = 1e-8 (DIST eqs. 4-7, the official τ²)."""
+    """τ²·[β·(1 − mean_i ρ(Y_s[i], Y_t[i])) + γ·(1 − mean_j ρ(Y_s[:, j], Y_t[:, j]))], Y = softmax(z/τ) per
+    row, ρ the Pearson correlation with the official ε = 1e-8 (DIST eqs. 4-7, the official τ²)."""
     y_s, y_t = torch.stack(_softmax_rows(student, temperature)), torch.stack(_softmax_rows(teacher, temperature))
     inter = 1 - _mean(_pearson(a, b) for a, b in zip(y_s, y_t))
     intra = 1 - _mean(_pearson(a, b) for a, b in zip(y_s.T, y_t.T))

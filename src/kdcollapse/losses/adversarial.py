@@ -12,10 +12,11 @@ from kdcollapse.losses.dkl import ikl_on_samples
 from kdcollapse.losses.kd import kl_rows
 
 
-@register_loss("trades", reference=_references.trades, reference_first=True,
+@register_loss("trades", reference_first=True,
                kind="logits+target", paper="Zhang et al. 2019, TRADES (ICML)",
                equation="CE(f(x), y) + β·KL(P_nat ‖ P_adv) (eq. 5)", temperature=False, sequences=True,
-               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
+               reference=_references.trades)
 def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 beta: float = 6.0, *, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
                 reduction: str = "mean", chunk_size: int | None = None,
@@ -37,13 +38,14 @@ def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
     return samples.reduce(ce, reduction) + beta * samples.reduce(kl, reduction)
 
 
-@register_loss("ikl_at", reference=_references.ikl_at, reference_first=True,
+@register_loss("ikl_at", reference_first=True,
                kind="logits+target", paper="Cui et al. 2024, DKL paper §4.1 (IKL-AT)",
                equation="CE(f(x), y) + IKL(natural → adversarial) (eq. 10)", temperature=False,
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"target": y, "class_weights": class_table(k)},
                variants={"sample_weights": lambda k, y: {"target": y, "class_weights": None}},
-               k_squared=("",))
+               k_squared=("",),
+               reference=_references.ikl_at)
 def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 class_weights: Tensor | None, mse_weight: float = 20.0, ce_weight: float = 4.0, *,
                 mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,

@@ -27,10 +27,11 @@ def attention_map(feature_map: Tensor, p: float = 2.0) -> Tensor:
     return F.normalize(a.abs().pow(p).mean(1).flatten(1), dim=1)
 
 
-@register_loss("at", reference=_references.at, kind="features", paper="Zagoruyko & Komodakis 2017, Paying more attention to attention (ICLR)",
+@register_loss("at", kind="features", paper="Zagoruyko & Komodakis 2017, Paying more attention to attention (ICLR)",
                equation="Σ_j mean (Q_s/‖Q_s‖ − Q_t/‖Q_t‖)², Q = mean_c |A_c|^p (eqs. 1-2)", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)))
+               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)),
+               reference=_references.at)
 def at_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor], p: float = 2.0,
             *, validate: bool | None = None) -> Tensor:
     """Σ_stages mean_{b,j} (Q_s[b, j] − Q_t[b, j])², Q = :func:`attention_map` (AT paper eq. 2).

@@ -39,9 +39,10 @@ def _check_form(form: str) -> None:
         raise KdcollapseError(unknown_choice("BinaryKL form", form, FORMS))
 
 
-@register_loss("binary_kl", reference=_references.binary_kl, kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
+@register_loss("binary_kl", kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
                equation="τ²·Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]) (eq. 1)", temperature=True,
-               sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {})
+               sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {},
+               reference=_references.binary_kl)
 def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                    mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                    vocab_size: int | None = None, chunk_size: int | None = None,
@@ -73,10 +74,11 @@ def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *
     return temperature**2 * samples.reduce(kl, reduction)
 
 
-@register_loss("binary_kl_norm", reference=_references.binary_kl_norm, kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
+@register_loss("binary_kl_norm", kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
                equation="τ²·Σ_k KL([½, ½] ‖ [σ(u_k), σ(−u_k)]), u = (z_s − z_t)/τ (eq. 5)",
                temperature=True, sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {})
+               example=lambda k, y: {},
+               reference=_references.binary_kl_norm)
 def binary_kl_norm_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                         mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                         vocab_size: int | None = None, chunk_size: int | None = None,

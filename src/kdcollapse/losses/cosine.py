@@ -13,13 +13,14 @@ from kdcollapse.losses._reduce import accumulation_dtype
 from kdcollapse.losses._shapes import check_tensor
 
 
-@register_loss("within_class_cosine", reference=_references.within_class_cosine, kind="features",
+@register_loss("within_class_cosine", kind="features",
                paper="Kornblith et al. 2021; the VCI paper §6.3 (a regulariser)",
                equation="mean over classes of (1/n_k²) Σ_{i,j∈k} (1 − sim(h_i, h_j))", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
                inputs=lambda: (*example_tensors((8, 4)), torch.tensor([0, 0, 1, 1, 2, 2, 0, 1])),
                checks_values=False, compiles=False,
-               notes="labels.unique() is data-dependent, so torch.compile breaks the graph")
+               notes="labels.unique() is data-dependent, so torch.compile breaks the graph",
+               reference=_references.within_class_cosine)
 def within_class_cosine_distance(features: Tensor, labels: Tensor) -> Tensor:
     r"""d̄_within of the batch: the mean over the classes present of (1/n_k²) Σ_{i,j∈k} (1 − sim(h_i, h_j)).
 

@@ -62,11 +62,12 @@ def crd_normalizer(log_scores: Tensor, num_data: int | Tensor) -> float:
         return float(log_scores.exp().mean()) * n
 
 
-@register_loss("crd", reference=_references.crd, kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
+@register_loss("crd", kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
                "distillation (ICLR)", equation="NCE with P_n = 1/N: −Σ log P₀/(P₀+K/N) − Σ_i log (K/N)/(P_i+K/N)",
                temperature=True, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers", inputs=lambda: (
-                   *(F.normalize(x, dim=-1) for x in example_tensors((4, 8), (4, 6, 8))), torch.tensor(50)))
+                   *(F.normalize(x, dim=-1) for x in example_tensors((4, 8), (4, 6, 8))), torch.tensor(50)),
+               reference=_references.crd)
 def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, normalizer: float | None = None,
              temperature: float = 0.07, *, validate: bool | None = None) -> Tensor:
     """The NCE loss of one CRD direction (module docstring); row 0 of ``memory_rows`` is the positive.
@@ -84,11 +85,12 @@ def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, norma
     return crd_nce_loss(log_scores, num_data, normalizer, validate=False)  # finite inputs: finite scores
 
 
-@register_loss("crd_nce", reference=_references.crd_nce, kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
+@register_loss("crd_nce", kind="features", paper="Tian, Krishnan & Isola 2020, Contrastive representation "
                "distillation (ICLR)", equation="the NCE of crd on scores s_i = m_i·v/τ, P_i = e^{s_i}/Z",
                temperature=False, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers",
-               inputs=lambda: (*example_tensors((4, 7)), torch.tensor(50)))
+               inputs=lambda: (*example_tensors((4, 7)), torch.tensor(50)),
+               reference=_references.crd_nce)
 def crd_nce_loss(log_scores: Tensor, num_data: int | Tensor, normalizer: float | None = None, *,
                  validate: bool | None = None) -> Tensor:
     """CRD's NCE loss from the (B, 1 + K) scores m_i · v / τ, positive in column 0 (``normalizer``,

@@ -28,9 +28,10 @@ def target_split(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
-@register_loss("dkd", reference=_references.dkd, kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
+@register_loss("dkd", kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
                equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
-               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
+               reference=_references.dkd)
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
              temperature: float = 4.0, *, mask: Tensor | None = None,
              ignore_index: int = IGNORE_INDEX, reduction: str = "mean",

@@ -19,10 +19,11 @@ def kl_rows(p_logits: Tensor, q_logits: Tensor) -> Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-@register_loss("kd", reference=_references.kd, kind="logits", paper="Hinton et al. 2015, Distilling the knowledge in a neural network",
+@register_loss("kd", kind="logits", paper="Hinton et al. 2015, Distilling the knowledge in a neural network",
                equation="τ²·KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) (Sec. 2)", temperature=True,
                sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {"temperature": 2.0})
+               example=lambda k, y: {"temperature": 2.0},
+               reference=_references.kd)
 def kd_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:

@@ -34,11 +34,12 @@ def _gram_difference(a: Tensor, b: Tensor) -> Tensor:
     return (half + half.T) / 2
 
 
-@register_loss("class_correlation", reference=_references.class_correlation, kind="logits",
+@register_loss("class_correlation", kind="logits",
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), class-level alignment",
                equation="(1/K)·‖P_tᵀP_t − P_sᵀP_s‖²_F, P = softmax(Z/τ) (B×K) (eq. 6)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
-               example=lambda k, y: {"temperature": 1.0}, k_squared=("",), notes=FP16_NOTE)
+               example=lambda k, y: {"temperature": 1.0}, k_squared=("",), notes=FP16_NOTE,
+               reference=_references.class_correlation)
 def class_correlation_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
                            validate: bool | None = None) -> Tensor:
     """(1/K)·Σ_jk (G_t − G_s)²_jk with the K×K class correlations G = Pᵀ P of the batch's
@@ -47,11 +48,12 @@ def class_correlation_loss(student: Tensor, teacher: Tensor, temperature: float 
     return _gram_difference(p_t.T, p_s.T).pow(2).sum() / p_s.shape[1]
 
 
-@register_loss("batch_correlation", reference=_references.batch_correlation, kind="logits",
+@register_loss("batch_correlation", kind="logits",
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), batch-level alignment",
                equation="(1/B)·‖P_tP_tᵀ − P_sP_sᵀ‖²_F, P = softmax(Z/τ) (B×K) (eq. 5)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
-               example=lambda k, y: {"temperature": 1.0}, notes=FP16_NOTE)
+               example=lambda k, y: {"temperature": 1.0}, notes=FP16_NOTE,
+               reference=_references.batch_correlation)
 def batch_correlation_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
                            validate: bool | None = None) -> Tensor:
     """(1/B)·Σ_ij (G_t − G_s)²_ij with the B×B sample correlations G = P Pᵀ of the batch's

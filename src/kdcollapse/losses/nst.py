@@ -20,10 +20,11 @@ def _kernel_mean(a: Tensor, b: Tensor) -> Tensor:
     return (a @ b.transpose(1, 2)).pow(2).mean()
 
 
-@register_loss("nst", reference=_references.nst, kind="features", paper="Huang & Wang 2017, Like what you like: knowledge distill via neuron "
+@register_loss("nst", kind="features", paper="Huang & Wang 2017, Like what you like: knowledge distill via neuron "
                "selectivity transfer", equation="Σ_stages MMD² of the channels' normalised maps, k(x, y) = (xᵀy)² "
                "(eqs. 4-6)", temperature=False, sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)))
+               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)),
+               reference=_references.nst)
 def nst_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor], *,
              validate: bool | None = None) -> Tensor:
     """Σ_stages MMD²(student channels, teacher channels) with k(x, y) = (xᵀy)² (NST eq. 4-6).

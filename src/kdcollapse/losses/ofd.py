@@ -58,9 +58,10 @@ def _ofd_example() -> tuple[Tensor, Tensor, Tensor]:
     return student, teacher, -margin.abs()
 
 
-@register_loss("ofd", reference=_references.ofd, kind="features", paper="Heo et al. 2019, A comprehensive overhaul of feature distillation (ICCV)",
+@register_loss("ofd", kind="features", paper="Heo et al. 2019, A comprehensive overhaul of feature distillation (ICCV)",
                equation="Σ_i 2^−(n−1−i)·d_p(σ_m(T_i), S_i), margin ReLU and partial L2 (eqs. 2-5)", temperature=False,
-               sequences=False, ignore_index=False, chunked=False, inputs=_ofd_example)
+               sequences=False, ignore_index=False, chunked=False, inputs=_ofd_example,
+               reference=_references.ofd)
 def ofd_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor],
              margins: Tensor | Sequence[Tensor], *, validate: bool | None = None) -> Tensor:
     """Σ_i 2^−(n−1−i)·:func:`ofd_distance`(S_i, pool(T_i), m_i) over n stages, as mdistiller's ``OFD``.

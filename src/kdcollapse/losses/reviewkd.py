@@ -27,10 +27,11 @@ from kdcollapse.losses._shapes import check_tensor, check_values
 HCL_LEVELS = (4, 2, 1)  # the official pooled sizes
 
 
-@register_loss("hcl", reference=_references.hcl, kind="features", paper="Chen, Liu, Zhao & Jia 2021, Distilling knowledge via knowledge "
+@register_loss("hcl", kind="features", paper="Chen, Liu, Zhao & Jia 2021, Distilling knowledge via knowledge "
                "review (CVPR)", equation="[MSE + Σ_i 2^-i·MSE(pool_i)] / (1 + Σ_i 2^-i), §3.3",
                temperature=False, sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((2, 3, 8, 8), (2, 3, 8, 8)))
+               inputs=lambda: example_tensors((2, 3, 8, 8), (2, 3, 8, 8)),
+               reference=_references.hcl)
 def hcl_loss(student: Tensor, teacher: Tensor, levels: Sequence[int] = HCL_LEVELS, *,
              validate: bool | None = None) -> Tensor:
     """The hierarchical context loss of one stage (module docstring) for (B, C, H, W) maps of equal shape;

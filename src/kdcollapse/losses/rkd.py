@@ -28,9 +28,10 @@ def _relations(e: Tensor) -> tuple[Tensor, Tensor]:
     return dist / (dist.sum() / positive).clamp_min(_EPS), torch.bmm(unit, unit.transpose(1, 2))
 
 
-@register_loss("rkd", reference=_references.rkd, kind="features", paper="Park et al. 2019, Relational knowledge distillation (CVPR)",
+@register_loss("rkd", kind="features", paper="Park et al. 2019, Relational knowledge distillation (CVPR)",
                equation="λ_D·RKD-D + λ_A·RKD-A (eqs. 3-6)", temperature=False, sequences=False,
-               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)))
+               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)),
+               reference=_references.rkd)
 def rkd_loss(student_embeddings: Tensor, teacher_embeddings: Tensor, distance_weight: float = 25.0,
              angle_weight: float = 50.0, *, reduction: str = "mean",
              validate: bool | None = None) -> Tensor:

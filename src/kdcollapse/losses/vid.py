@@ -25,10 +25,11 @@ from kdcollapse.losses._shapes import check_tensor, check_values
 VID_EPS = 1e-5  # the official floor of the variance
 
 
-@register_loss("vid", reference=_references.vid, kind="features", paper="Ahn, Hu, Damianou, Lawrence & Dai 2019, Variational information "
+@register_loss("vid", kind="features", paper="Ahn, Hu, Damianou, Lawrence & Dai 2019, Variational information "
                "distillation for knowledge transfer (CVPR)", equation="mean ½[(μ − t)²/σ_c² + log σ_c²], "
                "σ_c² = softplus(α_c) + ε, §3", temperature=False, sequences=False, ignore_index=False,
-               chunked=False, inputs=lambda: example_tensors((2, 3, 4, 4), (2, 3, 4, 4), (3,)))
+               chunked=False, inputs=lambda: example_tensors((2, 3, 4, 4), (2, 3, 4, 4), (3,)),
+               reference=_references.vid)
 def vid_loss(predicted_mean: Tensor, teacher: Tensor, log_scale: Tensor, eps: float = VID_EPS, *,
              validate: bool | None = None) -> Tensor:
     """The Gaussian NLL above; ``log_scale`` (C,) holds α, σ² = softplus(α) + ``eps``.

@@ -56,7 +56,8 @@ def build_method(config, student, *, num_classes: int, teacher: FrozenTeacher | 
 
 
 # The extension helpers of a user's method (``--import``): the face of these private modules.
-from kdcollapse.methods._distill import Distiller, check_config, softmax_request, standardized, warmup_factor  # noqa: E402
+from kdcollapse.methods._distill import (Distiller, check_config, softmax_request, standardized,  # noqa: E402
+                                        warmup_factor)
 from kdcollapse.methods._stages import StageTransfer, check_pairs, check_stages, stages  # noqa: E402
 
 # Importing the method modules registers them.

@@ -22,7 +22,8 @@ def equals(m, x, y):
                                               form=cfg.binary_kl_form)
 
 
-@register_method("dhkd", equals=equals, checks=({"aux_loss": "binary_kl", "aux_head": "mlp"}, {"binary_kl_form": "official"}, {"distill_until": 1}))
+@register_method("dhkd", equals=equals, checks=({"aux_loss": "binary_kl", "aux_head": "mlp"},
+                                                {"binary_kl_form": "official"}, {"distill_until": 1}))
 class DHKD(DualHead):
     """ce_weight·CE(g(f(x)), y) + alpha·BinaryKL-Norm(g′(f(x)), z_t, τ) (DHKD eq. 5 on the auxiliary head).
 

@@ -18,7 +18,8 @@ from kdcollapse.methods._distill import Distiller, check_config, loss
 def equals(m, x, y):
     """ce_weight·CE + kd_weight·dist(z_s, z_t, …)."""
     cfg, logits = m.config, m.student(x)
-    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.kd_weight * loss("dist")(logits, m.teacher_logits(x), cfg.beta, cfg.gamma, cfg.temperature)
+    dist = loss("dist")(logits, m.teacher_logits(x), cfg.beta, cfg.gamma, cfg.temperature)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.kd_weight * dist
 
 
 @register_method("dist", equals=equals)

@@ -27,7 +27,8 @@ def equals(m, x, y):
     return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.kd_weight * tau**2 * inner
 
 
-@register_method("dkl_kd", equals=equals, checks=({"breaking_asymmetry": True, "alpha": 2.0}, {"breaking_asymmetry": True, "global_information": True}))
+@register_method("dkl_kd", equals=equals, checks=({"breaking_asymmetry": True, "alpha": 2.0},
+                                                  {"breaking_asymmetry": True, "global_information": True}))
 class DKLKD(Distiller):
     """ce_weight·CE(z_s, y) + kd_weight·τ²·DKL(z_t/τ, z_s/τ; α, β) (DKL paper eq. 5).
 

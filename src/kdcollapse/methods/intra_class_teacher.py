@@ -68,7 +68,9 @@ def equals(m, x, y):
                                                                             y[gate])
 
 
-@register_method("intra_class_teacher", equals=equals, checks=({"cache_min_count": 2, "margin_threshold": -1.0}, {"cache_min_count": 2, "margin_threshold": -1.0, "embedding": "logits", "normalize": False}))
+@register_method("intra_class_teacher", equals=equals, checks=(  # ready pools and every anchor gated in
+    {"cache_min_count": 2, "margin_threshold": -1.0},
+    {"cache_min_count": 2, "margin_threshold": -1.0, "embedding": "logits", "normalize": False}))
 class IntraClassTeacher(Method):
     """L_Teacher = CE(y, p_t) + λ·L_Intra (eq. 5) with the margin gate (eq. 7) and per-class pipelines."""
 

@@ -12,7 +12,8 @@ from kdcollapse.methods._distill import Distiller, check_config, loss
 def equals(m, x, y):
     """ce_weight·CE + nkd_weight·nkd(z_s, z_t, …)."""
     cfg, logits = m.config, m.student(x)
-    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.nkd_weight * loss("nkd")(logits, m.teacher_logits(x), y, cfg.temperature, cfg.gamma)
+    distill = loss("nkd")(logits, m.teacher_logits(x), y, cfg.temperature, cfg.gamma)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.nkd_weight * distill
 
 
 @register_method("nkd", equals=equals)

@@ -14,7 +14,8 @@ from kdcollapse.methods._stages import StageTransfer, check_weights, stage_maps,
 def equals(m, x, y):
     """ce_weight·CE + feat_weight·sp over the paired student and teacher stage maps."""
     cfg, (logits, s_maps, t_maps) = m.config, stage_maps(m, x)
-    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.feat_weight * sum(loss("sp")(s, t) for s, t in zip(s_maps, t_maps))
+    distill = sum(loss("sp")(s, t) for s, t in zip(s_maps, t_maps))
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.feat_weight * distill
 
 
 @register_method("sp", equals=equals)

@@ -12,7 +12,8 @@ from kdcollapse.methods._distill import Distiller, check_config, loss
 def equals(m, x, y):
     """ce_weight·CE + wttm_weight·wttm(z_s, z_t, …)."""
     cfg, logits = m.config, m.student(x)
-    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.wttm_weight * loss("wttm")(logits, m.teacher_logits(x), cfg.gamma)
+    distill = loss("wttm")(logits, m.teacher_logits(x), cfg.gamma)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.wttm_weight * distill
 
 
 @register_method("wttm", equals=equals)
