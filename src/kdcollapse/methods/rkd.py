@@ -20,14 +20,16 @@ from kdcollapse.methods._distill import Distiller, at_least_float32, check_confi
 
 
 def equals(m, x, y):
-    """ce_weight·CE + rkd(h_s, h_t; distance_weight, angle_weight), plus kd_weight·kd(τ) for ``kd_rkd``."""
+    """ce_weight·CE + rkd(h_s, h_t; distance_weight, angle_weight) on the penultimate features."""
     cfg, h = m.config, m.student.forward_features(x)
-    logits, teacher = m.student.forward_head(h), m.read_teacher(x)
-    total = (cfg.ce_weight * m.cross_entropy(logits, y)
-             + loss("rkd")(h, teacher.features, cfg.distance_weight, cfg.angle_weight))
-    if m.name == "kd_rkd":
-        total = total + cfg.kd_weight * loss("kd")(logits, teacher.logits, cfg.temperature)
-    return total
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + loss("rkd")(h, m.read_teacher(x).features, cfg.distance_weight, cfg.angle_weight))
+
+
+def equals_kd_rkd(m, x, y):
+    """The ``rkd`` equality plus kd_weight·kd(z_s, z_t, τ) (RKD paper eq. 2-3)."""
+    cfg = m.config
+    return equals(m, x, y) + cfg.kd_weight * loss("kd")(m.student(x), m.teacher_logits(x), cfg.temperature)
 
 
 @register_method("rkd", equals=equals)
@@ -60,7 +62,7 @@ class RKD(Distiller):
         return {}
 
 
-@register_method("kd_rkd", equals=equals)
+@register_method("kd_rkd", equals=equals_kd_rkd)
 class KDRKD(RKD):
     """The intra-class KD paper's "Ours+RKD" student: 0.1·CE(y, p_s) + 0.9·CE(p_t, p_s) (eq. 2) + RKD.
 
