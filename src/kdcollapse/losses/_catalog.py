@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError, unknown_choice
+from kdcollapse.losses._divergence import Divergence, divergence_loss
 
 KINDS = ("logits", "logits+target", "features", "tokens")
 """``logits``: two (B, K) or (B, T, K) logit tensors; ``logits+target``: the same and labels;
@@ -61,7 +62,8 @@ class LossInfo:
     checks_values: bool = True
     compiles: bool = True
     notes: str = ""
-    reference: Callable[..., Tensor] | None = None
+    divergence: Divergence | None = None  # a token divergence: its per-row formula and named parameters
+    reference: Callable[..., Tensor] | None = None  # what it must equal: a slow implementation of the paper
 
     def arguments(self, student: Tensor, teacher: Tensor, target: Tensor,
                   case: LossCase | None = None) -> tuple[tuple[Tensor, Tensor], dict[str, Any]]:
@@ -91,7 +93,8 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   example: Arguments | None = None, variants: Mapping[str, Arguments] = {},
                   k_squared: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
                   reference_first: bool = False, checks_values: bool = True, compiles: bool = True,
-                  notes: str = "", reference: Callable[..., Tensor] | None = None,
+                  notes: str = "", divergence: Divergence | None = None,
+                  reference: Callable[..., Tensor] | None = None,
                   ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Declare the decorated loss function (returned unchanged) under ``name``.
 
@@ -106,6 +109,12 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     arguments as the example's call (the two logit tensors in the function's order and the case's keyword
     arguments, or ``inputs()``); tests/test_loss_references.py compares value and the fitted side's
     gradient in float64 on random inputs, for every case, and refuses a loss declared without one.
+
+    ``divergence``: the loss is a token divergence (:class:`~kdcollapse.losses._divergence.Divergence`),
+    which the language-model paths read. With ``divergence.rows=None`` the decorated function is its
+    per-row formula ``rows(log_q, log_p, **parameters)`` (returned unchanged) and the declared loss is the
+    generated :func:`~kdcollapse.losses._divergence.divergence_loss`; with ``rows`` given, the decorated
+    function is the loss as for any other declaration.
     """
     if kind not in KINDS:
         raise KdcollapseError(unknown_choice("loss kind", kind, KINDS))
@@ -117,9 +126,13 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   for label, arguments in ({"": example, **variants} if logits else {}).items())
 
     def decorator(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        info = LossInfo(name, function, kind, paper, equation, temperature, sequences,
+        loss, declared = function, divergence
+        if divergence is not None and divergence.rows is None:  # the decorated function is the formula
+            declared = Divergence(function, divergence.parameters, divergence.target)
+            loss = divergence_loss(name, declared)
+        info = LossInfo(name, loss, kind, paper, equation, temperature, sequences,
                         ignore_index, chunked, cases, inputs, reference_first, checks_values,
-                        compiles, notes, reference)
+                        compiles, notes, declared, reference)
         _LOSSES.register(name)(info)
         return function
 
