@@ -9,7 +9,8 @@ Formulas, options and references: ``docs/losses.md``. Every loss is declared onc
 :func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
-from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
+from kdcollapse.losses._catalog import (KINDS, LossCase, LossInfo, class_table, example_tensors, get_loss, list_losses,
+                                       register_loss)
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
@@ -70,7 +71,7 @@ __all__ = [
     "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
     "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
     "TopKTeacher",
-    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS", "class_table", "example_tensors",
     "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
     "NKDLoss", "WTTMLoss",
     "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",

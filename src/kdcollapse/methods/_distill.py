@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kdcollapse.errors import ConfigError, KdcollapseError
-from kdcollapse.losses import standardize_logits
+from kdcollapse.losses import get_loss, standardize_logits
 from kdcollapse.methods._base import Method
 from kdcollapse.methods._teacher import FrozenTeacher, TeacherRequest
 
@@ -54,6 +54,18 @@ def softmax_request(config) -> TeacherRequest:
     if getattr(config, "logit_standardization", False):
         return TeacherRequest()
     return TeacherRequest(temperature=config.temperature)
+
+
+def loss(name: str):
+    """The registered loss function ``name`` (``kdcollapse.losses.get_loss(name).function``), for
+    declaring a method's equality in the registry's words."""
+    return get_loss(name).function
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or float64 when it is: the precision a loss runs in after autocast (a float64 check
+    of the method's equality keeps its precision)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:
