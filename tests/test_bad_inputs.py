@@ -6,6 +6,7 @@ shared workspace (a config, a trained one-epoch teacher run, a code file)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -300,6 +301,7 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["study", "run", "s.yaml", "--workers", "0"], ["--workers", "0"]),
     (["study", "run", "s.yaml", "--threads", "-1"], ["--threads", "-1"]),
     (["study", "run", "s.yaml", "--executor", "nope"], ["nope", "slurm"]),
+    (["study", "run", "s.yaml", "--only", "nope*"], ["nope*", "g/seed0"]),  # a glob that matches no run
     (["study", "status", "missing.yaml"], ["missing.yaml"]),
     (["study", "report", "missing.yaml"], ["missing.yaml"]),
     (["study", "report", "--check", "exists.txt"], ["exists.txt"]),
@@ -503,3 +505,87 @@ def test_the_table_holds_at_least_300_bad_inputs():
 
     every = {m.rsplit(".", 1)[1].replace("_", "-") for m in _COMMAND_MODULES} | {"distill"}
     assert every <= commands, every - commands  # every command has bad inputs in the table
+
+
+# --- study files, validated whole (issue 42, item 5): every kind is refused when the file is read, before a run ---
+
+# A teacher, students that read it and a group that chooses among them on validation: the three kinds of group a
+# bad override may sit in (the student and the chosen group are refused without training their teacher).
+STUDY = """name: whole
+runs_dir: runs/whole
+seeds: [0]
+groups:
+  - {group: teacher, run: "teacher/seed{seed}", config: c.yaml, overrides: [TEACHER],
+     post: [{command: analyze, args: [--split, test], creates: CREATES}]}
+  - {group: kd, run: "RUN", config: c.yaml, teacher: "teacher/seed{seed}", grid: {t: [2, 4]},
+     overrides: [method.name=kd, "method.temperature={t}", STUDENT]}
+  - {group: chosen, run: "chosen/seed{seed}", config: c.yaml, teacher: "teacher/seed{seed}",
+     choose: {group: kd, by: val_acc}, overrides: [method.name=kd, "method.temperature={t}", CHOSEN]}
+summary:
+  sections: [{title: s, cells: [CELL]}]
+"""
+GOOD = {"TEACHER": "train.epochs=1", "CREATES": "analysis.json", "RUN": "kd/t{t}/seed{seed}",
+        "STUDENT": "train.epochs=1", "CHOSEN": "train.epochs=1", "CELL": '{label: "T = {t}", group: kd}'}
+# keys the study itself sets on every run (its seed, run directory and teacher): an override of them is replaced
+SET_BY_THE_STUDY = {"run_dir", "seed", "teacher.checkpoint"}
+
+
+def _study_cases():
+    paths = [("RUN", "../escape{t}/seed{seed}", "../escape2/seed0"), ("RUN", "/tmp/kd{t}/seed{seed}", "/tmp/kd2/seed0"),
+             ("RUN", "kd/{t}/../../../x{seed}", "kd/2/../../../x0"), ("RUN", "{t}/..", "2/.."),
+             ("CREATES", "../..", "'../..'"), ("CREATES", "/tmp/analysis.json", "/tmp/analysis.json"),
+             ("CREATES", "a/../../b.json", "a/../../b.json")]
+    summaries = [("CELL", '{label: x, group: nobody}', ["'nobody'", "teacher", "kd", "chosen"]),
+                 ("CELL", '{label: x, group: kd, chosen_by: nobody}', ["'nobody'", "chosen"]),
+                 ("CELL", '{label: x, group: kd, where: {tau: 2}}', ["'tau'", "t"]),
+                 ("CELL", '{label: x, group: kd, colour: red}', ["'colour'", "chosen_by"])]
+    cases = [({where: value}, ["escape" if "escape" in shown else shown, "relative path inside"])
+             for where, value, shown in paths]
+    cases += [({where: value}, names) for where, value, names in summaries]
+    for group in ("TEACHER", "STUDENT", "CHOSEN"):  # a wrong value of every config key, in each kind of group
+        label = {"TEACHER": "teacher", "STUDENT": "kd", "CHOSEN": "chosen"}[group]
+        cases += [({group: json.dumps(f"{key}={value}")}, [key, f"group {label!r}"])
+                  for key, value in INVALID.items() if key not in SET_BY_THE_STUDY]
+    return cases + [({"STUDENT": "train.epochs=1]]"}, ["not valid YAML", "line 8"])]  # malformed: one line too
+
+
+STUDY_CASES = _study_cases()
+
+
+@pytest.mark.parametrize("case", range(len(STUDY_CASES)), ids=lambda i: str(STUDY_CASES[i][0])[:70])
+def test_a_bad_study_file_is_refused_whole_before_any_run_and_changes_nothing(workspace, monkeypatch, capsys,
+                                                                               tmp_path, case):
+    """``study run`` on a study file with one bad part (a path leaving the runs directory or the run directory, a
+    summary naming what the study does not have, a wrong value of any config key in any group): exit 2, one
+    ``error:`` line naming it, nothing trained or written, the teacher of the bad student included."""
+    change, names = STUDY_CASES[case]
+    text = STUDY
+    for key, value in {**GOOD, **change}.items():
+        text = text.replace(key, value)
+    (tmp_path / "study.yaml").write_text(text)
+    monkeypatch.chdir(workspace)
+    before, files = snapshot(workspace), snapshot(tmp_path)
+    status = main(["study", "run", str(tmp_path / "study.yaml")])
+    out, err = capsys.readouterr()
+    assert status == 2, (status, out[-500:], err[-2000:])
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for name in names:
+        assert name in err, (name, err)
+    after = snapshot(workspace)
+    if after != before:
+        shutil.rmtree(workspace)
+        shutil.copytree(workspace.parent / "pristine", workspace, symlinks=True)
+    assert after == before and snapshot(tmp_path) == files
+
+
+def test_the_good_study_file_of_the_bad_ones_is_accepted(workspace, monkeypatch, tmp_path):
+    """The cases above differ from a study file that loads (so each is refused for its one change)."""
+    from kdcollapse.study import load_study
+
+    text = STUDY
+    for key, value in GOOD.items():
+        text = text.replace(key, value)
+    (tmp_path / "study.yaml").write_text(text)
+    monkeypatch.chdir(workspace)
+    study = load_study(tmp_path / "study.yaml")
+    assert sorted(study.runs) == ["kd/t2/seed0", "kd/t4/seed0", "teacher/seed0"] and len(study.waiting) == 1
