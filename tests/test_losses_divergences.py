@@ -108,7 +108,7 @@ def test_weights_outside_the_unit_interval_and_unknown_names_are_errors():
         for bad in (-0.1, 1.5, "0.5", None):
             with pytest.raises(KdcollapseError, match=rf"{parameter} of {name} must be a number in \[0, 1\]"):
                 fn(s, t, bad)
-    with pytest.raises(KdcollapseError, match="unknown divergence 'js'.*Valid choices: forward_kl, jsd"):
+    with pytest.raises(KdcollapseError, match="unknown divergence 'js'.*Valid choices: .*forward_kl, jsd"):
         token_divergence(s, t, "js")
     with pytest.raises(KdcollapseError, match="'dkd' needs the target token of every row"):
         token_divergence(s, t, "dkd")

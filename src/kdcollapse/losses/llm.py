@@ -134,11 +134,19 @@ DIVERGENCES: dict[str, tuple[Callable[..., Tensor], str | None]] = {
 TARGET_DIVERGENCES: dict[str, tuple[Callable[..., Tensor], str]] = {"dkd": (_dkd, "beta")}
 
 
+# divergences declared in their own modules (losses/akl.py, abkd.py, distillm2.py) with their own parameters:
+# name -> bind(parameters or None for the defaults) -> f(student log-probs, teacher log-probs), parameters checked
+BOUND_DIVERGENCES: dict[str, Callable[[object], Callable[..., Tensor]]] = {}
+
+
 def divergence_rows(divergence: str, weight: float | None = None, *, targets: bool = False) -> Callable[..., Tensor]:
     """The per-row function ``f(student_log_probs, teacher_log_probs) -> (N,)`` of ``divergence``, with its
     β (``jsd``) or α (skew KLs) bound to ``weight`` (in [0, 1]); for a :data:`TARGET_DIVERGENCES` entry
     ``f(student_log_probs, teacher_log_probs, target)``, with DKD's β ≥ 0 bound to ``weight`` (default 8,
-    :func:`kdcollapse.losses.dkd_loss`'s), accepted only where the caller has ``targets``."""
+    :func:`kdcollapse.losses.dkd_loss`'s), accepted only where the caller has ``targets``; for a
+    :data:`BOUND_DIVERGENCES` entry its parameters (None: its defaults)."""
+    if divergence in BOUND_DIVERGENCES:
+        return BOUND_DIVERGENCES[divergence](weight)
     if divergence in TARGET_DIVERGENCES and not targets:
         raise KdcollapseError(f"divergence {divergence!r} needs the target token of every row: use "
                               f"kdcollapse.losses.{divergence}_loss, or fused_head_loss with labels")
@@ -149,8 +157,8 @@ def divergence_rows(divergence: str, weight: float | None = None, *, targets: bo
             raise KdcollapseError(f"{parameter} of {divergence} must be a number >= 0, got {weight!r}")
         return lambda log_q, log_p, target: fn(log_q, log_p, target, float(weight))
     if divergence not in DIVERGENCES:
-        raise KdcollapseError(unknown_choice("divergence", divergence,
-                                             {**DIVERGENCES, **TARGET_DIVERGENCES} if targets else DIVERGENCES))
+        raise KdcollapseError(unknown_choice("divergence", divergence, {**DIVERGENCES, **BOUND_DIVERGENCES,
+                                                                        **(TARGET_DIVERGENCES if targets else {})}))
     fn, parameter = DIVERGENCES[divergence]
     if parameter is None:
         return fn

@@ -1,0 +1,74 @@
+"""AKL, the adaptive Kullback-Leibler divergence (Wu et al., COLING 2025, "Rethinking Kullback-Leibler
+Divergence in Knowledge Distillation for Large Language Models", Sec. 4).
+
+With p the teacher's and q the student's distribution (softmax(z / τ)), sort the vocabulary by p
+(descending); the *head* H is the most probable tokens whose cumulative probability, their own
+included, is at most μ, and always the most probable token; the *tail* is the rest (the token whose
+cumulative probability first exceeds μ is in the tail, as in the authors' code). With the
+gaps g_head = Σ_{v∈H} |p_v − q_v| and g_tail = Σ_{v∉H} |p_v − q_v|, per token
+
+    AKL = g_head / (g_head + g_tail) · KL(p ‖ q) + g_tail / (g_head + g_tail) · KL(q ‖ p).
+
+The weights are constants for the student (the authors' code, ``wutaiqiang/LLM_KD_AKL`` ``AKL.py``,
+computes the gaps from the detached student probabilities); where p = q (both gaps 0) the weights are
+½, ½ and the value 0. Ties in p are ordered by token index (a stable sort), so the head of a teacher
+whose probabilities tie at the boundary (stored top-k tokens, the rest spread evenly) is deterministic.
+No τ² factor, as the other token divergences.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses.llm import BOUND_DIVERGENCES, token_divergence
+
+HEAD_MASS = 0.5  # μ, the authors' default
+
+
+def akl_weights(log_q: Tensor, log_p: Tensor, mu: float = HEAD_MASS) -> tuple[Tensor, Tensor]:
+    """The head and tail weights g_head / (g_head + g_tail), g_tail / (g_head + g_tail) per row, from the
+    student's (detached) and the teacher's log-probabilities (…, V)."""
+    p, q = log_p.exp(), log_q.detach().exp()
+    sorted_p, order = p.sort(dim=-1, descending=True, stable=True)
+    gap = (sorted_p - q.gather(-1, order)).abs()
+    tail = sorted_p.cumsum(-1) > mu
+    tail[..., 0] = False  # the most probable token is always in the head
+    head_gap, tail_gap = (gap * ~tail).sum(-1), (gap * tail).sum(-1)
+    total = head_gap + tail_gap
+    safe = torch.where(total > 0, total, 1)
+    half = torch.full_like(total, 0.5)
+    return torch.where(total > 0, head_gap / safe, half), torch.where(total > 0, tail_gap / safe, half)
+
+
+def akl_rows(log_q: Tensor, log_p: Tensor, mu: float = HEAD_MASS) -> Tensor:
+    """AKL per row (module doc) from the student's and the teacher's log-probabilities (…, V)."""
+    head, tail = akl_weights(log_q, log_p, mu)
+    forward = (log_p.exp() * (log_p - log_q)).sum(-1)
+    reverse = (log_q.exp() * (log_q - log_p)).sum(-1)
+    return head * forward + tail * reverse
+
+
+def _bind(mu: float | None) -> callable:
+    mu = HEAD_MASS if mu is None else mu
+    if not (isinstance(mu, (int, float)) and not isinstance(mu, bool) and 0 <= mu <= 1):
+        raise KdcollapseError(f"mu of akl (the head's probability mass) must be a number in [0, 1], got {mu!r}")
+    return lambda log_q, log_p: akl_rows(log_q, log_p, float(mu))
+
+
+BOUND_DIVERGENCES["akl"] = _bind
+
+
+@register_loss("akl", kind="logits", paper="Wu et al. 2025 (COLING), Rethinking KL divergence in KD for LLMs",
+               equation="g_head/(g_head+g_tail)·KL(p ‖ q) + g_tail/(g_head+g_tail)·KL(q ‖ p), head = top-μ mass "
+               "of p (Sec. 4)", temperature=True, sequences=True, ignore_index=False, chunked=True,
+               example=lambda k, y: {"temperature": 2.0}, variants={"small head": lambda k, y: {"mu": 0.1}})
+def akl_loss(student: Tensor, teacher: Tensor, mu: float = HEAD_MASS, temperature: float = 1.0, *,
+             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
+             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
+    """Mean over tokens of AKL (Wu et al. 2025; module doc) with head mass ``mu`` (μ, default 0.5) at
+    temperature τ (no τ² factor); options as :func:`kdcollapse.losses.forward_kl_loss`."""
+    return token_divergence(student, teacher, "akl", mu, temperature, mask=mask, reduction=reduction,
+                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
