@@ -137,6 +137,14 @@ def _teacher_rows(teacher, index: Tensor):
                        teacher.temperature)
 
 
+@register_loss("distillm2_fused", kind="tokens", paper="Ko et al. 2025 (ICML), DistiLLM-2; fused as Liger-Kernel's "
+               "linear losses", equation="skew KL on teacher-response rows + KL(q ‖ (1−α)p + α sg(q)) on student-response "
+               "rows, z = h Wᵀ chunk by chunk", temperature=True, sequences=True, ignore_index=True, chunked=True,
+               compiles=False,
+               inputs=lambda: (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),
+                               torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
+                               TeacherLogits(torch.randn(6, 5, dtype=torch.float64)),
+                               torch.tensor([False, True, False, True, True, False])))
 def distillm2_fused_loss(hidden: Tensor, weight: Tensor, teacher: TeacherLogits | TeacherHead | TopKTeacher,
                          student_response: Tensor, alpha: float = SKEW, temperature: float = 1.0, *,
                          labels: Tensor | None = None, ce_weight: float = 0.0, distill_weight: float = 1.0,
