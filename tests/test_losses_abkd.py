@@ -172,14 +172,13 @@ def test_the_papers_limits_and_identities():
 def test_parameters_are_checked():
     s, t, _ = logits()
     hidden, teacher = torch.eye(3, dtype=torch.float64), L.TeacherLogits(torch.randn(3, 3, dtype=torch.float64))
-    by_pair = L.fused_head_loss(hidden, hidden, teacher, "abkd", (0.2, 0.7))
-    assert torch.equal(L.fused_head_loss(hidden, hidden, teacher, "abkd", {"alpha": 0.2, "beta": 0.7}), by_pair)
-    assert torch.equal(L.fused_head_loss(hidden, hidden, teacher, "abkd"), by_pair)  # the defaults
-    for bad in (0.5, (0.5,), (0.5, float("nan")), ("0.5", 0.5), {"alpha": 0.5, "gamma": 1.0}):
-        with pytest.raises(KdcollapseError, match="abkd"):
-            L.fused_head_loss(torch.eye(3), torch.eye(3), L.TeacherLogits(torch.randn(3, 3)), "abkd", bad)
-    with pytest.raises(KdcollapseError, match=r"two finite numbers \(alpha, beta\), got \(0.5, inf\)"):
-        L.abkd_loss(s, t, 0.5, float("inf"))
+    named = L.fused_head_loss(hidden, hidden, teacher, "abkd", alpha=0.2, beta=0.7)
+    assert torch.equal(L.fused_head_loss(hidden, hidden, teacher, "abkd"), named)  # the defaults
+    with pytest.raises(KdcollapseError, match="divergence 'abkd' takes alpha, beta, not 'gamma'"):
+        L.fused_head_loss(hidden, hidden, teacher, "abkd", gamma=1.0)
+    for bad in (float("nan"), float("inf"), "0.5", True):
+        with pytest.raises(KdcollapseError, match="beta of abkd must be a number"):
+            L.abkd_loss(s, t, 0.5, bad)
 
 
 @pytest.mark.parametrize("form", ["logits", "head", "top-k with k = V"])
@@ -205,8 +204,8 @@ def test_fused_abkd_equals_the_unfused_loss(form):
     expected = distill + 0.5 * F.cross_entropy(z[keep], labels[keep])
     want = (expected.detach(), *torch.autograd.grad(expected, (hidden, weight)))
     for chunk in (4, 64):
-        loss = L.fused_head_loss(hidden, weight, teacher, "abkd", (0.2, 0.7), temperature, labels=labels,
-                                 ce_weight=0.5, chunk_size=chunk)
+        loss = L.fused_head_loss(hidden, weight, teacher, "abkd", temperature, labels=labels,
+                                 ce_weight=0.5, chunk_size=chunk, alpha=0.2, beta=0.7)
         got = (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -167,7 +167,7 @@ def test_swapping_head_and_tail_weights_changes_the_loss():
 def test_bad_mu_is_one_error():
     s, t, _ = logits()
     for bad in (-0.1, 1.5, "0.5", True):
-        with pytest.raises(KdcollapseError, match=r"mu of akl \(the head's probability mass\) must be a number in \[0, 1\]"):
+        with pytest.raises(KdcollapseError, match=r"mu of akl must be a number in \[0, 1\]"):
             L.akl_loss(s, t, bad)
 
 
@@ -194,8 +194,8 @@ def test_fused_akl_equals_the_unfused_loss(form):
     expected = distill + 0.5 * F.cross_entropy(z[keep], labels[keep])
     want = (expected.detach(), *torch.autograd.grad(expected, (hidden, weight)))
     for chunk in (4, 64):
-        loss = L.fused_head_loss(hidden, weight, teacher, "akl", 0.4, temperature, labels=labels, ce_weight=0.5,
-                                 chunk_size=chunk)
+        loss = L.fused_head_loss(hidden, weight, teacher, "akl", temperature, labels=labels, ce_weight=0.5,
+                                 chunk_size=chunk, mu=0.4)
         got = (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -19,25 +19,32 @@ a jump at those lines that this module does not reproduce (equal at (1, 0) and (
 (α, β) = (1, 0) is KL(p ‖ q) and (0, 1) is KL(q ‖ p); β = 1 − α is Amari's α-divergence and
 (½, ½) twice the squared Hellinger distance 2 Σ (√p − √q)² (tested). Every power is formed in log
 space (exp(α log p + β log q)), so nothing is clamped. Defaults α = 0.2, β = 0.7: the official GPT-2
-scripts' (``distillation_llm/scripts/gpt2/ab/``; the argument parser's default is 0.5, 0.5). No τ²
-factor, as the other token divergences.
+scripts' (``distillation_llm/scripts/gpt2/ab/``; the argument parser's default is 0.5, 0.5); each is
+taken in [−2, 2] (the paper's choices lie in [0, 1]; beyond, p^α overflows quickly). No τ² factor, as
+the other token divergences.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-
 import torch
 from torch import Tensor
 
-from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._catalog import register_loss
-from kdcollapse.losses.llm import BOUND_DIVERGENCES, token_divergence
+from kdcollapse.losses._catalog import get_loss, register_loss
+from kdcollapse.losses._divergence import Divergence, Parameter
 
 ALPHA, BETA = 0.2, 0.7
 
 
+@register_loss("abkd", kind="logits", paper="Wang et al. 2025 (ICML), ABKD: α-β-divergence",
+               equation="−1/(αβ) Σ [p^α q^β − α/(α+β) p^(α+β) − β/(α+β) q^(α+β)] and its limits",
+               temperature=True, sequences=True, ignore_index=False, chunked=True,
+               example=lambda k, y: {"alpha": 0.2, "beta": 0.7, "temperature": 2.0},
+               variants={"forward kl": lambda k, y: {"alpha": 1.0, "beta": 0.0},
+                         "alpha + beta = 0": lambda k, y: {"alpha": 0.2, "beta": -0.2},
+                         "log-euclidean": lambda k, y: {"alpha": 0.0, "beta": 0.0}},
+               divergence=Divergence(parameters={
+                   "alpha": Parameter(ALPHA, -2.0, 2.0, "the teacher's exponent α (official GPT-2 scripts 0.2)"),
+                   "beta": Parameter(BETA, -2.0, 2.0, "the student's exponent β (official GPT-2 scripts 0.7)")}))
 def abkd_rows(log_q: Tensor, log_p: Tensor, alpha: float = ALPHA, beta: float = BETA) -> Tensor:
     """D_AB(p ‖ q) per row (module doc) from the student's and the teacher's log-probabilities (…, V),
     formed in float32 at least (p^α / q^α overflows half precision where α + β = 0)."""
@@ -59,40 +66,4 @@ def abkd_rows(log_q: Tensor, log_p: Tensor, alpha: float = ALPHA, beta: float = 
         alpha * beta)
 
 
-def abkd_parameters(weight: Sequence[float] | Mapping[str, float] | None) -> tuple[float, float]:
-    """(α, β) from ``(alpha, beta)``, ``{"alpha": α, "beta": β}`` or None (the defaults), checked finite."""
-    if weight is None:
-        return ALPHA, BETA
-    if isinstance(weight, Mapping):
-        unknown = set(weight) - {"alpha", "beta"}
-        if unknown:
-            raise KdcollapseError(f"abkd takes the parameters alpha and beta, got {', '.join(sorted(unknown))}")
-        weight = (weight.get("alpha", ALPHA), weight.get("beta", BETA))
-    if not (isinstance(weight, Sequence) and not isinstance(weight, str) and len(weight) == 2 and all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weight)):
-        raise KdcollapseError(f"the parameters of abkd must be two finite numbers (alpha, beta), got {weight!r}")
-    return float(weight[0]), float(weight[1])
-
-
-def _bind(weight) -> Callable[[Tensor, Tensor], Tensor]:
-    alpha, beta = abkd_parameters(weight)
-    return lambda log_q, log_p: abkd_rows(log_q, log_p, alpha, beta)
-
-
-BOUND_DIVERGENCES["abkd"] = _bind
-
-
-@register_loss("abkd", kind="logits", paper="Wang et al. 2025 (ICML), ABKD: α-β-divergence",
-               equation="−1/(αβ) Σ [p^α q^β − α/(α+β) p^(α+β) − β/(α+β) q^(α+β)] and its limits",
-               temperature=True, sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {"alpha": 0.2, "beta": 0.7, "temperature": 2.0},
-               variants={"forward kl": lambda k, y: {"alpha": 1.0, "beta": 0.0},
-                         "alpha + beta = 0": lambda k, y: {"alpha": 0.2, "beta": -0.2},
-                         "log-euclidean": lambda k, y: {"alpha": 0.0, "beta": 0.0}})
-def abkd_loss(student: Tensor, teacher: Tensor, alpha: float = ALPHA, beta: float = BETA, temperature: float = 1.0,
-              *, mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
-              chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
-    """Mean over tokens of ABKD's α-β divergence D_AB(p ‖ q) (Wang et al. 2025, module doc) at temperature
-    τ (no τ² factor); options as :func:`kdcollapse.losses.forward_kl_loss`."""
-    return token_divergence(student, teacher, "abkd", (alpha, beta), temperature, mask=mask, reduction=reduction,
-                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
+abkd_loss = get_loss("abkd").function  # abkd_loss(student, teacher, alpha=0.2, beta=0.7, temperature=1.0, *, ...)

@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._catalog import register_loss
-from kdcollapse.losses.llm import BOUND_DIVERGENCES, token_divergence
+from kdcollapse.losses._catalog import get_loss, register_loss
+from kdcollapse.losses._divergence import Divergence, Parameter
 
 HEAD_MASS = 0.5  # μ, the authors' default
 
@@ -43,6 +42,12 @@ def akl_weights(log_q: Tensor, log_p: Tensor, mu: float = HEAD_MASS) -> tuple[Te
     return torch.where(total > 0, head_gap / safe, half), torch.where(total > 0, tail_gap / safe, half)
 
 
+@register_loss("akl", kind="logits", paper="Wu et al. 2025 (COLING), Rethinking KL divergence in KD for LLMs",
+               equation="g_head/(g_head+g_tail)·KL(p ‖ q) + g_tail/(g_head+g_tail)·KL(q ‖ p), head = top-μ mass "
+               "of p (Sec. 4)", temperature=True, sequences=True, ignore_index=False, chunked=True,
+               example=lambda k, y: {"temperature": 2.0}, variants={"small head": lambda k, y: {"mu": 0.1}},
+               divergence=Divergence(parameters={"mu": Parameter(
+                   HEAD_MASS, meaning="the head's probability mass μ (the authors' default 0.5; 1: forward KL)")}))
 def akl_rows(log_q: Tensor, log_p: Tensor, mu: float = HEAD_MASS) -> Tensor:
     """AKL per row (module doc) from the student's and the teacher's log-probabilities (…, V)."""
     head, tail = akl_weights(log_q, log_p, mu)
@@ -51,24 +56,4 @@ def akl_rows(log_q: Tensor, log_p: Tensor, mu: float = HEAD_MASS) -> Tensor:
     return head * forward + tail * reverse
 
 
-def _bind(mu: float | None) -> callable:
-    mu = HEAD_MASS if mu is None else mu
-    if not (isinstance(mu, (int, float)) and not isinstance(mu, bool) and 0 <= mu <= 1):
-        raise KdcollapseError(f"mu of akl (the head's probability mass) must be a number in [0, 1], got {mu!r}")
-    return lambda log_q, log_p: akl_rows(log_q, log_p, float(mu))
-
-
-BOUND_DIVERGENCES["akl"] = _bind
-
-
-@register_loss("akl", kind="logits", paper="Wu et al. 2025 (COLING), Rethinking KL divergence in KD for LLMs",
-               equation="g_head/(g_head+g_tail)·KL(p ‖ q) + g_tail/(g_head+g_tail)·KL(q ‖ p), head = top-μ mass "
-               "of p (Sec. 4)", temperature=True, sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {"temperature": 2.0}, variants={"small head": lambda k, y: {"mu": 0.1}})
-def akl_loss(student: Tensor, teacher: Tensor, mu: float = HEAD_MASS, temperature: float = 1.0, *,
-             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
-             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
-    """Mean over tokens of AKL (Wu et al. 2025; module doc) with head mass ``mu`` (μ, default 0.5) at
-    temperature τ (no τ² factor); options as :func:`kdcollapse.losses.forward_kl_loss`."""
-    return token_divergence(student, teacher, "akl", mu, temperature, mask=mask, reduction=reduction,
-                            vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
+akl_loss = get_loss("akl").function  # akl_loss(student, teacher, mu=0.5, temperature=1.0, *, mask, ...)

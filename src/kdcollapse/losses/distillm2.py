@@ -22,8 +22,6 @@ and the gradual (2 − β, β) weighting of the halves are switched off there (`
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
@@ -32,7 +30,8 @@ from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 from kdcollapse.losses.fused import TeacherHead, TeacherLogits, TopKTeacher, fused_head_loss
-from kdcollapse.losses.llm import BOUND_DIVERGENCES, _kl, _log_mixture
+from kdcollapse.losses._divergence import Divergence, Parameter
+from kdcollapse.losses.llm import _kl, _log_mixture
 
 SKEW = 0.1
 
@@ -42,6 +41,11 @@ def teacher_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tens
     return _kl(log_p, _log_mixture(log_p, log_q, alpha))
 
 
+@register_loss("distillm2_student_kl", kind="logits", paper="Ko et al. 2025 (ICML), DistiLLM-2 (the student-response "
+               "half)", equation="KL(q ‖ (1−α)p + α sg(q)): skew reverse KL's value, the student's share held fixed",
+               temperature=True, sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {"alpha": 0.1},
+               divergence=Divergence(parameters={"alpha": Parameter(
+                   SKEW, meaning="the student's (fixed) weight in the skewed teacher (official 0.1)")}))
 def student_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tensor:
     """KL(q ‖ (1 − α) p + α sg(q)) per row: the loss on the student's responses."""
     return _kl(log_q, _log_mixture(log_p, log_q.detach(), 1 - alpha))
@@ -58,16 +62,6 @@ def check_skew(alpha: float | None) -> float:
     if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 <= alpha <= 1):
         raise KdcollapseError(f"alpha of distillm2 (the skew) must be a number in [0, 1], got {alpha!r}")
     return float(alpha)
-
-
-def _bind(alpha) -> Callable[[Tensor, Tensor], Tensor]:
-    alpha = check_skew(alpha)
-    return lambda log_q, log_p: student_side_rows(log_q, log_p, alpha)
-
-
-# the student's half by name, for fused_head_loss on rows that are all student responses (the teacher's half
-# is "skew_forward_kl"); distillm2_fused_loss splits a batch into the two
-BOUND_DIVERGENCES["distillm2_student_kl"] = _bind
 
 
 def _response_rows(student_response: object, lead: tuple[int, ...]) -> Tensor:
@@ -169,10 +163,10 @@ def distillm2_fused_loss(hidden: Tensor, weight: Tensor, teacher: TeacherLogits 
         if not kept:
             continue
         index = rows.nonzero().squeeze(1)
-        part = fused_head_loss(hidden[index], weight, _teacher_rows(teacher, index), divergence, alpha,
-                               temperature, labels=None if labels is None else labels[index], ce_weight=ce,
+        part = fused_head_loss(hidden[index], weight, _teacher_rows(teacher, index), divergence, temperature,
+                               labels=None if labels is None else labels[index], ce_weight=ce,
                                distill_weight=distill_weight, mask=keep[index], ignore_index=ignore_index,
-                               chunk_size=chunk_size)
+                               chunk_size=chunk_size, alpha=alpha)
         total, count = total + kept * part, count + kept
     if not count:
         raise KdcollapseError("no token is kept (every position masked or labelled ignore_index)")
