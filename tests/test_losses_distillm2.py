@@ -31,7 +31,7 @@ def batch(seed=0):
     return s.requires_grad_(), t, labels
 
 
-# jongwooko/distillm-2 @ fe4cf9bfbb4f83219dd1d69219800164b59685fa, src/distillm_trainer.py:
+# jongwooko/distillm-2 @ fe4cf9bfbb4f83219dd1d69219800164b59685fa, file jongwooko/distillm-2/src/distillm_trainer.py:
 # DistiLLMTrainer.get_batch_logps (loss_type "distillm_v2", logp_logq = logq_logp = None as the trainer starts
 # and keeps them with update_alpha = False, so the adaptive-α ``try`` fails into alpha = base_alpha; the
 # torch.OutOfMemoryError retries repeat the same lines and are left out), then concatenated_forward's split,

@@ -1,5 +1,5 @@
 """DistiLLM-2's contrastive objective (Ko et al., ICML 2025, "DistiLLM-2: A Contrastive Approach Boosts
-the Distillation of LLMs"; official trainer ``jongwooko/distillm-2`` ``src/distillm_trainer.py``,
+the Distillation of LLMs"; official trainer ``jongwooko/distillm-2/src/distillm_trainer.py``,
 ``loss_type="distillm_v2"``).
 
 Each sequence of a batch is a response to a prompt written either by the teacher (DistiLLM-2's "chosen"
