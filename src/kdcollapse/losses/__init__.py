@@ -14,7 +14,7 @@ from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
 from kdcollapse.losses.abkd import abkd_loss
 from kdcollapse.losses.akl import akl_loss
-from kdcollapse.losses.distillm2 import distillm2_fused_loss, distillm2_loss
+from kdcollapse.losses.distillm2 import distillm2_fused_loss, distillm2_loss, distillm2_student_kl_loss
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
@@ -74,7 +74,7 @@ __all__ = [
     "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
     "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
     "TopKTeacher", "akl_loss", "AKLLoss", "abkd_loss", "ABKDLoss",
-    "distillm2_loss", "distillm2_fused_loss",
+    "distillm2_loss", "distillm2_fused_loss", "distillm2_student_kl_loss",
     "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
     "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
     "NKDLoss", "WTTMLoss",

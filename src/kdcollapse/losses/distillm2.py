@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses._catalog import get_loss, register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 from kdcollapse.losses.fused import TeacherHead, TeacherLogits, TopKTeacher, fused_head_loss
@@ -49,6 +49,9 @@ def teacher_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tens
 def student_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tensor:
     """KL(q ‖ (1 − α) p + α sg(q)) per row: the loss on the student's responses."""
     return _kl(log_q, _log_mixture(log_p, log_q.detach(), 1 - alpha))
+
+
+distillm2_student_kl_loss = get_loss("distillm2_student_kl").function  # (student, teacher, alpha=0.1, temperature, ...)
 
 
 def distillm2_rows(log_q: Tensor, log_p: Tensor, student_response: Tensor, alpha: float = SKEW) -> Tensor:
