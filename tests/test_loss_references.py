@@ -22,7 +22,10 @@ RTOL, ATOL = 1e-9, 1e-12
 B, K = 6, 7
 # Declared before references were asked of a loss, not yet given one. The token divergences (forward_kl,
 # reverse_kl, jsd, tvd, skew_*, fused_head) are the LM engine's declarations (issue 38.1-2).
-PENDING = {"forward_kl", "fused_head", "jsd", "reverse_kl", "skew_forward_kl", "skew_reverse_kl", "tvd"}
+# abkd and the distillm2 losses (issue 39.5) came from a parallel branch: their slow references and the official
+# code are in tests/test_losses_divergences.py and tests/test_losses_{abkd,distillm2}.py, not yet declared.
+PENDING = {"forward_kl", "fused_head", "jsd", "reverse_kl", "skew_forward_kl", "skew_reverse_kl", "tvd",
+           "abkd", "distillm2", "distillm2_student_kl", "distillm2_fused"}
 
 
 def _logit_calls(info):

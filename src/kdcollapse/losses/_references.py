@@ -379,3 +379,26 @@ def srd(student_projected: Tensor, teacher_normalized: Tensor, exponent: float =
     terms = [(a - b).abs() ** exponent for row_p, row_q in zip(student_projected, teacher_normalized)
              for a, b in zip(row_p, row_q)]
     return torch.stack(terms).sum().log()
+
+
+def akl(student: Tensor, teacher: Tensor, mu: float = 0.5, temperature: float = 1.0) -> Tensor:
+    """Mean over rows of w_head·KL(p ‖ q) + w_tail·KL(q ‖ p) (AKL, Wu et al. 2025, Sec. 4): the head is the teacher's
+    most probable tokens while their running mass stays ≤ μ (the first always), w = g / (g_head + g_tail) with
+    g the summed |p_v − q_v| over each part, the student's side of the gaps held constant (the authors' code)."""
+    values = []
+    for s, t in zip(student, teacher):
+        p, q = torch.softmax(t / temperature, 0), torch.softmax(s / temperature, 0)
+        order = sorted(range(len(p)), key=lambda v: (-float(p[v]), v))
+        head, mass = set(), 0.0
+        for rank, v in enumerate(order):
+            mass += float(p[v])
+            if rank == 0 or mass <= mu:
+                head.add(v)
+            else:
+                break
+        fixed = q.detach()
+        g_head = sum(abs(float(p[v]) - float(fixed[v])) for v in head)
+        g_tail = sum(abs(float(p[v]) - float(fixed[v])) for v in range(len(p)) if v not in head)
+        w_head, w_tail = (g_head / (g_head + g_tail), g_tail / (g_head + g_tail)) if g_head + g_tail > 0 else (0.5, 0.5)
+        values.append(w_head * _kl(p, q) + w_tail * _kl(q, p))
+    return _mean(values)
