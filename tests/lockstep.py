@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from formats import cifar_members
+from formats import cifar_members, py2_pickle
 from kdcollapse.config import load_config
 from kdcollapse.data._loader import Loader
 from kdcollapse.methods import TeacherRequest
@@ -35,19 +35,22 @@ from kdcollapse.models import create_model
 from kdcollapse.train._trainer import Trainer
 
 
-def write_cifar100(root: Path, per_batch: int = 10) -> Path:
-    """A CIFAR-100 release (python pickle format, official names and keys) of 5 * per_batch training images."""
-    files, _ = cifar_members(True, per_batch=per_batch)
+def write_cifar100(root: Path, per_batch: int = 10, labels: int = 100) -> Path:
+    """A CIFAR-100 release (python pickle format, official names and keys) of 5 * per_batch noise images, the
+    i-th of class i % ``labels``."""
+    files, members = cifar_members(True, per_batch=per_batch)
+    train = members["train"] | {"fine_labels": [i % labels for i in range(5 * per_batch)]}
+    files["train"] = py2_pickle(train)
     (root / "cifar-100-python").mkdir(parents=True)
     for name, data in files.items():
         (root / "cifar-100-python" / name).write_bytes(data)
     return root
 
 
-def write_teacher(path: Path, model: str, seed: int = 1) -> Path:
-    """A teacher's weights file: ``model`` (100 classes, 3x32x32) from ``seed``, BN statistics made non-trivial."""
+def write_teacher(path: Path, model: str, seed: int = 1, num_classes: int = 100) -> Path:
+    """A teacher's weights file: ``model`` (3x32x32 inputs) from ``seed``, BN statistics made non-trivial."""
     torch.manual_seed(seed)
-    net = create_model(model, 100, in_channels=3, input_shape=(3, 32, 32))
+    net = create_model(model, num_classes, in_channels=3)
     for m in net.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.normal_(0, 0.1)
@@ -91,15 +94,19 @@ MLP_STUDENT = ["model.name=mlp", "model.kwargs={input_size: 32, hidden: [32]}"]
 
 
 def run_trainer(tmp_path: Path, monkeypatch, overrides: list[str], *, teacher: str | None, per_batch: int = 10,
-                batch_size: int = 16) -> Trajectory:
+                batch_size: int = 16, classes: int | None = None) -> Trajectory:
     """``Trainer`` on 5 * ``per_batch`` images in batches of ``batch_size`` (the last one shorter); ``overrides``
-    name the student (``model.*``), the method and the schedule."""
-    data = write_cifar100(tmp_path / "data", per_batch)
+    name the student (``model.*``), the method and the schedule. ``classes``: keep only the first ``classes``
+    classes (``data.classes``), each seen in every batch sequence."""
+    data = write_cifar100(tmp_path / "data", per_batch, classes or 100)
     args = ["data.name=cifar100", f"data.root={data}", "data.crop_padding=0", "data.flip=false",
             f"data.batch_size={batch_size}", "data.num_workers=0", "train.channels_last=false",
             "train.progress=false", "train.eval_every=1000", "seed=3", f"run_dir={tmp_path / 'run'}", *overrides]
+    if classes is not None:
+        args.append(f"data.classes=[{', '.join(map(str, range(classes)))}]")
     if teacher is not None:
-        args += [f"teacher.model={teacher}", f"teacher.weights={write_teacher(tmp_path / 'teacher.safetensors', teacher)}"]
+        weights = write_teacher(tmp_path / "teacher.safetensors", teacher, num_classes=classes or 100)
+        args += [f"teacher.model={teacher}", f"teacher.weights={weights}"]
     cfg = load_config(None, args)
     with float64_run(monkeypatch):
         trainer = Trainer(cfg)
@@ -153,9 +160,14 @@ class OfficialTeacher(nn.Module):
 
 
 def assert_lockstep(trajectory: Trajectory, official_lrs, official_parts, official_states, names: dict[str, str],
-                    state_map=lambda name: name, rtol: float = 1e-10, atol: float = 1e-12) -> None:
+                    state_map=lambda name: name, rtol: float = 1e-10, atol: float = 1e-12,
+                    trajectory_steps: int | None = None) -> None:
     """Every step's learning rate, logged loss parts (``names``: ours -> official) and parameters/buffers
-    (``state_map``: our state-dict name -> the official one) equal."""
+    (``state_map``: our state-dict name -> the official one) equal; ``trajectory_steps``: only the first steps."""
+    if trajectory_steps is not None:
+        trajectory = Trajectory(trajectory.initial, trajectory.batches[:trajectory_steps],
+                                trajectory.lrs[:trajectory_steps], trajectory.parts[:trajectory_steps],
+                                trajectory.states[:trajectory_steps])
     assert len(official_lrs) == len(trajectory.lrs) > 0
     np.testing.assert_allclose(trajectory.lrs, official_lrs, rtol=1e-15)
     for step, (ours, theirs) in enumerate(zip(trajectory.parts, official_parts)):
