@@ -65,6 +65,7 @@ class Trajectory:
     batches: list = field(default_factory=list)  # (x float64, y, epoch 0-based)
     lrs: list = field(default_factory=list)
     parts: list = field(default_factory=list)  # {name: float}
+    indices: list = field(default_factory=list)  # the batch's dataset indices (methods that declare needs_index)
     states: list = field(default_factory=list)  # {name: tensor} of the method's parameters and buffers
     trainer: Trainer | None = None
 
@@ -94,10 +95,10 @@ MLP_STUDENT = ["model.name=mlp", "model.kwargs={input_size: 32, hidden: [32]}"]
 
 
 def run_trainer(tmp_path: Path, monkeypatch, overrides: list[str], *, teacher: str | None, per_batch: int = 10,
-                batch_size: int = 16, classes: int | None = None) -> Trajectory:
+                batch_size: int = 16, classes: int | None = None, prepare=None) -> Trajectory:
     """``Trainer`` on 5 * ``per_batch`` images in batches of ``batch_size`` (the last one shorter); ``overrides``
     name the student (``model.*``), the method and the schedule. ``classes``: keep only the first ``classes``
-    classes (``data.classes``), each seen in every batch sequence."""
+    classes (``data.classes``), each seen in every batch sequence. ``prepare(trainer)`` runs before training."""
     data = write_cifar100(tmp_path / "data", per_batch, classes or 100)
     args = ["data.name=cifar100", f"data.root={data}", "data.crop_padding=0", "data.flip=false",
             f"data.batch_size={batch_size}", "data.num_workers=0", "train.channels_last=false",
@@ -118,11 +119,14 @@ def run_trainer(tmp_path: Path, monkeypatch, overrides: list[str], *, teacher: s
             out = step(x, y, batch, batches, index)
             trajectory.batches.append((x.detach().clone(), y.clone(), trainer.method.epoch))
             trajectory.lrs.append(lr)
+            trajectory.indices.append(index)
             trajectory.parts.append({k: float(v.detach()) for k, v in out.items() if k != "logits" and v.dim() == 0})
             trajectory.states.append({k: v.detach().clone() for k, v in trainer.method.state_dict().items()})
             return out
 
         trainer.step = recorded
+        if prepare is not None:
+            prepare(trainer)
         trainer.run()
     return trajectory
 
@@ -155,8 +159,9 @@ class OfficialTeacher(nn.Module):
 
     def forward(self, x):
         out = self.teacher.read(x, TeacherRequest(features=True, stages=self.stages))
-        maps = [m.double() for m in out.maps]
-        return out.logits.double(), {"feats": maps, "pooled_feat": out.features.double()}
+        pre = self.teacher.read(x, TeacherRequest(stages=self.stages, pre_act=True)).maps
+        return out.logits.double(), {"feats": [m.double() for m in out.maps], "pooled_feat": out.features.double(),
+                                     "preact_feats": [m.double() for m in pre]}
 
 
 def assert_lockstep(trajectory: Trajectory, official_lrs, official_parts, official_states, names: dict[str, str],
