@@ -1,6 +1,6 @@
 """A GPU check in one command: every registered method and the LM loss path, a few steps each, against float64.
 
-    PYTHONPATH=src python benchmarks/gpu_check.py --out results/benchmarks/gpu_check.md     # a CUDA machine, <= 8 min
+    PYTHONPATH=src python benchmarks/gpu_check.py --out results/benchmarks/gpu_check_<GPU>.md     # a CUDA machine, <= 8 min
     PYTHONPATH=src python benchmarks/gpu_check.py --cpu-smoke                             # the same code on CPU, tiny
 
 On the device (``cuda``; ``--cpu-smoke``: the CPU, float32, tiny models — tests/test_gpu_check.py runs it so
