@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +28,8 @@ from pathlib import Path
 import torch
 
 from kdcollapse import __version__
-from kdcollapse.config import RunConfig, config_to_dict, load_config, save_config
+from kdcollapse.config import RunConfig, config_to_dict, save_config
+from kdcollapse.config_lm import LM_RESUMABLE_KEYS, LMConfig, load_run_config, tracking
 from kdcollapse.data import USER_DATA
 from kdcollapse.distributed import all_ranks_ok, hardware
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
@@ -37,7 +39,7 @@ from kdcollapse.runs._commit import STATE_FILE, commit_epoch, committed_file, re
 from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._derived import remove_outputs
 from kdcollapse.runs._lock import RunLock
-from kdcollapse.runs._tracking import open_trackers
+from kdcollapse.runs._tracking import open_trackers, record_step
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpoint.safetensors",
@@ -45,7 +47,8 @@ RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpo
 # Derived outputs (analyze, robust-eval) describe the weights of the run they were computed from: --overwrite
 # removes them with the run, so no old number sits beside a new model.
 RUN_FILES += ("robust_eval.json", "robust_eval.md")
-RUN_DIRS = ("tensorboard", "analysis_train", "analysis_val", "analysis_test")
+RUN_DIRS = ("tensorboard", "analysis_train", "analysis_val", "analysis_test", "student")  # student/: distill-lm's
+RUN_FILES += ("steps.jsonl",)  # per-step scalars (distill-lm)
 
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
 # to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
@@ -228,6 +231,10 @@ def _check_creatable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not writable")
+    try:  # access() passes for root where mkdir fails (/proc): a folder made and removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".kdcollapse-probe-", dir=existing))
+    except OSError as err:
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
 def _read_run_json(run_dir: Path) -> dict | None:
@@ -282,9 +289,9 @@ def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, 
                 f"cannot resume: {run_dir} holds no checkpoint.safetensors" + (
                     " (the run stopped before its first epoch was committed); start it again with the same "
                     "command without --resume" if holds_run else ""))
-        check_config_unedited(run_dir)
+        check_config_unedited(run_dir, "steps=N" if isinstance(cfg, LMConfig) else "train.epochs=N")
         if holds_run:
-            check_resume_changes(load_config(run_dir / "config.yaml"), cfg)
+            check_resume_changes(load_run_config(run_dir / "config.yaml"), cfg)
     elif holds_run and not overwrite:
         other = _other_config(run_dir, cfg)
         if other:
@@ -320,7 +327,7 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
 def _other_config(run_dir: Path, cfg: RunConfig) -> str:
     """How the run saved in ``run_dir`` differs from ``cfg`` in a defining key ("" when it does not)."""
     try:
-        saved = load_config(run_dir / "config.yaml")
+        saved = load_run_config(run_dir / "config.yaml")
     except KdcollapseError as err:
         return f"its config.yaml does not load: {err}"
     old, new = config_differences(saved, cfg)
@@ -331,9 +338,9 @@ def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",))
     """Refuse to combine runs (a summary over seeds) whose saved configs differ in a defining key other
     than ``ignore``."""
     first, *rest = [Path(d) for d in run_dirs]
-    base = load_config(first / "config.yaml")
+    base = load_run_config(first / "config.yaml")
     for run_dir in rest:
-        old, new = config_differences(base, load_config(run_dir / "config.yaml"), ignore)
+        old, new = config_differences(base, load_run_config(run_dir / "config.yaml"), ignore)
         if old:
             keys = ", ".join(f"{k}={old[k]!r} in {first}, {new[k]!r} in {run_dir}" for k in old)
             raise ConfigError(f"cannot summarise runs of different configs ({keys}); give each config its own "
@@ -342,7 +349,8 @@ def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",))
 
 def _check_not_teacher(cfg: RunConfig, run_dir: Path) -> None:
     """--overwrite must never delete the teacher it is about to distil from."""
-    teacher = cfg.teacher.checkpoint or (cfg.teacher.weights and str(Path(cfg.teacher.weights).parent))
+    teacher = cfg.teacher if isinstance(cfg, LMConfig) else (
+        cfg.teacher.checkpoint or (cfg.teacher.weights and str(Path(cfg.teacher.weights).parent)))
     if not teacher:
         return
     here, there = run_dir.resolve(), Path(teacher).resolve()
@@ -363,18 +371,27 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_differences(a: RunConfig, b: RunConfig, ignore: tuple[str, ...] = ()) -> tuple[dict, dict]:
-    """The defining keys (all but :data:`RESUMABLE_KEYS` and ``ignore``) whose values differ between ``a``
-    and ``b``: ``({key: value in a}, {key: value in b})``, sorted by key."""
+def config_differences(a: RunConfig | LMConfig, b: RunConfig | LMConfig, ignore: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The defining keys (all but the task's resumable keys, :data:`RESUMABLE_KEYS` or
+    ``LM_RESUMABLE_KEYS``, and ``ignore``) whose values differ between ``a`` and ``b``: ``({key: value in
+    a}, {key: value in b})``, sorted by key (configs of two tasks differ in ``task``)."""
+    if type(a) is not type(b):
+        task = {RunConfig: "image", LMConfig: "lm"}
+        return {"task": task.get(type(a))}, {"task": task.get(type(b))}
     old, new = _flat(config_to_dict(a)), _flat(config_to_dict(b))
-    skip = set(RESUMABLE_KEYS) | set(ignore)
+    skip = set(resumable_keys(a)) | set(ignore)
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in skip)
     return {k: old.get(k) for k in changed}, {k: new.get(k) for k in changed}
 
 
-def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
-    """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
-    if saved.data.name == USER_DATA != cfg.data.name:
+def resumable_keys(cfg: RunConfig | LMConfig) -> tuple[str, ...]:
+    """The keys a resume of a run of ``cfg``'s task may change."""
+    return ("run_dir", *LM_RESUMABLE_KEYS) if isinstance(cfg, LMConfig) else RESUMABLE_KEYS
+
+
+def check_resume_changes(saved: RunConfig | LMConfig, cfg: RunConfig | LMConfig) -> None:
+    """A resume may change only the task's resumable keys; anything else would continue another run."""
+    if isinstance(saved, RunConfig) and isinstance(cfg, RunConfig) and saved.data.name == USER_DATA != cfg.data.name:
         raise ConfigError(f"cannot resume: the run was trained on data passed from Python (data.name="
                           f"{USER_DATA!r}), not on {cfg.data.name!r}; {PASS_AGAIN}")
     old, new = config_differences(saved, cfg)
@@ -383,7 +400,7 @@ def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
         now = ", ".join(f"{k}={v!r}" for k, v in new.items())
         raise ConfigError(
             f"cannot resume: the run was trained with {was}; the config asks for {now}. A resume may change "
-            f"only {', '.join(RESUMABLE_KEYS[1:])}; start a new run_dir for anything else"
+            f"only {', '.join(resumable_keys(cfg)[1:])}; start a new run_dir for anything else"
         )
 
 
@@ -433,24 +450,28 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def read_committed_metrics(run_dir: Path, epoch: int | None = None) -> list[dict]:
+STEPS_FILE = "steps.jsonl"
+
+
+def read_committed_metrics(run_dir: Path, epoch: int | None = None, name: str = "metrics.jsonl") -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
     file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
     A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the
     committed bytes (an older version's interrupted append) is dropped with a warning. Runs without
     ``state.json``: as they are."""
     run_dir = Path(run_dir)
-    path, state = committed_file(run_dir, "metrics.jsonl")
-    if path is None and not (run_dir / "metrics.jsonl").exists():
+    path, state = committed_file(run_dir, name)
+    if path is None and not (run_dir / name).exists():
         return []  # removed (after an edit): no records
-    if path is None and not _committed_plus_torn_line(run_dir / "metrics.jsonl", state):
+    if path is None and not _committed_plus_torn_line(run_dir / name, state):
         raise CheckpointError(
-            f"{run_dir / 'metrics.jsonl'} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
+            f"{run_dir / name} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
             "(edited, or damaged); restore it, or remove it (a `--resume` then continues without the records of "
             "the earlier epochs)")
-    records = read_metrics(path or run_dir / "metrics.jsonl")
+    records = read_metrics(path or run_dir / name)
     last = epoch if epoch is not None else state["epoch"] if state else None
-    return records if last is None else [r for r in records if r.get("epoch", 0) <= last]
+    # the commit unit: an image run's epoch, a language-model run's optimizer step
+    return records if last is None else [r for r in records if r.get("epoch", r.get("step", 0)) <= last]
 
 
 def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
@@ -518,10 +539,14 @@ class MetricsLog:
         self.records: list[dict] = []
         self.pending: list[dict] = []  # written, not yet committed
         self.trackers: list = []
+        self.steps: list[dict] = []  # per-step scalars (write_step), committed in steps.jsonl
+        self.pending_steps: list[dict] = []
         if not enabled:
             return
         if start_epoch > 0:
             self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
+            if (run_dir / STEPS_FILE).exists():
+                self.steps = read_committed_metrics(run_dir, start_epoch, STEPS_FILE)
         if self.path.exists():
             for name, text in self.files().items():
                 write_text(run_dir / name, text)
@@ -533,10 +558,12 @@ class MetricsLog:
                                   "pip install 'kdcollapse[tensorboard]'") from None
             remove_event_files(run_dir / TENSORBOARD_DIR)  # rebuilt from the committed records
             self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
+            self._to_tensorboard(self.steps, "step/")
             self._to_tensorboard(self.records)
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
-            cfg = load_config(run_dir / "config.yaml")
-            self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
+            cfg = load_run_config(run_dir / "config.yaml")
+            trackers, group, _ = tracking(cfg)
+            self.trackers = open_trackers(trackers, run_dir, config_to_dict(cfg), group)
             for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
                 tracker.replay(self.records)
 
@@ -548,26 +575,39 @@ class MetricsLog:
         self.records.append(record)
         self.pending.append(record)
 
+    def write_step(self, record: dict) -> None:
+        """Add a per-step record (``step`` and scalars): committed in ``steps.jsonl`` with the next commit, then
+        logged to TensorBoard (as ``step/<key>``) and the trackers (language-model runs, whose records and
+        trackers' x are optimizer steps)."""
+        if not self.enabled:
+            return
+        self.steps.append(record)
+        self.pending_steps.append(record)
+
     def committed(self) -> None:
         """The records written so far are committed: log them to TensorBoard and the trackers."""
         pending, self.pending = self.pending, []
+        steps, self.pending_steps = self.pending_steps, []
+        self._to_tensorboard(steps, "step/")
         self._to_tensorboard(pending)
-        for record in pending:
+        for record in [*({"step": r["step"], **{f"step/{k}": v for k, v in r.items() if k != "step"}} for r in steps),
+                       *pending]:
             for tracker in self.trackers:
                 tracker.log(record)
 
-    def _to_tensorboard(self, records: list[dict]) -> None:
+    def _to_tensorboard(self, records: list[dict], prefix: str = "") -> None:
         if self.writer is None or not records:
             return
         for record in records:
             for key, value in record.items():
-                if key != "epoch" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["epoch"])
+                if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(prefix + key, value, record_step(record))
         self.writer.flush()
 
     def files(self) -> dict[str, str]:
         """The text of each metrics file, by name."""
-        return {name: render(self.records) for name, render in self.FILES.items()}
+        return {name: render(self.records) for name, render in self.FILES.items()} | (
+            {STEPS_FILE: metrics_jsonl(self.steps)} if self.steps else {})
 
     def close(self, failed: bool = False) -> None:
         """End TensorBoard's writer and the trackers, marking their runs failed when training ``failed`` (a
