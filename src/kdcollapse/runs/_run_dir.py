@@ -31,7 +31,7 @@ from kdcollapse import __version__
 from kdcollapse.config import RunConfig, config_to_dict, save_config
 from kdcollapse.config_lm import LM_RESUMABLE_KEYS, LMConfig, load_run_config, tracking
 from kdcollapse.data import USER_DATA
-from kdcollapse.distributed import all_ranks_ok
+from kdcollapse.distributed import all_ranks_ok, hardware
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
@@ -421,6 +421,7 @@ def provenance() -> dict:
         "torch": torch.__version__,
         "host": platform.node(),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "hardware": hardware(),  # CPU model and capability, GPU, torch/CUDA/cuDNN versions
     }
 
 
