@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
 
+from kdcollapse._yaml import load_yaml
 from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_int,
                                    positive_int)
 from kdcollapse.errors import ConfigError, KdcollapseError
@@ -166,7 +166,7 @@ def _analyze(args: argparse.Namespace) -> int:
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
     if args.run_dir:
         subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
-        cfg = load_config(Path(args.run_dir) / "config.yaml")
+        cfg = load_config(Path(args.run_dir) / "config.yaml", saved=True)
         batch_size, seed = cfg.data.eval_batch_size, cfg.seed
         out = Path(args.out) if args.out else check_output(Path(args.run_dir) / f"analysis_{args.split}", "the output",
                                                            folder=True)
@@ -224,11 +224,7 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
 def _yaml_mapping(text: str | None) -> dict:
     if not text:
         return {}
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"--model-kwargs {text!r} is not valid YAML ({first})") from None
+    value = load_yaml(text, f"--model-kwargs {text!r}")
     if not isinstance(value, dict):
         raise ConfigError(f"--model-kwargs must be a mapping such as '{{input_size: 8}}', got {text!r}")
     return value

@@ -87,7 +87,7 @@ def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: 
         f"run_dir={out / name}", f"data.name={plan.dataset}", f"model.name={model}", f"method.name={method}",
         f"train.epochs={epochs}", *plan.overrides, *extra,
     ])
-    from kdcollapse.train import fit  # loads torchmetrics: only when the demo runs, not for its --help
+    from kdcollapse.train import fit  # loads the trainer: only when the demo runs, not for its --help
 
     start = time.perf_counter()
     result = fit(cfg, overwrite=True)
@@ -97,7 +97,7 @@ def _run(name: str, out: Path, plan: DemoPlan, model: str, method: str, epochs: 
 def run_demo(out: Path, dataset: str | None = None, quick: bool = False) -> Path:
     """Train the plan's teacher, student baseline and distilled students; write ``out/report.md``.
     ``quick``: the :func:`quick_plan` (a few minutes where the full demo takes tens)."""
-    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run  # torchmetrics, matplotlib: see _run
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run  # matplotlib on use: see _run
     from kdcollapse.report import plot_curves
 
     requested, dataset = dataset, choose_dataset(dataset)

@@ -52,7 +52,7 @@ class Run:
 
     @cached_property
     def config(self) -> RunConfig:
-        return load_config(self.dir / "config.yaml")
+        return load_config(self.dir / "config.yaml", saved=True)
 
     def dataset(self, split: str, per_class: int | None = None):
         """Split ``split`` as the run saw it (see :func:`kdcollapse.runs.run_dataset`)."""

@@ -155,6 +155,7 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
                         f"cannot resume: {run_dir / 'checkpoint.safetensors'} is missing or is not the checkpoint "
                         f"of epoch {claim.state['epoch']} that {STATE_FILE} records"
                     )
+                _check_resume_history(cfg, run_dir, claim.state)
         except BaseException:
             claim.release()
             raise
@@ -284,7 +285,7 @@ def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, 
                     "command without --resume" if holds_run else ""))
         check_config_unedited(run_dir)
         if holds_run:
-            check_resume_changes(load_config(run_dir / "config.yaml"), cfg)
+            check_resume_changes(load_config(run_dir / "config.yaml", saved=True), cfg)
     elif holds_run and not overwrite:
         other = _other_config(run_dir, cfg)
         if other:
@@ -320,7 +321,7 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
 def _other_config(run_dir: Path, cfg: RunConfig) -> str:
     """How the run saved in ``run_dir`` differs from ``cfg`` in a defining key ("" when it does not)."""
     try:
-        saved = load_config(run_dir / "config.yaml")
+        saved = load_config(run_dir / "config.yaml", saved=True)
     except KdcollapseError as err:
         return f"its config.yaml does not load: {err}"
     old, new = config_differences(saved, cfg)
@@ -331,9 +332,9 @@ def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",))
     """Refuse to combine runs (a summary over seeds) whose saved configs differ in a defining key other
     than ``ignore``."""
     first, *rest = [Path(d) for d in run_dirs]
-    base = load_config(first / "config.yaml")
+    base = load_config(first / "config.yaml", saved=True)
     for run_dir in rest:
-        old, new = config_differences(base, load_config(run_dir / "config.yaml"), ignore)
+        old, new = config_differences(base, load_config(run_dir / "config.yaml", saved=True), ignore)
         if old:
             keys = ", ".join(f"{k}={old[k]!r} in {first}, {new[k]!r} in {run_dir}" for k in old)
             raise ConfigError(f"cannot summarise runs of different configs ({keys}); give each config its own "
@@ -370,6 +371,16 @@ def config_differences(a: RunConfig, b: RunConfig, ignore: tuple[str, ...] = ())
     skip = set(RESUMABLE_KEYS) | set(ignore)
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in skip)
     return {k: old.get(k) for k in changed}, {k: new.get(k) for k in changed}
+
+
+def _check_resume_history(cfg: RunConfig, run_dir: Path, state: dict | None) -> None:
+    """A resume continues the committed history, never rewrites it: ``train.epochs`` below the committed
+    epoch is refused, and so is a metrics log that is not the committed one, here, before anything is written."""
+    epoch = (state or {}).get("epoch")
+    if isinstance(epoch, int) and cfg.train.epochs < epoch:
+        raise ConfigError(f"cannot resume {run_dir} with train.epochs={cfg.train.epochs}: it has committed {epoch} "
+                          f"epochs, which a resume never rewrites; give train.epochs >= {epoch} (or a new run_dir)")
+    read_committed_metrics(run_dir)
 
 
 def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
@@ -534,7 +545,7 @@ class MetricsLog:
             self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
             self._to_tensorboard(self.records)
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
-            cfg = load_config(run_dir / "config.yaml")
+            cfg = load_config(run_dir / "config.yaml", saved=True)
             self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
             for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
                 tracker.replay(self.records)
