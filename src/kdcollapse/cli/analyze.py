@@ -30,12 +30,16 @@ output (analysis.md lists every metric with its meaning; logit_matrices.png only
 
 _PLOT_EXAMPLES = """examples:
   kdcollapse plot runs/fmnist_kd runs/fmnist_dhkd --keys test_acc,train_vci,test_vci --out curves.png
-  kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy
-  kdcollapse plot runs/fmnist_teacher                          # test_acc, train_loss and any collapse keys
+  kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy --out ab.png
+  kdcollapse plot runs/fmnist_teacher      # -> runs/fmnist_teacher/curves.png: test_acc, train_loss, collapse keys
   kdcollapse plot runs/fmnist_teacher --table --keys train_acc,test_acc --epochs 1,5,10-15   # markdown, stdout
 """
 
 _NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(default: None)" out
+
+# analyze's options that only --lm reads, with their defaults: given for an image run, they are refused.
+LM_ONLY = {"corpus": None, "layers": "last", "block_size": 256, "max_tokens": None, "min_count": 2,
+           "gnc_convention": "paper", "no_ncc": False, "accumulate": "auto", "random_init": None}
 
 _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci", "test_vci")
 
@@ -98,7 +102,8 @@ def register(subparsers) -> None:
     add("--keys", metavar="LIST",
         help=f"comma-separated metrics.jsonl keys (default: those of {','.join(_DEFAULT_KEYS)} that the runs log)")
     add("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
-    p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
+    add("--out", metavar="FILE", help="figure file to write (default: RUN_DIR/curves.png for one run; required for "
+        "several)")
     add("--title", help="figure title")
     p.add_argument("--table", action="store_true",
                    help="print one run's per-epoch table (markdown) of --keys instead of drawing a figure")
@@ -161,6 +166,10 @@ def _analyze(args: argparse.Namespace) -> int:
         check_output(args.out, "--out", folder=True)
     if args.lm:
         return _analyze_lm(args, device)
+    given = [f"--{k.replace('_', '-')}" for k, default in LM_ONLY.items() if getattr(args, k) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply only to a language model (--lm SOURCE), not to an image "
+                          "run or weights file; drop them, or give --lm")
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
@@ -238,6 +247,11 @@ def _plot(args: argparse.Namespace) -> int:
     if args.table or args.epochs or args.digits or args.headers:
         return _epoch_table(args)
     require("matplotlib", "kdcollapse plot")  # before reading any run
+    if args.out is None:  # never into the current folder unasked
+        if len(args.run_dirs) > 1:
+            raise ConfigError(f"plotting {len(args.run_dirs)} runs needs --out FILE (e.g. --out curves.png); one "
+                              "run's figure goes to RUN_DIR/curves.png")
+        args.out = str(Path(args.run_dirs[0]) / "curves.png")
     check_output(args.out, "--out", suffixes=FIGURE_SUFFIXES)
 
     runs = {}
