@@ -287,9 +287,12 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["distill-lm", "--config", "lm/smollm2_tiny", "lr=-1"], ["lr", "-1"]),  # the recipe name loads
     (["distill-lm", "nope.key=1"], ["nope", "batch_size"]),
     (["distill-lm", "loss.divergence=nope"], ["nope", "forward_kl"]),
-    (["distill-lm", "loss.weight=-1"], ["loss.weight", "-1", "jsd"]),
-    (["distill-lm", "loss.divergence=jsd", "loss.weight=2"], ["loss.weight", "2"]),
-    (["distill-lm", "loss.divergence=jsd"], ["loss.weight", "None"]),
+    (["distill-lm", "loss.weight=-1"], ["loss.weight", "beta", "alpha"]),  # parameters are named (issue 38)
+    (["distill-lm", "loss.divergence=jsd", "loss.beta=2"], ["loss.beta", "2", "[0, 1]"]),
+    (["distill-lm", "loss.beta=0.5"], ["loss.beta", "forward_kl", "jsd"]),
+    (["distill-lm", "loss.divergence=skew_forward_kl", "loss.beta=0.5"], ["loss.beta", "skew_forward_kl", "jsd"]),
+    (["distill-lm", "loss.divergence=skew_reverse_kl", "loss.alpha=-1"], ["loss.alpha", "-1", "[0, 1]"]),
+    (["distill-lm", "loss.divergence=dkd", "loss.beta=-1"], ["loss.beta", "-1", ">= 0"]),
     (["distill-lm", "loss.divergence=none"], ["loss.ce_weight"]),
     (["distill-lm", "loss.temperature=0"], ["loss.temperature", "0"]),
     (["distill-lm", "loss.ce_weight=-1"], ["loss.ce_weight", "-1"]),
@@ -300,6 +303,11 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["distill-lm", "lr=-1"], ["lr", "-1"]),
     (["distill-lm", "lr=nan"], ["lr", "nan"]),
     (["distill-lm", "warmup=-1"], ["warmup", "-1"]),
+    (["distill-lm", "warmup=1000", "steps=2"], ["warmup", "1000", "steps=2"]),  # issue 42: it used to run
+    (["distill-lm", "student.hidden_size=0"], ["student.hidden_size", "0"]),  # issue 42: a ZeroDivisionError late
+    (["distill-lm", "student.num_hidden_layers=0"], ["student.num_hidden_layers", "0"]),
+    (["distill-lm", "log_every=0"], ["log_every", "0"]),
+    (["distill-lm", "trackers=[nope]"], ["trackers", "nope", "wandb"]),
     (["distill-lm", "weight_decay=-1"], ["weight_decay", "-1"]),
     (["distill-lm", "train_blocks=0"], ["train_blocks", "0"]),
     (["distill-lm", "seed=-1"], ["seed", "-1"]),

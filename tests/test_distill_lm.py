@@ -49,7 +49,7 @@ def test_a_run_writes_its_directory_and_resumes_bit_for_bit(setup):
         assert torch.equal(a[name], value), name
 
 
-@pytest.mark.parametrize("overrides", [["teacher_k=null", "loss.divergence=jsd", "loss.weight=0.5"],
+@pytest.mark.parametrize("overrides", [["teacher_k=null", "loss.divergence=jsd", "loss.beta=0.5"],
                                        ["precision=bf16", "loss.divergence=reverse_kl", "accumulate=2"]])
 def test_online_teacher_and_bf16_paths_train(setup, overrides):  # CE only: the CLI test's --baseline
     root, options = setup
@@ -100,10 +100,10 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
     """lmbda = 1: every block is the student's completion of its first half, scored by the teacher with
     JSD(0.5) at the completion's positions only: equal to the plain (unfused) computation."""
     from kdcollapse.losses.llm import token_divergence
-    from kdcollapse.train._lm import _loss, _Teacher
+    from kdcollapse.train._lm_task import _loss, _Teacher
 
     root, options = setup
-    cfg = load_lm_config(None, [*options, "run_dir=unused", "loss.divergence=jsd", "loss.weight=0.5",
+    cfg = load_lm_config(None, [*options, "run_dir=unused", "loss.divergence=jsd", "loss.beta=0.5",
                                 "generation.lmbda=1", "teacher_k=null", "generation.temperature=1.5"])
     teacher = _Teacher(str(root / "teacher"))
     student = lm.load_language_model(root / "teacher").model  # any model: the teacher scores it
@@ -115,12 +115,12 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
                                     generator=torch.Generator().manual_seed(7)).sequences
     with torch.no_grad():
         q, p = student(sampled).logits[:, 3:-1], teacher.model(sampled).logits[:, 3:-1]
-        want = token_divergence(q.reshape(-1, 300), p.reshape(-1, 300).log_softmax(-1), "jsd", 0.5,
+        want = token_divergence(q.reshape(-1, 300), p.reshape(-1, 300).log_softmax(-1), "jsd", beta=0.5,
                                 reduction="none").mean()
     torch.testing.assert_close(got.detach(), want.to(got.dtype), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.weight=0.5", "generation.lmbda=0.5"],
+@pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.beta=0.5", "generation.lmbda=0.5"],
                                        ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
                          ids=["on_policy", "seq_kd"])
 def test_sampled_runs_resume_bit_for_bit(setup, overrides):
@@ -259,9 +259,9 @@ groups:
     step: distill_lm
     grid:
       lr: [0.01, 0.001]
-      arm: [{{arm: ce, divergence: none, weight: null, ce: 1.0, distill: 0.0}},
-            {{arm: dkd, divergence: dkd, weight: 2.0, ce: 0.0, distill: 1.0}}]
-    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.weight: "{{weight}}", loss.ce_weight: "{{ce}}",
+      arm: [{{arm: ce, divergence: none, beta: null, ce: 1.0, distill: 0.0}},
+            {{arm: dkd, divergence: dkd, beta: 2.0, ce: 0.0, distill: 1.0}}]
+    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.beta: "{{beta}}", loss.ce_weight: "{{ce}}",
               loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
 summary:
   select: null
@@ -278,7 +278,7 @@ summary:
     for run in study.runs.values():
         assert execute(run).status == "finished" and state_of(run) == "finished"
     result = json.loads((study.runs["dkd/lr0.01/seed1"].run_dir / "result.json").read_text())
-    direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.weight=2.0", "lr=0.01", "seed=1",
+    direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.beta=2.0", "lr=0.01", "seed=1",
                                                 f"run_dir={tmp_path / 'direct'}"]), log=lambda *_: None)
     assert result["test_perplexity"] == direct["test_perplexity"] and result["val_perplexity"] == \
         direct["validation_perplexity"] and result["steps"] == 2 and result["student_parameters"] > 0
@@ -292,7 +292,7 @@ summary:
 
 
 def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teacher(setup, monkeypatch):
-    from kdcollapse.train import _lm
+    from kdcollapse.train import _lm_task as _lm
 
     root, options = setup
     distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k16'}", "steps=1"]), log=lambda *_: None)
@@ -304,7 +304,7 @@ def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teac
 
 
 def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_student(tmp_path):
-    from kdcollapse.train._lm import SMALL_LLAMA
+    from kdcollapse.config_lm import SMALL_LLAMA
 
     cfg = load_lm_config(None, ["student.hidden_size=128", "student.num_hidden_layers=2"])
     assert cfg.student == {**SMALL_LLAMA, "hidden_size": 128, "num_hidden_layers": 2}
@@ -316,3 +316,87 @@ def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_stude
     whole = {"model_type": "llama", "hidden_size": 16, "num_attention_heads": 2}
     assert load_lm_config(None, [f"student={json.dumps(whole)}", "student.num_hidden_layers=1"]).student == {
         **whole, "num_hidden_layers": 1}
+
+
+# --- the shared run engine (issue 38): an LM run directory is a run directory like an image run's ----------
+
+def test_an_lm_run_is_read_by_run_run_state_plot_and_its_commits_by_state_json(setup, tmp_path, capsys):
+    """state.json commits each evaluated step (checkpoint and metrics files by digest); Run, run_state and
+    `kdcollapse plot` read the run as they read an image run; per-step scalars are committed in steps.jsonl."""
+    from kdcollapse.config_lm import LMConfig
+    from kdcollapse.runs import Run, run_state
+    from kdcollapse.runs._commit import file_digest, read_state
+
+    root, options = setup
+    run = tmp_path / "engine"
+    distill_lm(load_lm_config(None, [*options, f"run_dir={run}", "log_every=1"]), log=lambda *_: None)
+    state = read_state(run)
+    assert state["epoch"] == 4 and {"checkpoint.safetensors", "metrics.jsonl", "metrics.csv", "steps.jsonl"} <= set(state["files"])
+    for name, entry in state["files"].items():
+        assert file_digest(run / name) == entry["sha256"], name
+    opened = Run(run)
+    assert isinstance(opened.config, LMConfig) and opened.task == "lm" and opened.config.steps == 4
+    assert [r["step"] for r in opened.metrics()] == [2, 4] and opened.finished() and run_state(run) == "finished"
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    with pytest.raises(Exception, match="student"):
+        opened.model()
+    assert json.loads((run / "run.json").read_text())["task"] == "lm"
+    pytest.importorskip("matplotlib")
+    capsys.readouterr()
+    assert main(["plot", str(run), "--keys", "validation_perplexity,train_loss", "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_run_of_the_older_lm_format_is_refused_with_one_line_saying_what_to_do(setup, tmp_path, capsys):
+    from kdcollapse.runs import save_tensors
+
+    root, options = setup
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.yaml").write_text("teacher: t\nstudent: {model_type: llama}\nloss: {divergence: jsd, weight: 0.5}\n")
+    save_tensors(old / "checkpoint.safetensors", {"student.w": torch.zeros(1)},
+                 {"format": "kdcollapse.lm_checkpoint", "step": 2})
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    assert main(["distill-lm", "--resume", str(old)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "kdcollapse.lm_checkpoint" in err[0] and "--overwrite" in err[0], err
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys):
+    """A real SIGKILL after the first committed step; meanwhile (the first process frozen, holding its lock) a
+    second process is refused; the resume ends in the same metrics and student as an uninterrupted run."""
+    import signal
+    import time
+
+    from ranks import Forked
+
+    root, options = setup
+    common = [*options, "steps=40", "eval_every=1", "progress=false"]
+    run = tmp_path / "killed"
+    proc = Forked(["distill-lm", *common, f"run_dir={run}"], tmp_path / "first.err")
+    try:
+        deadline = time.time() + 120
+        while not (run / "checkpoint.safetensors").exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr()[-2000:]
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        capsys.readouterr()
+        assert main(["distill-lm", *common, f"run_dir={run}", "--overwrite"]) == 2
+        assert f"is in use by another process (pid {proc.pid}" in capsys.readouterr().err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr()[-2000:]
+    assert main(["distill-lm", "--resume", str(run)]) == 0
+    distill_lm(load_lm_config(None, [*common, f"run_dir={tmp_path / 'straight'}"]), log=lambda *_: None)
+
+    def records(d):
+        return [{k: v for k, v in json.loads(x).items() if k != "step_seconds"}
+                for x in (d / "metrics.jsonl").read_text().splitlines()]
+
+    assert records(run) == records(tmp_path / "straight") and len(records(run)) == 40
+    a = lm.load_language_model(run / "student").model.state_dict()
+    for name, value in lm.load_language_model(tmp_path / "straight" / "student").model.state_dict().items():
+        assert torch.equal(a[name], value), name

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.losses.llm import token_divergence
+from kdcollapse.losses.llm import token_divergence, token_divergences
 
 N, H, V = 23, 8, 17
 
@@ -26,10 +26,10 @@ def inputs(dtype=torch.float64, seed=0):
     return hidden, weight, t_hidden, t_weight, labels, mask
 
 
-def unfused(hidden, weight, teacher_logits, divergence, beta, temperature, labels, mask, ce_weight):
+def unfused(hidden, weight, teacher_logits, divergence, parameters, temperature, labels, mask, ce_weight):
     keep = mask.bool() & (labels != -100)
     logits = hidden @ weight.T
-    loss = token_divergence(logits, teacher_logits[:, :V], divergence, beta, temperature, mask=keep)
+    loss = token_divergence(logits, teacher_logits[:, :V], divergence, temperature, mask=keep, **parameters)
     if ce_weight:
         loss = loss + ce_weight * F.cross_entropy(logits[keep], labels[keep])
     return loss
@@ -39,11 +39,17 @@ def grads(loss, hidden, weight):
     return (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
 
 
-CASES = [("forward_kl", None, 1.0, 0.0), ("reverse_kl", None, 2.0, 0.5), ("jsd", 0.5, 1.0, 1.0),
-         ("skew_forward_kl", 0.1, 1.0, 0.0), ("skew_reverse_kl", 0.1, 1.5, 0.0), ("tvd", None, 1.0, 0.3)]
+def declared_cases():
+    """Every declared token divergence without a target (those with one: the DKD tests below), each parameter
+    at a value inside its range other than its default, temperatures and CE weights varied across them."""
+    cases = []
+    for i, (name, info) in enumerate(sorted(token_divergences(targets=False).items())):
+        parameters = {key: p.low + 0.37 * (min(p.high, p.low + 1) - p.low) for key, p in info.divergence.parameters.items()}
+        cases.append(pytest.param(name, parameters, (1.0, 2.0, 1.5)[i % 3], (0.0, 0.5, 1.0, 0.3)[i % 4], id=name))
+    return cases
 
 
-@pytest.mark.parametrize("divergence,beta,temperature,ce_weight", CASES)
+@pytest.mark.parametrize("divergence,beta,temperature,ce_weight", declared_cases())
 @pytest.mark.parametrize("form", ["logits", "head"])
 def test_fused_equals_unfused_in_value_and_gradients(divergence, beta, temperature, ce_weight, form):
     hidden, weight, t_hidden, t_weight, labels, mask = inputs()
@@ -52,8 +58,8 @@ def test_fused_equals_unfused_in_value_and_gradients(divergence, beta, temperatu
     expected = grads(unfused(hidden, weight, teacher_logits, divergence, beta, temperature, labels, mask,
                              ce_weight), hidden, weight)
     for chunk in (5, 64):  # chunks that do not divide N, and one chunk
-        got = grads(L.fused_head_loss(hidden, weight, teacher, divergence, beta, temperature, labels=labels,
-                                      ce_weight=ce_weight, mask=mask, chunk_size=chunk), hidden, weight)
+        got = grads(L.fused_head_loss(hidden, weight, teacher, divergence, temperature, labels=labels,
+                                      ce_weight=ce_weight, mask=mask, chunk_size=chunk, **beta), hidden, weight)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
@@ -73,8 +79,8 @@ def test_stored_top_k_with_k_equal_to_v_is_the_full_distribution_bit_for_bit():
     full = L.TopKTeacher.from_logits(logits, V)
     dense = full.log_probs(slice(None), V, 1.0)
     assert torch.equal(dense, F.log_softmax(logits, -1)) and torch.isneginf(full.log_rest).all()
-    a = L.fused_head_loss(hidden, weight, L.TeacherLogits(logits), "jsd", 0.5, mask=mask, chunk_size=7)
-    b = L.fused_head_loss(hidden, weight, full, "jsd", 0.5, mask=mask, chunk_size=7)
+    a = L.fused_head_loss(hidden, weight, L.TeacherLogits(logits), "jsd", beta=0.5, mask=mask, chunk_size=7)
+    b = L.fused_head_loss(hidden, weight, full, "jsd", beta=0.5, mask=mask, chunk_size=7)
     assert torch.equal(a, b)
 
 
@@ -101,7 +107,7 @@ def test_stored_top_k_spreads_the_rest_evenly_and_keeps_the_top_k_exact():
 def test_bf16_fused_is_close_to_the_float32_unfused_loss_and_keeps_dtypes():
     hidden, weight, t_hidden, t_weight, labels, mask = inputs(torch.float32)
     teacher_logits = t_hidden @ t_weight.T
-    expected = grads(unfused(hidden, weight, teacher_logits, "forward_kl", None, 1.0, labels, mask, 1.0),
+    expected = grads(unfused(hidden, weight, teacher_logits, "forward_kl", {}, 1.0, labels, mask, 1.0),
                      hidden, weight)
     h16, w16 = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
     loss = L.fused_head_loss(h16, w16, L.TeacherLogits(teacher_logits.bfloat16()), labels=labels, ce_weight=1.0,
@@ -167,7 +173,7 @@ def test_fused_dkd_equals_the_registered_dkd_loss_in_value_and_gradients(beta, t
                               mask.bool() & (labels != -100), beta, temperature)
         torch.testing.assert_close(expected[0], by_hand, rtol=1e-10, atol=1e-12)
     for chunk in (5, 64):
-        got = grads(L.fused_head_loss(hidden, weight, teacher, "dkd", beta, temperature, labels=labels,
+        got = grads(L.fused_head_loss(hidden, weight, teacher, "dkd", temperature, beta=beta, labels=labels,
                                       ce_weight=ce_weight, mask=mask, chunk_size=chunk), hidden, weight)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -183,7 +189,7 @@ def test_fused_dkd_on_stored_top_k_is_dkd_against_the_stored_distribution():
     outside = ~(stored.indices.long() == labels.clamp_min(0).unsqueeze(1)).any(1)
     assert outside.any() and (~outside).any()  # both cases occur in these inputs
     expected = grads(dkd_unfused(hidden, weight, as_stored, 8.0, 1.0, labels, mask, 0.0), hidden, weight)
-    got = grads(L.fused_head_loss(hidden, weight, stored, "dkd", 8.0, labels=labels, mask=mask, chunk_size=6),
+    got = grads(L.fused_head_loss(hidden, weight, stored, "dkd", beta=8.0, labels=labels, mask=mask, chunk_size=6),
                 hidden, weight)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -193,8 +199,8 @@ def test_fused_dkd_refuses_missing_labels_and_a_negative_beta():
     hidden, weight, t_hidden, t_weight, labels, mask = inputs()
     teacher = L.TeacherHead(t_hidden, t_weight)
     with pytest.raises(KdcollapseError, match="'dkd' needs labels"):
-        L.fused_head_loss(hidden, weight, teacher, "dkd", 8.0)
+        L.fused_head_loss(hidden, weight, teacher, "dkd", beta=8.0)
     with pytest.raises(KdcollapseError, match="beta of dkd must be a number >= 0"):
-        L.fused_head_loss(hidden, weight, teacher, "dkd", -1.0, labels=labels)
+        L.fused_head_loss(hidden, weight, teacher, "dkd", beta=-1.0, labels=labels)
     with pytest.raises(KdcollapseError, match=r"labels must be in \[0, 17\)"):
-        L.fused_head_loss(hidden, weight, teacher, "dkd", 8.0, labels=labels.clamp_min(0) + 5)
+        L.fused_head_loss(hidden, weight, teacher, "dkd", beta=8.0, labels=labels.clamp_min(0) + 5)

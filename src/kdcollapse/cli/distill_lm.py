@@ -13,10 +13,10 @@ from pathlib import Path
 _EXAMPLES = """examples:
   kdcollapse distill-lm --config lm/smollm2_tiny            # a shipped recipe (kdcollapse recipes list 'lm/*')
   kdcollapse distill-lm --config my_run.yaml --baseline     # a YAML file; also the CE-only student
-  kdcollapse distill-lm --config lm/smollm2_tiny loss.divergence=jsd loss.weight=0.5 seed=1
+  kdcollapse distill-lm --config lm/smollm2_tiny loss.divergence=jsd loss.beta=0.5 seed=1
   kdcollapse distill-lm --resume runs/lm/smollm2_tiny
   kdcollapse distill-lm --config lm/smollm2_tiny teacher_k=null loss.divergence=jsd \\
-      loss.weight=0.5 generation.lmbda=0.5                  # GKD: half of each batch sampled by the student
+      loss.beta=0.5 generation.lmbda=0.5                  # GKD: half of each batch sampled by the student
   torchrun --nproc_per_node=2 -m kdcollapse distill-lm --config lm/smollm2_tiny batch_size=4
 """
 
@@ -31,18 +31,17 @@ def register(subparsers) -> None:
                    "name ('lm/smollm2_tiny'; kdcollapse recipes list 'lm/*')")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in run_dir (its files only)")
     p.add_argument("--baseline", action="store_true",
                    help="also train the cross-entropy-only student (RUN_DIR-ce) and print both perplexities")
     p.set_defaults(func=_run)
 
 
-LM_RESUMABLE_KEYS = ("steps", "eval_every", "cache_dir")  # what a resume may change (steps: a longer run)
-
-
 def _run(args) -> int:
+    from kdcollapse.config_lm import LM_RESUMABLE_KEYS
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
-    from kdcollapse.train import distill_lm, load_lm_config
+    from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format
 
     if args.resume:
         if args.config:
@@ -52,6 +51,7 @@ def _run(args) -> int:
             raise ConfigError(
                 f"cannot resume: the run was trained with its own {', '.join(refused)}; a resume may change only "
                 f"{', '.join(LM_RESUMABLE_KEYS)}; start a new run_dir for anything else")
+        refuse_old_format(Path(args.resume))  # before its config, whose keys may be an older version's
         cfg = load_lm_config(Path(args.resume) / "config.yaml", args.overrides)
         cfg.run_dir = args.resume
     else:
@@ -59,12 +59,12 @@ def _run(args) -> int:
 
         cfg = load_lm_config(config_file(args.config) if args.config else None, args.overrides)
     with distributed_teardown():  # under torchrun: leave the process group together
-        results = {"distilled": distill_lm(cfg, resume=bool(args.resume))}
+        results = {"distilled": distill_lm(cfg, resume=bool(args.resume), overwrite=args.overwrite)}
         if args.baseline:  # cross-entropy on the corpus text only: no divergence, no sampled blocks
             ce = dataclasses.replace(
                 cfg, run_dir=f"{cfg.run_dir}-ce", generation=dataclasses.replace(cfg.generation, lmbda=0.0, seq_kd=False),
                 loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0, distill_weight=0.0))
-            results["ce_only"] = distill_lm(ce, resume=bool(args.resume))
+            results["ce_only"] = distill_lm(ce, resume=bool(args.resume), overwrite=args.overwrite)
     if not is_main_process():
         return 0
     for name, record in results.items():

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError, unknown_choice
+from kdcollapse.losses._divergence import Divergence, divergence_loss
 
 KINDS = ("logits", "logits+target", "features", "tokens")
 """``logits``: two (B, K) or (B, T, K) logit tensors; ``logits+target``: the same and labels;
@@ -61,6 +62,7 @@ class LossInfo:
     checks_values: bool = True
     compiles: bool = True
     notes: str = ""
+    divergence: Divergence | None = None  # a token divergence: its per-row formula and named parameters
 
     def arguments(self, student: Tensor, teacher: Tensor, target: Tensor,
                   case: LossCase | None = None) -> tuple[tuple[Tensor, Tensor], dict[str, Any]]:
@@ -90,7 +92,7 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   example: Arguments | None = None, variants: Mapping[str, Arguments] = {},
                   k_squared: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
                   reference_first: bool = False, checks_values: bool = True, compiles: bool = True,
-                  notes: str = "") -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+                  notes: str = "", divergence: Divergence | None = None) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Declare the decorated loss function (returned unchanged) under ``name``.
 
     Logit kinds give ``example(K, labels)`` (the keyword arguments of a typical call) and, for other
@@ -98,6 +100,12 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     O(K²) memory, a K×K table or Gram matrix ("" is ``example``); ``reference_first``: the function takes the
     reference side (teacher, natural image) before the fitted side. Other kinds give ``inputs()``:
     the positional float64 tensors of a small call (integer tensors for labels).
+
+    ``divergence``: the loss is a token divergence (:class:`~kdcollapse.losses._divergence.Divergence`),
+    which the language-model paths read. With ``divergence.rows=None`` the decorated function is its
+    per-row formula ``rows(log_q, log_p, **parameters)`` (returned unchanged) and the declared loss is the
+    generated :func:`~kdcollapse.losses._divergence.divergence_loss`; with ``rows`` given, the decorated
+    function is the loss as for any other declaration.
     """
     if kind not in KINDS:
         raise KdcollapseError(unknown_choice("loss kind", kind, KINDS))
@@ -109,9 +117,13 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   for label, arguments in ({"": example, **variants} if logits else {}).items())
 
     def decorator(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        info = LossInfo(name, function, kind, paper, equation, temperature, sequences,
+        loss, declared = function, divergence
+        if divergence is not None and divergence.rows is None:  # the decorated function is the formula
+            declared = Divergence(function, divergence.parameters, divergence.target)
+            loss = divergence_loss(name, declared)
+        info = LossInfo(name, loss, kind, paper, equation, temperature, sequences,
                         ignore_index, chunked, cases, inputs, reference_first, checks_values,
-                        compiles, notes)
+                        compiles, notes, declared)
         _LOSSES.register(name)(info)
         return function
 

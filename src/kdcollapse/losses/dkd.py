@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -9,6 +11,7 @@ from torch.autograd.function import once_differentiable
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses._divergence import Divergence, Parameter
 from kdcollapse.losses._reduce import IGNORE_INDEX, constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
 
@@ -27,9 +30,37 @@ def target_split(z: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return log_b, F.log_softmax(non_target, dim=-1)
 
 
+def _token_dkd(log_q: Tensor, log_p: Tensor, target: Tensor, beta: float) -> Tensor:
+    """The token divergence ``dkd``: TCKD + β·NCKD per row (DKD with α = 1, no τ²) from log-probabilities and the target token of each row.
+    The non-target softmax is the rows with the target column removed, computed as a log-sum-exp over the
+    other columns (equal to :func:`target_split` without its (N, V − 1) index)."""
+    y = target.unsqueeze(-1)
+
+    def split(log_r: Tensor) -> tuple[Tensor, Tensor]:
+        log_target = log_r.gather(-1, y).squeeze(-1)
+        others = log_r.scatter(-1, y, float("-inf"))
+        log_others = others.logsumexp(-1)
+        log_total = torch.logaddexp(log_target, log_others)
+        log_b = torch.stack([log_target - log_total, log_others - log_total], -1)
+        # the target column holds 0 in both sides' log r̂, so it adds 0 · (0 − 0) to NCKD and no gradient
+        return log_b, (others - log_others.unsqueeze(-1)).scatter(-1, y, 0.0)
+
+    log_b_q, log_nt_q = split(log_q)
+    log_b_p, log_nt_p = split(log_p)
+    non_target = (log_nt_p.exp() * (log_nt_p - log_nt_q)).scatter(-1, y, 0.0).sum(-1)
+    return _kl(log_b_p, log_b_q) + beta * non_target
+
+
+def _kl(log_a: Tensor, log_b: Tensor) -> Tensor:
+    return (log_a.exp() * (log_a - log_b)).sum(-1)
+
+
+# Also the token divergence ``dkd`` of distill-lm and fused_head_loss: α = 1, no τ², β named (default 8)
 @register_loss("dkd", kind="logits+target", paper="Zhao et al. 2022, Decoupled knowledge distillation (CVPR)",
                equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
-               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
+               divergence=Divergence(_token_dkd, {"beta": Parameter(
+                   8.0, high=math.inf, meaning="NCKD's weight (the paper's CIFAR-100 value 8; α is 1)")}, target=True))
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
              temperature: float = 4.0, *, mask: Tensor | None = None,
              ignore_index: int = IGNORE_INDEX, reduction: str = "mean",

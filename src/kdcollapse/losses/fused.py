@@ -9,11 +9,11 @@ teacher is one of: its logits (N, V) (:class:`TeacherLogits`), its own hidden st
 mass (:class:`TopKTeacher`). Values and gradients equal the unfused loss (``tests/test_losses_fused.py``).
 
 The loss is ``ce_weight``·CE(z, labels) + ``distill_weight``·D(p_teacher ‖ q_student), both the mean
-over the kept tokens (``mask`` set and label not ``ignore_index``), D one of
-:data:`kdcollapse.losses.llm.DIVERGENCES` at temperature τ, or ``dkd``
-(:data:`kdcollapse.losses.llm.TARGET_DIVERGENCES`: DKD with α = 1 and β = ``divergence_weight``, the label of
-each row its target; equal to ``dkd_loss(..., alpha=1, beta=β, temperature=τ) / τ²``). The teacher receives
-no gradient.
+over the kept tokens (``mask`` set and label not ``ignore_index``), D any declared token divergence
+(:func:`kdcollapse.losses.llm.token_divergences`) at temperature τ with its named parameters
+(``fused_head_loss(h, W, teacher, "jsd", beta=0.3)``); one that needs each row's target token (``dkd``: DKD
+with α = 1 and β = ``beta``, equal to ``dkd_loss(..., alpha=1, beta=β, temperature=τ) / τ²``) takes the
+label of each row. The teacher receives no gradient.
 
 DKD on stored top-k teacher tokens: the teacher's target probability p_y, hence TCKD's split [p_y, 1 − p_y],
 is exact when y is among the teacher's top k and is the even share of the rest's mass, (rest)/(V − k),
@@ -33,7 +33,7 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX
 from kdcollapse.losses._shapes import check_positive, check_tensor
-from kdcollapse.losses.llm import TARGET_DIVERGENCES, divergence_rows
+from kdcollapse.losses.llm import divergence_info, divergence_rows
 
 
 @dataclass(frozen=True)
@@ -109,21 +109,22 @@ Teacher = TeacherLogits | TeacherHead | TopKTeacher
                                torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
                                TeacherLogits(torch.randn(6, 5, dtype=torch.float64))))
 def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, divergence: str = "forward_kl",
-                    divergence_weight: float | None = None, temperature: float = 1.0, *,
-                    labels: Tensor | None = None, ce_weight: float = 0.0, distill_weight: float = 1.0,
-                    mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
-                    chunk_size: int = 1024) -> Tensor:
+                    temperature: float = 1.0, *, labels: Tensor | None = None, ce_weight: float = 0.0,
+                    distill_weight: float = 1.0, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+                    chunk_size: int = 1024, **parameters: float) -> Tensor:
     """``ce_weight``·CE + ``distill_weight``·``divergence`` of the student logits ``hidden @ weight.T``
     against ``teacher``, computed ``chunk_size`` tokens at a time (module doc).
 
     ``hidden`` (N, H) and ``weight`` (V, H) of one floating dtype (bf16 logits accumulate in float32);
     ``labels`` (N,) with ``ignore_index`` (needed when ``ce_weight`` > 0); ``mask`` (N,) bool or 0/1;
-    ``divergence_weight`` is the β of ``jsd`` or ``dkd`` or the α of the skew KLs (``dkd`` needs ``labels``:
-    the target of every row); ``teacher`` may be None when
+    ``parameters``: the divergence's named parameters (``beta`` of ``jsd`` and ``dkd``, ``alpha`` of the
+    skew KLs; missing ones take their declared defaults; ``dkd`` needs ``labels``: the target of every row);
+    ``teacher`` may be None when
     ``distill_weight`` is 0 (cross-entropy only). Returns the scalar loss; its
     gradients in ``hidden`` and ``weight`` are computed in the forward pass.
     """
-    rows = divergence_rows(divergence, divergence_weight, targets=True)
+    rows = divergence_rows(divergence, parameters, targets=True)
+    with_target = divergence_info(divergence).divergence.target
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
@@ -145,14 +146,14 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
                                   f"may be padded beyond the student's, not smaller)")
     if ce_weight and labels is None:
         raise KdcollapseError("ce_weight > 0 needs labels")
-    if distill_weight and divergence in TARGET_DIVERGENCES and labels is None:
+    if distill_weight and with_target and labels is None:
         raise KdcollapseError(f"divergence {divergence!r} needs labels (the target token of every row)")
     keep = _kept(hidden.shape[0], labels, mask, ignore_index, hidden.device)
     if labels is not None and labels.numel() and bool(((labels < 0) | (labels >= weight.shape[0]))[keep].any()):
         raise KdcollapseError(f"labels must be in [0, {weight.shape[0]}) (or ignore_index), got "
                               f"{labels[keep].min().item()}..{labels[keep].max().item()}")
     return _FusedHead.apply(hidden, weight, teacher, rows, temperature, labels, keep, float(ce_weight),
-                            float(distill_weight), chunk_size, divergence in TARGET_DIVERGENCES)
+                            float(distill_weight), chunk_size, with_target)
 
 
 def _kept(n: int, labels: Tensor | None, mask: Tensor | None, ignore_index: int, device) -> Tensor:

@@ -30,11 +30,11 @@ def plot_curves(runs: Mapping[str, Sequence[dict]], keys: Sequence[str], path: s
         ax.set_visible(False)
     for ax, key in zip(axes.flat, keys):
         for label, records in runs.items():
-            points = [(r["epoch"], r[key]) for r in records if r.get(key) is not None]
+            points = [(r["epoch"] if "epoch" in r else r["step"], r[key]) for r in records if r.get(key) is not None]
             if points:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel("epoch" if any("epoch" in r for records in runs.values() for r in records) else "step")
         ax.set_title(key.replace("_", " "))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

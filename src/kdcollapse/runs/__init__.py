@@ -3,7 +3,7 @@ and ``Run``, which opens one and gives back its config, its data exactly as trai
 teacher and extra heads. The trainer, ``analyze``, ``robust-eval``, the reports and the demo all go through
 here. See docs/training.md."""
 
-from kdcollapse.runs._checkpoint import load_tensors, save_model, save_tensors
+from kdcollapse.runs._checkpoint import load_tensors, read_header, save_model, save_tensors
 from kdcollapse.runs._checkpoint import (check_checkpoint_meta, flatten_optimizer, load_state, model_file, model_meta,
                                          read_extra_heads, split_prefix, unflatten_optimizer)
 from kdcollapse.runs._load import check_inputs, load_model, load_teacher
@@ -25,7 +25,7 @@ __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_s
            "save_tensors", "start_run_dir",
            "update_run_record", "provenance"]
 __all__ += ["check_checkpoint_meta", "flatten_optimizer", "load_state", "model_file", "model_meta", "on_main_process",
-            "read_extra_heads", "split_prefix", "unflatten_optimizer", "check_config_unedited"]  # the checkpoint format, for the trainer's checkpointer
+            "read_extra_heads", "read_header", "split_prefix", "unflatten_optimizer", "check_config_unedited"]  # the checkpoint format, for the trainer's checkpointer
 __all__ += ["RunLock", "committed_path", "file_digest", "replacing", "write_files", "write_text"]  # derived outputs: atomic, locked, with provenance
 from kdcollapse.runs._derived import (containing_run, figure_source, lm_source, metrics_source, outputs_stale, read_outputs,
                                       read_robust_eval, record_outputs, run_lock_for, save_figure, seal_problem, sealed,

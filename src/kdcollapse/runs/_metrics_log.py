@@ -1,6 +1,6 @@
 """The per-epoch records of a run: ``metrics.jsonl`` and ``metrics.csv`` (committed with each epoch's
-checkpoint), read back up to the last commit, and :class:`MetricsLog`, which also feeds TensorBoard and the
-trackers once an epoch is committed."""
+checkpoint; ``steps.jsonl`` for a language-model run's steps), read back up to the last commit, and
+:class:`MetricsLog`, which also feeds TensorBoard and the trackers once an epoch is committed."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import json
 import warnings
 from pathlib import Path
 
-from kdcollapse.config import config_to_dict, load_config
+from kdcollapse.config import config_to_dict
+from kdcollapse.config_lm import load_run_config, tracking
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.runs._atomic import write_text
 from kdcollapse.runs._commit import STATE_FILE, committed_file
-from kdcollapse.runs._tracking import open_trackers
+from kdcollapse.runs._tracking import open_trackers, record_step
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -43,24 +44,28 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def read_committed_metrics(run_dir: Path, epoch: int | None = None) -> list[dict]:
+STEPS_FILE = "steps.jsonl"
+
+
+def read_committed_metrics(run_dir: Path, epoch: int | None = None, name: str = "metrics.jsonl") -> list[dict]:
     """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
     file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
     A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the
     committed bytes (an older version's interrupted append) is dropped with a warning. Runs without
     ``state.json``: as they are."""
     run_dir = Path(run_dir)
-    path, state = committed_file(run_dir, "metrics.jsonl")
-    if path is None and not (run_dir / "metrics.jsonl").exists():
+    path, state = committed_file(run_dir, name)
+    if path is None and not (run_dir / name).exists():
         return []  # removed (after an edit): no records
-    if path is None and not _committed_plus_torn_line(run_dir / "metrics.jsonl", state):
+    if path is None and not _committed_plus_torn_line(run_dir / name, state):
         raise CheckpointError(
-            f"{run_dir / 'metrics.jsonl'} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
+            f"{run_dir / name} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
             "(edited, or damaged); restore it, or remove it (a `--resume` then continues without the records of "
             "the earlier epochs)")
-    records = read_metrics(path or run_dir / "metrics.jsonl")
+    records = read_metrics(path or run_dir / name)
     last = epoch if epoch is not None else state["epoch"] if state else None
-    return records if last is None else [r for r in records if r.get("epoch", 0) <= last]
+    # the commit unit: an image run's epoch, a language-model run's optimizer step
+    return records if last is None else [r for r in records if r.get("epoch", r.get("step", 0)) <= last]
 
 
 def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
@@ -128,10 +133,14 @@ class MetricsLog:
         self.records: list[dict] = []
         self.pending: list[dict] = []  # written, not yet committed
         self.trackers: list = []
+        self.steps: list[dict] = []  # per-step scalars (write_step), committed in steps.jsonl
+        self.pending_steps: list[dict] = []
         if not enabled:
             return
         if start_epoch > 0:
             self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
+            if (run_dir / STEPS_FILE).exists():
+                self.steps = read_committed_metrics(run_dir, start_epoch, STEPS_FILE)
         if self.path.exists():
             for name, text in self.files().items():
                 write_text(run_dir / name, text)
@@ -143,10 +152,12 @@ class MetricsLog:
                                   "pip install 'kdcollapse[tensorboard]'") from None
             remove_event_files(run_dir / TENSORBOARD_DIR)  # rebuilt from the committed records
             self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
+            self._to_tensorboard(self.steps, "step/")
             self._to_tensorboard(self.records)
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
-            cfg = load_config(run_dir / "config.yaml", saved=True)
-            self.trackers = open_trackers(cfg.train.trackers, run_dir, config_to_dict(cfg), cfg.train.group)
+            cfg = load_run_config(run_dir / "config.yaml")
+            trackers, group, _ = tracking(cfg)
+            self.trackers = open_trackers(trackers, run_dir, config_to_dict(cfg), group)
             for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
                 tracker.replay(self.records)
 
@@ -158,26 +169,39 @@ class MetricsLog:
         self.records.append(record)
         self.pending.append(record)
 
+    def write_step(self, record: dict) -> None:
+        """Add a per-step record (``step`` and scalars): committed in ``steps.jsonl`` with the next commit, then
+        logged to TensorBoard (as ``step/<key>``) and the trackers (language-model runs, whose records and
+        trackers' x are optimizer steps)."""
+        if not self.enabled:
+            return
+        self.steps.append(record)
+        self.pending_steps.append(record)
+
     def committed(self) -> None:
         """The records written so far are committed: log them to TensorBoard and the trackers."""
         pending, self.pending = self.pending, []
+        steps, self.pending_steps = self.pending_steps, []
+        self._to_tensorboard(steps, "step/")
         self._to_tensorboard(pending)
-        for record in pending:
+        for record in [*({"step": r["step"], **{f"step/{k}": v for k, v in r.items() if k != "step"}} for r in steps),
+                       *pending]:
             for tracker in self.trackers:
                 tracker.log(record)
 
-    def _to_tensorboard(self, records: list[dict]) -> None:
+    def _to_tensorboard(self, records: list[dict], prefix: str = "") -> None:
         if self.writer is None or not records:
             return
         for record in records:
             for key, value in record.items():
-                if key != "epoch" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["epoch"])
+                if key not in ("epoch", "step") and isinstance(value, (int, float)):
+                    self.writer.add_scalar(prefix + key, value, record_step(record))
         self.writer.flush()
 
     def files(self) -> dict[str, str]:
         """The text of each metrics file, by name."""
-        return {name: render(self.records) for name, render in self.FILES.items()}
+        return {name: render(self.records) for name, render in self.FILES.items()} | (
+            {STEPS_FILE: metrics_jsonl(self.steps)} if self.steps else {})
 
     def close(self, failed: bool = False) -> None:
         """End TensorBoard's writer and the trackers, marking their runs failed when training ``failed`` (a

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kdcollapse.config import RunConfig, load_config
+from kdcollapse.config import RunConfig
+from kdcollapse.config_lm import LMConfig, load_run_config
 from kdcollapse.errors import CheckpointError, KdcollapseError
 from kdcollapse.methods import get_method
 from kdcollapse.models.heads import layers_from_spec
@@ -52,9 +53,15 @@ class Run:
             self.user_data.check_run(self.dir)
 
     @cached_property
-    def config(self) -> RunConfig:
+    def config(self) -> RunConfig | LMConfig:
+        """The run's config: a :class:`RunConfig` (image runs) or an :class:`LMConfig` (``distill-lm`` runs)."""
         check_config_unedited(self.dir)  # the config describes the weights only as the run wrote it
-        return load_config(self.dir / "config.yaml", saved=True)
+        return load_run_config(self.dir / "config.yaml")
+
+    @property
+    def task(self) -> str:
+        """``"image"`` or ``"lm"`` (a ``kdcollapse distill-lm`` run)."""
+        return "lm" if isinstance(self.config, LMConfig) else "image"
 
     def dataset(self, split: str, per_class: int | None = None):
         """Split ``split`` as the run saw it (see :func:`kdcollapse.runs.run_dataset`)."""
@@ -145,12 +152,17 @@ class Run:
         an interrupted run."""
         if not (self.dir / "metrics.jsonl").is_file():
             return False
+        if self.task == "lm":  # an LM run's records are its evaluated steps; the last step is always evaluated
+            return any(r.get("step") == self.config.steps for r in self.metrics())
         return any(r.get("epoch") == self.config.train.epochs for r in self.metrics())
 
     def model(self, which: str = "model", device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
         """``(model, meta)`` of the last (``which="model"``) or best (``"best"``) committed epoch."""
         if which not in MODEL_FILES:
             raise KdcollapseError(f"unknown model file {which!r}; valid: {', '.join(MODEL_FILES)}")
+        if self.task == "lm":
+            raise KdcollapseError(f"{self.dir} is a distill-lm run: its student is the folder {self.dir / 'student'} "
+                                  "(kdcollapse.lm.load_language_model opens it)")
         path = committed_path(self.dir, MODEL_FILES[which])
         model, meta = load_model(path, device)
         self._files[id(model)] = path

@@ -15,9 +15,11 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
-from kdcollapse.config import RunConfig, config_to_dict, load_config, save_config
+from kdcollapse.config import RunConfig, config_to_dict, save_config
+from kdcollapse.config_lm import LM_RESUMABLE_KEYS, LMConfig, load_run_config
 from kdcollapse.data import USER_DATA
 from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
@@ -36,7 +38,8 @@ RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpo
 # Derived outputs (analyze, robust-eval) describe the weights of the run they were computed from: --overwrite
 # removes them with the run, so no old number sits beside a new model.
 RUN_FILES += ("robust_eval.json", "robust_eval.md")
-RUN_DIRS = ("tensorboard", "analysis_train", "analysis_val", "analysis_test")
+RUN_DIRS = ("tensorboard", "analysis_train", "analysis_val", "analysis_test", "student")  # student/: distill-lm's
+RUN_FILES += ("steps.jsonl",)  # per-step scalars (distill-lm)
 
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
 # to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
@@ -206,6 +209,10 @@ def _check_creatable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"cannot write to run directory {run_dir}: {existing} is not writable")
+    try:  # access() passes for root where mkdir fails (/proc): a folder made and removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".kdcollapse-probe-", dir=existing))
+    except OSError as err:
+        raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
 def _uncommitted_run(run_dir: Path) -> bool:
@@ -233,9 +240,9 @@ def _check_use(cfg: RunConfig, run_dir: Path, *, holds_run: bool, resume: bool, 
                 f"cannot resume: {run_dir} holds no checkpoint.safetensors" + (
                     " (the run stopped before its first epoch was committed); start it again with the same "
                     "command without --resume" if holds_run else ""))
-        check_config_unedited(run_dir)
+        check_config_unedited(run_dir, "steps=N" if isinstance(cfg, LMConfig) else "train.epochs=N")
         if holds_run:
-            check_resume_changes(load_config(run_dir / "config.yaml", saved=True), cfg)
+            check_resume_changes(load_run_config(run_dir / "config.yaml"), cfg)
     elif holds_run and not overwrite:
         other = _other_config(run_dir, cfg)
         if other:
@@ -271,7 +278,7 @@ def check_run_dirs(cfgs: list[RunConfig], *, overwrite: bool, is_main: bool = Tr
 def _other_config(run_dir: Path, cfg: RunConfig) -> str:
     """How the run saved in ``run_dir`` differs from ``cfg`` in a defining key ("" when it does not)."""
     try:
-        saved = load_config(run_dir / "config.yaml", saved=True)
+        saved = load_run_config(run_dir / "config.yaml")
     except KdcollapseError as err:
         return f"its config.yaml does not load: {err}"
     old, new = config_differences(saved, cfg)
@@ -282,9 +289,9 @@ def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",))
     """Refuse to combine runs (a summary over seeds) whose saved configs differ in a defining key other
     than ``ignore``."""
     first, *rest = [Path(d) for d in run_dirs]
-    base = load_config(first / "config.yaml", saved=True)
+    base = load_run_config(first / "config.yaml")
     for run_dir in rest:
-        old, new = config_differences(base, load_config(run_dir / "config.yaml", saved=True), ignore)
+        old, new = config_differences(base, load_run_config(run_dir / "config.yaml"), ignore)
         if old:
             keys = ", ".join(f"{k}={old[k]!r} in {first}, {new[k]!r} in {run_dir}" for k in old)
             raise ConfigError(f"cannot summarise runs of different configs ({keys}); give each config its own "
@@ -293,7 +300,8 @@ def check_same_config(run_dirs: list[Path], ignore: tuple[str, ...] = ("seed",))
 
 def _check_not_teacher(cfg: RunConfig, run_dir: Path) -> None:
     """--overwrite must never delete the teacher it is about to distil from."""
-    teacher = cfg.teacher.checkpoint or (cfg.teacher.weights and str(Path(cfg.teacher.weights).parent))
+    teacher = cfg.teacher if isinstance(cfg, LMConfig) else (
+        cfg.teacher.checkpoint or (cfg.teacher.weights and str(Path(cfg.teacher.weights).parent)))
     if not teacher:
         return
     here, there = run_dir.resolve(), Path(teacher).resolve()
@@ -314,28 +322,37 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_differences(a: RunConfig, b: RunConfig, ignore: tuple[str, ...] = ()) -> tuple[dict, dict]:
-    """The defining keys (all but :data:`RESUMABLE_KEYS` and ``ignore``) whose values differ between ``a``
-    and ``b``: ``({key: value in a}, {key: value in b})``, sorted by key."""
+def config_differences(a: RunConfig | LMConfig, b: RunConfig | LMConfig, ignore: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The defining keys (all but the task's resumable keys, :data:`RESUMABLE_KEYS` or
+    ``LM_RESUMABLE_KEYS``, and ``ignore``) whose values differ between ``a`` and ``b``: ``({key: value in
+    a}, {key: value in b})``, sorted by key (configs of two tasks differ in ``task``)."""
+    if type(a) is not type(b):
+        task = {RunConfig: "image", LMConfig: "lm"}
+        return {"task": task.get(type(a))}, {"task": task.get(type(b))}
     old, new = _flat(config_to_dict(a)), _flat(config_to_dict(b))
-    skip = set(RESUMABLE_KEYS) | set(ignore)
+    skip = set(resumable_keys(a)) | set(ignore)
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in skip)
     return {k: old.get(k) for k in changed}, {k: new.get(k) for k in changed}
 
 
-def _check_resume_history(cfg: RunConfig, run_dir: Path, state: dict | None) -> None:
+def resumable_keys(cfg: RunConfig | LMConfig) -> tuple[str, ...]:
+    """The keys a resume of a run of ``cfg``'s task may change."""
+    return ("run_dir", *LM_RESUMABLE_KEYS) if isinstance(cfg, LMConfig) else RESUMABLE_KEYS
+
+
+def _check_resume_history(cfg: RunConfig | LMConfig, run_dir: Path, state: dict | None) -> None:
     """A resume continues the committed history, never rewrites it: ``train.epochs`` below the committed
     epoch is refused, and so is a metrics log that is not the committed one, here, before anything is written."""
     epoch = (state or {}).get("epoch")
-    if isinstance(epoch, int) and cfg.train.epochs < epoch:
+    if isinstance(cfg, RunConfig) and isinstance(epoch, int) and cfg.train.epochs < epoch:
         raise ConfigError(f"cannot resume {run_dir} with train.epochs={cfg.train.epochs}: it has committed {epoch} "
                           f"epochs, which a resume never rewrites; give train.epochs >= {epoch} (or a new run_dir)")
     read_committed_metrics(run_dir)
 
 
-def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
-    """A resume may change only :data:`RESUMABLE_KEYS`; anything else would continue another run."""
-    if saved.data.name == USER_DATA != cfg.data.name:
+def check_resume_changes(saved: RunConfig | LMConfig, cfg: RunConfig | LMConfig) -> None:
+    """A resume may change only the task's resumable keys; anything else would continue another run."""
+    if isinstance(saved, RunConfig) and isinstance(cfg, RunConfig) and saved.data.name == USER_DATA != cfg.data.name:
         raise ConfigError(f"cannot resume: the run was trained on data passed from Python (data.name="
                           f"{USER_DATA!r}), not on {cfg.data.name!r}; {PASS_AGAIN}")
     old, new = config_differences(saved, cfg)
@@ -344,6 +361,6 @@ def check_resume_changes(saved: RunConfig, cfg: RunConfig) -> None:
         now = ", ".join(f"{k}={v!r}" for k, v in new.items())
         raise ConfigError(
             f"cannot resume: the run was trained with {was}; the config asks for {now}. A resume may change "
-            f"only {', '.join(RESUMABLE_KEYS[1:])}; start a new run_dir for anything else"
+            f"only {', '.join(resumable_keys(cfg)[1:])}; start a new run_dir for anything else"
         )
 

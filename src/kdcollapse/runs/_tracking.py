@@ -24,9 +24,14 @@ from kdcollapse._optional import require
 TRACKERS = ("wandb", "mlflow")
 
 
+def record_step(record: dict) -> int:
+    """The x of a metrics record: its ``epoch`` (image runs) or its ``step`` (language-model runs)."""
+    return int(record["epoch"] if "epoch" in record else record["step"])
+
+
 def _numbers(record: dict) -> dict[str, float]:
     return {k: float(v) for k, v in record.items()
-            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if k not in ("epoch", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _run_id(run_dir: Path) -> str:
@@ -41,7 +46,7 @@ class WandbTracker:
                               config=config)
 
     def log(self, record: dict) -> None:
-        self.run.log(_numbers(record), step=int(record["epoch"]))
+        self.run.log(_numbers(record), step=record_step(record))
 
     def replay(self, records: list[dict]) -> None:
         """Log the committed ``records`` (a resumed run's) after the last step the run's earlier segments logged
@@ -60,7 +65,7 @@ class WandbTracker:
             warnings.warn(f"W&B: the committed epochs a crash kept from the run are not replayed ({e})", stacklevel=2)
             return
         for record in records:
-            if int(record["epoch"]) > last:
+            if record_step(record) > last:
                 self.log(record)
 
     def close(self, failed: bool = False) -> None:
@@ -141,7 +146,7 @@ class MlflowTracker:
 
     def log(self, record: dict) -> None:
         for key, value in _numbers(record).items():
-            self.client.log_metric(self.run_id, key, value, step=int(record["epoch"]))
+            self.client.log_metric(self.run_id, key, value, step=record_step(record))
 
     def replay(self, records: list[dict]) -> None:
         """Log the values of the committed ``records`` (a resumed run's) that the tracked run does not hold
@@ -150,8 +155,8 @@ class MlflowTracker:
         held = {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
         for record in records:
             for key, value in _numbers(record).items():
-                if int(record["epoch"]) not in held[key]:
-                    self.client.log_metric(self.run_id, key, value, step=int(record["epoch"]))
+                if record_step(record) not in held[key]:
+                    self.client.log_metric(self.run_id, key, value, step=record_step(record))
 
     def close(self, failed: bool = False) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

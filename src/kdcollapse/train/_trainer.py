@@ -14,9 +14,7 @@ state at its start — exactly what the checkpoint written at the end of the pre
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -30,20 +28,17 @@ from tqdm import tqdm
 from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
 from kdcollapse.data import USER_DATA, Augment, make_loader
-from kdcollapse.distributed import (all_ranks_ok, all_reduce_sum, autocast, init_distributed, resolve_device,
+from kdcollapse.distributed import (all_reduce_sum, autocast, init_distributed, resolve_device,
                                     resolve_precision)
-from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.errors import ConfigError
 from kdcollapse.methods import FrozenTeacher, build_method, check_stored_logits, get_method, store_logits
 from kdcollapse.models import create_model
 from kdcollapse.runs import (MetricsLog, UserData, claim_run_dir, load_teacher, on_main_process, run_splits,
                              start_run_dir, update_run_record)
 from kdcollapse.train._checkpointer import Checkpointer, Progress
+from kdcollapse.train._checks import TrainerChecks, TrainingDiverged  # noqa: F401 (TrainingDiverged: its face)
 from kdcollapse.train._console import log_epoch, logger
 from kdcollapse.train._optim import build_optimizer, build_schedule, build_weight_average, schedule_steps_per
-
-
-class TrainingDiverged(KdcollapseError):
-    """The loss, the weights or the evaluation became NaN or infinite."""
 
 
 @dataclass
@@ -92,7 +87,7 @@ def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
     torch.manual_seed(value)
 
 
-class Trainer:
+class Trainer(TrainerChecks):
     """One run: ``Trainer(cfg)`` sets everything up (the ``setup_*`` steps, in this order), ``run()`` trains.
 
     Nothing in the run directory changes until every setup step worked, so an ``--overwrite`` with a bad
@@ -401,75 +396,6 @@ class Trainer:
             self.ema.update_parameters(self.method.student)
         if schedule_steps_per(self.cfg) == "step":
             self.schedule.step()
-
-    # ------------------------------------------------------------------------------ checks
-    def check_first_batch(self) -> None:
-        """The method's forward (student and teacher) on the first training batch, before the run directory
-        changes: a model that cannot take the data, or a loss that is not finite before any step (e.g. an
-        infinite weight), is a ``ConfigError`` that leaves nothing behind. It runs on a copy of the method
-        (sharing the frozen teacher), so weights, buffers and caches stay as they are; every epoch reseeds."""
-        loader = self.train_loader
-        loader.set_epoch(0)
-        x, y = next(iter(loader))
-        index = loader.batch_index(0)
-        if self.teacher is not None:
-            self.teacher.select(index)
-        probe = copy.deepcopy(self.method, memo={} if self.teacher is None else {id(self.teacher): self.teacher})
-        probe.on_epoch_start(0)
-        try:
-            with self.precision():
-                out = probe(self.to_layout(x), y, **({"index": index} if probe.needs_index else {}))
-            loss = float(out["loss"].detach().float())
-        except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ConfigError(f"the first training batch of shape {tuple(x.shape)} fails in model "
-                              f"'{self.cfg.model.name}' / method '{self.cfg.method.name}': {first}; check "
-                              "model.kwargs and the method's settings") from None
-        finally:
-            del probe
-        if not math.isfinite(loss):
-            raise ConfigError(f"the loss of the first training batch is {loss} before any step; check the method's "
-                              f"weights and temperature (method.* of method '{self.cfg.method.name}')")
-
-    def check_finite(self, loss_sum: torch.Tensor, epoch: int, step: int) -> None:
-        if not torch.isfinite(loss_sum).item():
-            where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
-            hint = self.method.divergence_hint
-            raise TrainingDiverged(
-                f"the training loss became {loss_sum.item()} at or before {where}; {self.kept(epoch)}. "
-                + (f"{hint}. " if hint else "") + "Lower optim.lr, set optim.grad_clip, or check the data"
-            )
-
-    @torch.no_grad()
-    def check_epoch_is_good(self, epoch: int, record: dict) -> None:
-        """An epoch is saved only with finite weights and a finite test loss: the loss check of the training
-        steps misses a blow-up in an epoch's last step, which would save 3e38 weights as a good checkpoint."""
-        state = {k: v for k, v in self.method.state_dict().items() if v.is_floating_point()}
-        finite = torch.stack([torch.isfinite(v).all() for v in state.values()]).cpu().tolist()
-        bad = next((name for name, ok in zip(state, finite) if not ok), None)
-        loss = record.get("test_loss", 0.0)
-        if all_ranks_ok(bad is None and math.isfinite(loss)):
-            return
-        what = (f"the weights ({bad}) are not finite" if bad else f"the test loss is {loss}" if not math.isfinite(loss)
-                else "another process found non-finite weights")
-        raise TrainingDiverged(
-            f"after epoch {epoch + 1} {what}; that epoch was not saved, {self.kept(epoch)}. "
-            "Lower optim.lr, set optim.grad_clip, or check the data"
-        )
-
-    def kept(self, epoch: int) -> str:
-        return (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
-                else "no epoch had been committed, so the corrected command starts it again (without --resume)")
-
-    @torch.no_grad()
-    def ranks_in_sync(self) -> bool:
-        """Whether every process holds the same parameters (DDP keeps them equal; this checks it)."""
-        sums = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()])
-                            for p in self.method.parameters()]).flatten()
-        low, high = sums.clone(), sums.clone()
-        torch.distributed.all_reduce(low, op=torch.distributed.ReduceOp.MIN)
-        torch.distributed.all_reduce(high, op=torch.distributed.ReduceOp.MAX)
-        return bool(torch.equal(low, high))
 
     # -------------------------------------------------------------------------- evaluation
     @torch.no_grad()
