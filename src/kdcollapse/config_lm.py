@@ -116,7 +116,9 @@ class LMConfig:
     task: Literal["lm"] = LM_TASK  # what config.yaml says to tell an LM run from an image run
     teacher: str = lm.SMOLLM2  # "smollm2-135m", a model directory or a .gguf file
     student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher)
+    # or {init: {from: teacher, layers: distilbert | minitron | [...], keep: N}}: built from the teacher's layers
     corpus: str = lm.PYTHON_DOCS  # "python-docs" or a directory of .txt files
+    data: lm.DataSpec = field(default_factory=lm.DataSpec)  # a datasets source, its kind, loss mask and layout
     block_size: int = 128  # tokens per sequence
     train_blocks: int | None = 512  # the token budget: this many training blocks, drawn once (data seed 0)
     eval_blocks: int = 64  # validation and test blocks, drawn once
@@ -169,11 +171,24 @@ class LMConfig:
             if value is not None and (key.endswith("_size") or key.startswith("num_") or key in ("head_dim", "max_position_embeddings")) and \
                     not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
-        try:  # the student's architecture, checked before the teacher loads (the vocabulary comes from it)
-            lm.language_model_config({"vocab_size": 1 << 16, **self.student})
-        except KdcollapseError as err:
-            raise ConfigError(f"student: {err}") from None
+        # the student's architecture (or its init from the teacher), checked before the teacher loads
+        lm.check_student_section(self.student)
+        if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
+            raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
+                              f"one (data.source takes text folders too)")
         self._check_generation()
+
+    @property
+    def student_init(self) -> lm.StudentInit | None:
+        """``student.init`` checked, or None for a student built from a ``transformers`` config."""
+        return lm.check_student_section(self.student)
+
+    @property
+    def data_spec(self) -> lm.DataSpec:
+        """The data section with the source filled in: ``data.source``, else ``corpus``."""
+        if self.data.source is not None:
+            return self.data
+        return dataclasses.replace(self.data, source=None if self.corpus == lm.PYTHON_DOCS else self.corpus)
 
     def _check_generation(self) -> None:
         gen = self.generation

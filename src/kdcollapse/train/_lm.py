@@ -109,9 +109,15 @@ class LMTrainer:
         return task
 
     def setup_student(self):
-        tokenizer = self.task.tokenizer
-        return lm.load_language_model({"vocab_size": len(tokenizer), **self.cfg.student}, tokenizer=tokenizer,
-                                      seed=self.cfg.seed).model.train()
+        """A ``transformers`` config's random student, or (``student.init``) the teacher's chosen layers."""
+        tokenizer, init = self.task.tokenizer, self.cfg.student_init
+        self.student_layers = None
+        if init is None:
+            return lm.load_language_model({"vocab_size": len(tokenizer), **self.cfg.student}, tokenizer=tokenizer,
+                                          seed=self.cfg.seed).model.train()
+        teacher = self.task.teacher.model
+        self.student_layers = lm.select_layers(teacher, init, self.task.train)
+        return lm.student_from_teacher(teacher, self.student_layers).train()
 
     def setup_optimizer(self) -> torch.optim.Optimizer:
         """AdamW; its learning rate is set every step by :meth:`learning_rate` (warm-up, then cosine to 0)."""
@@ -133,7 +139,8 @@ class LMTrainer:
         if self.dist.is_main and not resume:
             update_run_record(self.run_dir, {
                 "task": "lm", "student_parameters": sum(p.numel() for p in self.student.parameters()),
-                "train_tokens": self.task.train.numel(), "corpus": self.task.data["corpus_summary"]})
+                "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
+                **({"student_layers": self.student_layers} if self.student_layers is not None else {})})
 
     def release_run_dir(self) -> None:
         if self.run_files is not None:
