@@ -6,6 +6,8 @@ shared workspace (a config, a trained one-epoch teacher run, a code file)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -35,6 +37,11 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
+    # transformers logs a warning about distill-lm's tiny test config to the stderr it finds when first imported;
+    # torchmetrics used to import it at start-up, outside the captured output. Keep that order (the warning itself
+    # is distill-lm's, noticed in issue 42, left to its rewrite).
+    with contextlib.suppress(ImportError):
+        import transformers  # noqa: F401
     ws = tmp_path_factory.mktemp("bad_inputs")
     old = Path.cwd()
     os.chdir(ws)
@@ -51,10 +58,36 @@ def workspace(tmp_path_factory):
         Path("runs/bad_json").mkdir()
         Path("runs/bad_json/config.yaml").write_text(Path("runs/t/config.yaml").read_text())
         Path("runs/bad_json/run.json").write_text("{not json")
+        _kinds_of_issue_42()
     finally:
         os.chdir(old)
     shutil.copytree(ws, ws.parent / "pristine", symlinks=True)
     return ws
+
+
+def _kinds_of_issue_42() -> None:
+    """The workspace's files for issue 42's kinds (in the current folder): a finished two-epoch run, a run whose
+    config lists ``imports: [evil_mod]`` (recorded in its run.json: a colleague's genuine run) beside an
+    ``evil_mod.py`` that would write a file if imported, a run.json of ``{}``, a damaged metrics log, a module
+    that does not compile, YAML with a duplicate key, nested 5,000 deep, and a broken token-report spec."""
+    assert main(["train", "--config", "c.yaml", "run_dir=runs/t2", "train.epochs=2", "--quiet"]) == 0
+    shutil.copytree("runs/t", "runs/imports")
+    config = Path("runs/imports/config.yaml")
+    config.write_text(config.read_text().replace("imports: []", "imports: [evil_mod]"))
+    record = json.loads(Path("runs/imports/run.json").read_text())
+    record["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()
+    Path("runs/imports/run.json").write_text(json.dumps(record))
+    Path("evil_mod.py").write_text("open('PWNED', 'w').write('a run directory ran code')\n")
+    shutil.copytree("runs/t", "runs/empty_record")
+    Path("runs/empty_record/run.json").write_text("{}\n")
+    shutil.copytree("runs/t2", "runs/torn")
+    log = Path("runs/torn/metrics.jsonl")
+    log.write_bytes(log.read_bytes().replace(b"{", b"{ ", 1))  # still valid JSON, not the committed bytes
+    Path("broken_mod.py").write_text("def f(:\n")
+    Path("dup.yaml").write_text(CONFIG + "optim: {lr: 0.1}\n")
+    Path("deep.yaml").write_text("".join("  " * i + f"k{i}:\n" for i in range(5000)) + "  " * 5000 + "1\n")
+    Path("flow_deep.yaml").write_text("[" * 5000 + "]" * 5000 + "\n")
+    Path("token_spec.yaml").write_text("page: [1, 2\n")
 
 
 TRAIN = ["--config", "c.yaml", "run_dir=runs/new"]
@@ -307,6 +340,40 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["study", "report", "--check", "exists.txt"], ["exists.txt"]),
     (["study", "nope"], ["nope", "report"]),
     (["study"], ["ACTION"]),
+    # issue 42, by kind. A run directory is data: its config's imports: are never imported (evil_mod.py would
+    # write PWNED, which the unchanged disk rules out), only named back with the --import that would import them
+    (["analyze", "runs/imports"], ["runs/imports/config.yaml", "evil_mod", "--import evil_mod"]),
+    (["train", "--resume", "runs/imports", "train.epochs=2"], ["--import evil_mod"]),
+    (["analyze", "runs/imports", "--out", "elsewhere"], ["--import evil_mod"]),
+    # a resume never rewrites the committed history, and is refused before anything (.lock included) is written
+    (["train", "--resume", "runs/t2", "train.epochs=1"], ["train.epochs=1", "committed 2 epochs", ">= 2"]),
+    (["train", "--resume", "runs/torn", "train.epochs=3"], ["runs/torn/metrics.jsonl", "state.json"]),
+    # a run.json that kdcollapse did not write ({}) is no run: not for analyze, a resume or as a teacher
+    (["analyze", "runs/empty_record"], ["runs/empty_record/run.json", "config_sha256"]),
+    (["train", "--resume", "runs/empty_record", "train.epochs=2"], ["runs/empty_record/run.json"]),
+    (["distill", *DISTILL[:-1], "teacher.checkpoint=runs/empty_record"], ["runs/empty_record/run.json"]),
+    # meaningless values: infinite temperatures and weights, a data folder for a built-in dataset
+    *[(["distill", *DISTILL, f"method.{key}={value}"], [f"method.{key}", shown])
+      for key in ("temperature", "kd_weight", "ce_weight") for value, shown in ((".inf", "inf"), ("-.inf", "-inf"),
+                                                                                  (".nan", "nan"))],
+    (["distill", *DISTILL, "method.name=dkd", "method.alpha=.inf"], ["method.alpha", "inf"]),
+    (["train", *TRAIN, "data.root=/nonexistent"], ["/nonexistent", "digits", "data.root"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "digits", "--root", "/x",
+      "--out", "o"], ["/x", "digits"]),
+    # language-model options are refused for an image run, not ignored
+    *[(["analyze", "runs/t", *option], [option[0], "--lm"]) for option in (
+        ["--layers", "all"], ["--block-size", "64"], ["--max-tokens", "100"], ["--min-count", "5"], ["--no-ncc"],
+        ["--corpus", "text"], ["--gnc-convention", "official"], ["--accumulate", "float32"], ["--random-init", "1"])],
+    # YAML: a key given twice, 5,000 levels deep (block and flow), in a config, an override, a spec, --model-kwargs
+    (["train", "--config", "dup.yaml", "run_dir=runs/new"], ["dup.yaml", "duplicate key 'optim'"]),
+    (["train", *TRAIN, "optim.kwargs={momentum: 0.9, momentum: 0.8}"], ["duplicate key 'momentum'"]),
+    (["train", "--config", "deep.yaml", "run_dir=runs/new"], ["deep.yaml", "nested more than"]),
+    (["train", "--config", "flow_deep.yaml", "run_dir=runs/new"], ["flow_deep.yaml", "nested more than"]),
+    (["token-report", "token_spec.yaml"], ["token_spec.yaml", "not valid YAML"]),
+    (["analyze", "--model", "mlp", "--weights", "runs/t/model.safetensors", "--data", "digits", "--model-kwargs",
+      "{a: 1, a: 2}", "--out", "o"], ["--model-kwargs", "duplicate key 'a'"]),
+    # a module of the user's that does not compile
+    (["--import", "broken_mod", "models", "list"], ["broken_mod", "does not compile", "line 1"]),
 ]
 
 

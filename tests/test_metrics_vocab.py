@@ -714,14 +714,14 @@ def test_statistics_keep_no_second_k_by_d_copy_for_reset():
 
 
 def test_constructing_the_statistics_allocates_the_two_k_by_d_sums_once(monkeypatch):
-    """Not the four K x d tensors that torchmetrics' ``add_state`` (the state and a deep copy of it as the
-    default for ``reset()``) would make: no K x d tensor is deep-copied (storage copies bypass LiveBytes)."""
+    """Not the four K x d tensors that a plain ``add_state`` (the state and a deep copy of it as the default
+    for ``reset()``) would make: no K x d tensor is deep-copied (storage copies bypass LiveBytes)."""
     import copy
 
-    import torchmetrics.metric
+    from kdcollapse.metrics import _metric
 
     copied = []
-    monkeypatch.setattr(torchmetrics.metric, "deepcopy",
+    monkeypatch.setattr(_metric, "deepcopy",
                         lambda value, *memo: copied.append(getattr(value, "shape", None)) or copy.deepcopy(value, *memo))
     with LiveBytes() as counter:
         stats = FeatureStatistics(500, 64)

@@ -82,6 +82,9 @@ def import_modules(names: list[str] | tuple[str, ...], source: str = "imports") 
                     "(the current directory, or PYTHONPATH)?"
                 ) from None
             raise
+        except SyntaxError as err:  # the user's file itself: one line naming where, not a traceback
+            raise KdcollapseError(f"{source}: module {name!r} does not compile: {err.msg} ({err.filename}, line "
+                                  f"{err.lineno})") from None
 
 
 def _natural_key(name: str) -> list:

@@ -47,6 +47,9 @@ class LossInfo:
     (B, T) mask), ``ignore_index`` and ``chunked`` (``chunk_size``) say which shared options the
     function takes; ``tests/test_losses_catalog.py`` checks them against its signature."""
 
+    def __repr__(self) -> str:  # one line: list_losses() reads as a list, not 33 screens of fields
+        return f"LossInfo({self.name!r}, kind={self.kind!r}, paper={self.paper!r})"
+
     name: str
     function: Callable[..., Tensor]
     kind: str
@@ -139,9 +142,10 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     return decorator
 
 
-def get_loss(name: str) -> LossInfo:
-    """The declaration of loss ``name``; an unknown name lists the declared ones."""
-    return _LOSSES.get(name)
+def get_loss(name: str | LossInfo) -> LossInfo:
+    """The declaration of loss ``name`` (or of what :func:`list_losses` returned); an unknown name lists the
+    declared ones."""
+    return _LOSSES.get(name.name if isinstance(name, LossInfo) else name)
 
 
 def list_losses(kind: str | Sequence[str] | None = None) -> list[LossInfo]:

@@ -3,6 +3,8 @@ linear warm-up ramp of the distillation term."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -77,9 +79,12 @@ def warmup_factor(epoch: int, warmup_epochs: int) -> float:
 
 
 def check_config(config, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    """Raise :class:`ConfigError` naming the first ``method.<field>`` outside its range."""
+    """Raise :class:`ConfigError` naming the first ``method.<field>`` outside its range (finite, and > 0 or
+    >= 0: a temperature or weight of inf or nan means nothing)."""
     for names, ok, what in ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0")):
         for field in names:
             value = getattr(config, field)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"method.{field} must be a finite number {what}, got {value}")
             if value is not None and not ok(value):
                 raise ConfigError(f"method.{field} must be {what}, got {value}")
