@@ -16,7 +16,7 @@ from types import ModuleType
 from kdcollapse.errors import KdcollapseError
 
 EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard", "submitit": "slurm", "wandb": "tracking",
-          "mlflow": "tracking"}
+          "mlflow": "tracking", "peft": "peft"}
 _PIP_NAMES = {"sklearn": "scikit-learn"}
 
 

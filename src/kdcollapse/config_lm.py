@@ -19,6 +19,7 @@ from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses.llm import token_divergences
+from kdcollapse.lm._lora import check_lora_targets, split_student
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
@@ -115,7 +116,8 @@ _POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "steps", "
 class LMConfig:
     task: Literal["lm"] = LM_TASK  # what config.yaml says to tell an LM run from an image run
     teacher: str = lm.SMOLLM2  # "smollm2-135m", a model directory or a .gguf file
-    student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher)
+    student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher),
+    # optionally with lora: {r, alpha, dropout, target_modules, modules_to_save} (lm/_lora.py)
     corpus: str = lm.PYTHON_DOCS  # "python-docs" or a directory of .txt files
     block_size: int = 128  # tokens per sequence
     train_blocks: int | None = 512  # the token budget: this many training blocks, drawn once (data seed 0)
@@ -165,14 +167,17 @@ class LMConfig:
         check_number("weight_decay", self.weight_decay)
         if not isinstance(self.student, dict):
             raise ConfigError(f"'student' must be a mapping (a transformers config), got {self.student!r}")
-        for key, value in self.student.items():  # sizes and counts: transformers accepts 0 and fails mid-run
+        model_config, lora = split_student(self.student)  # student.lora: a LoRA adapter on the student
+        for key, value in model_config.items():  # sizes and counts: transformers accepts 0 and fails mid-run
             if value is not None and (key.endswith("_size") or key.startswith("num_") or key in ("head_dim", "max_position_embeddings")) and \
                     not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
         try:  # the student's architecture, checked before the teacher loads (the vocabulary comes from it)
-            lm.language_model_config({"vocab_size": 1 << 16, **self.student})
+            architecture = lm.language_model_config({"vocab_size": 1 << 16, **model_config})
         except KdcollapseError as err:
             raise ConfigError(f"student: {err}") from None
+        if lora is not None:
+            check_lora_targets(architecture, lora)
         self._check_generation()
 
     def _check_generation(self) -> None:

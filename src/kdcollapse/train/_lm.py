@@ -31,6 +31,7 @@ from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig, load_lm_config
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.lm._lora import LoraStudent, split_student
 from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_tensors, on_main_process,
                              read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
                              update_run_record)
@@ -109,13 +110,24 @@ class LMTrainer:
         return task
 
     def setup_student(self):
+        """The student; with ``student.lora`` the same model with a LoRA adapter (:attr:`lora`), its own
+        weights frozen."""
         tokenizer = self.task.tokenizer
-        return lm.load_language_model({"vocab_size": len(tokenizer), **self.cfg.student}, tokenizer=tokenizer,
-                                      seed=self.cfg.seed).model.train()
+        model_config, lora_section = split_student(self.cfg.student)
+        model = lm.load_language_model({"vocab_size": len(tokenizer), **model_config}, tokenizer=tokenizer,
+                                       seed=self.cfg.seed).model.train()
+        self.lora = LoraStudent(model, lora_section) if lora_section is not None else None
+        return self.lora.model.train() if self.lora else model
 
     def setup_optimizer(self) -> torch.optim.Optimizer:
-        """AdamW; its learning rate is set every step by :meth:`learning_rate` (warm-up, then cosine to 0)."""
-        return torch.optim.AdamW(self.student.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        """AdamW on the trained parameters (a LoRA student's adapter); its learning rate is set every step by
+        :meth:`learning_rate` (warm-up, then cosine to 0)."""
+        trained = [p for p in self.student.parameters() if p.requires_grad]
+        return torch.optim.AdamW(trained, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def student_state(self) -> dict[str, torch.Tensor]:
+        """What a commit saves of the student: its state dict, or a LoRA student's trained tensors only."""
+        return self.lora.state_dict() if self.lora else self.student.state_dict()
 
     def restore(self) -> int:
         """The student and optimizer of the last committed step (``state.json``); returns that step."""
@@ -123,7 +135,12 @@ class LMTrainer:
         tensors, meta = load_tensors(path)
         if meta.get("format") != "kdcollapse.checkpoint" or meta.get("task") != "lm":
             raise CheckpointError(f"{path} is not a distill-lm checkpoint of this version")
-        self.student.load_state_dict(split_prefix(tensors, "student."))
+        if self.lora:
+            self.lora.load_state_dict(split_prefix(tensors, "student."), meta, str(path))
+        elif meta.get("student_base") is not None:
+            raise CheckpointError(f"cannot resume: {path} holds a LoRA adapter but the config's student has no lora")
+        else:
+            self.student.load_state_dict(split_prefix(tensors, "student."))
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         state = unflatten_optimizer(split_prefix(tensors, "optim."), meta["optimizer"], params, str(path))
         self.optimizer.load_state_dict(state)
@@ -133,6 +150,7 @@ class LMTrainer:
         if self.dist.is_main and not resume:
             update_run_record(self.run_dir, {
                 "task": "lm", "student_parameters": sum(p.numel() for p in self.student.parameters()),
+                "trained_parameters": sum(p.numel() for p in self.student.parameters() if p.requires_grad),
                 "train_tokens": self.task.train.numel(), "corpus": self.task.data["corpus_summary"]})
 
     def release_run_dir(self) -> None:
@@ -177,8 +195,8 @@ class LMTrainer:
                     self.commit(step + 1, record)
         finally:
             bar.close()
-        on_main_process(self.dist.is_main, lambda: save_student(self.student, self.task.tokenizer,
-                                                                self.run_dir / "student"),
+        on_main_process(self.dist.is_main, lambda: save_student(self.lora.merged() if self.lora else self.student,
+                                                                self.task.tokenizer, self.run_dir / "student"),
                         f"the main process could not save the student in {self.run_dir}")
         if self.dist.is_main and not record:  # a resume of a finished run trains nothing: its last evaluation
             record = read_metrics(self.run_dir)[-1]
@@ -200,6 +218,7 @@ class LMTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(step)
         self.optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + 2 + self.dist.rank)  # dropout (LoRA's): per step
         index, sampling = self.task.step_blocks(step)
         total = torch.zeros(())
         for micro in index.split(cfg.batch_size):
@@ -215,7 +234,7 @@ class LMTrainer:
         return float(total)
 
     def optimizer_step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in self.student.parameters() if p.requires_grad], 1.0)
         self.optimizer.step()
 
     # ---------------------------------------------------------------------------- commits
@@ -225,10 +244,11 @@ class LMTrainer:
             record.update(self.task.evaluate(self.student))
             self.metrics.write(record)
             optim_tensors, optim_rest = flatten_optimizer(self.optimizer.state_dict())
-            tensors = {f"student.{k}": v for k, v in self.student.state_dict().items()}
+            tensors = {f"student.{k}": v for k, v in self.student_state().items()}
             tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
             meta = {"format": "kdcollapse.checkpoint", "version": 1, "task": "lm", "epoch": step, "step": step,
-                    "seed": self.cfg.seed, "optimizer": optim_rest}
+                    "seed": self.cfg.seed, "optimizer": optim_rest,
+                    **({"student_base": self.lora.base_digest} if self.lora else {})}
             self.run_files.commit(step, {"checkpoint.safetensors": (tensors, meta)}, self.metrics.files())
             self.metrics.committed()
             self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "
