@@ -108,6 +108,14 @@ class GenerationSection:
         return self.lmbda > 0 or self.seq_kd
 
 
+@dataclass
+class DistributedSection:
+    """How ``torchrun`` processes share the student: ``ddp`` (each holds all of it; gradients all-reduced)
+    or ``fsdp`` (FSDP2, ``fully_shard`` of each decoder layer: parameters, gradients and AdamW state split)."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
 _POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "steps", "eval_every", "chunk_size",
              "log_every")
 
@@ -130,6 +138,7 @@ class LMConfig:
     weight_decay: float = 0.0
     loss: LossSection = field(default_factory=LossSection)
     generation: GenerationSection = field(default_factory=GenerationSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
     eval_every: int = 50  # steps between evaluations and checkpoints (commits)
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
@@ -178,6 +187,12 @@ class LMConfig:
             raise ConfigError(f"student: {err}") from None
         if lora is not None:
             check_lora_targets(architecture, lora)
+        if self.distributed.strategy not in ("ddp", "fsdp"):
+            raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
+        if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
+            raise ConfigError("distributed.strategy=fsdp does not take " + (
+                "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
+                + " in this version; use distributed.strategy=ddp")
         self._check_generation()
 
     def _check_generation(self) -> None:
