@@ -83,3 +83,18 @@ def test_bad_distributed_options_are_one_line_errors(setup, capsys, bad, message
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (root / "bad").exists()
+
+
+def test_the_documented_torchrun_command_takes_the_fsdp_strategy():
+    """docs/language_models.md, "FSDP2": its command's options make an FSDP config (the run itself is the
+    two-process test above)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "language_models.md").read_text()
+    command = ("torchrun --standalone --nproc_per_node=2 -m kdcollapse distill-lm --config lm/smollm2_tiny "
+               "distributed.strategy=fsdp")
+    assert command in text
+    from kdcollapse.recipes import recipe_path
+
+    cfg = load_lm_config(recipe_path("lm/smollm2_tiny"), ["distributed.strategy=fsdp"])
+    assert cfg.distributed.strategy == "fsdp"
