@@ -201,3 +201,20 @@ def test_the_documented_overrides_make_these_lora_sections():
     lora = split_student(cfg.student)[1]
     assert (lora.r, lora.modules_to_save, lora.target_modules, cfg.student["tie_word_embeddings"]) == (
         4, ["lm_head"], "all-linear", False)
+
+
+def test_a_lora_adapter_on_a_teacher_initialised_student(setup):
+    """The common case: the teacher's layer 0 (and its embeddings and head) frozen, a LoRA adapter trained."""
+    root, _, common = setup
+    run = root / "from-teacher"
+    student = {"init": {"from": "teacher", "layers": [0]}, "lora": {"r": 2, "target_modules": ["q_proj", "v_proj"]}}
+    distill_lm(load_lm_config(None, [*common, f"student={json.dumps(student)}", f"run_dir={run}", "steps=2"]),
+               log=lambda *_: None)
+    tensors, meta = load_tensors(run / "checkpoint.safetensors")
+    trained = [k for k in tensors if k.startswith("student.")]
+    assert len(trained) == 4 and all(".lora_" in k for k in trained), trained
+    teacher = lm.load_language_model(root / "teacher").model.state_dict()
+    merged = lm.load_language_model(run / "student").model.state_dict()
+    assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], teacher["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
+                           teacher["model.layers.0.self_attn.q_proj.weight"])

@@ -42,3 +42,19 @@ def test_the_python_docs_corpus_has_over_a_million_tokens_split_by_document(smol
     assert sum(s["tokens"] for s in sizes.values()) > 1_000_000
     names = [set(corpus[s].names) for s in lm.SPLITS]
     assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
+
+
+def test_smollm2s_chat_template_masks_the_assistant_turns():
+    """The completion mask on SmolLM2's own ChatML template (with its default system prompt): the counted tokens
+    decode to each reply and its end-of-turn markup, nothing else."""
+    pytest.importorskip("transformers")
+    try:
+        tokenizer = lm.load_tokenizer(lm.SMOLLM2)
+    except KdcollapseError as err:
+        pytest.skip(str(err))
+    messages = ({"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."},
+                {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "It is 6."})
+    ids, mask = lm.tokenize_example(tokenizer, lm.Example("c", "chat", messages=messages))
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    assert tokenizer.decode(ids) == text and "You are a helpful AI assistant" in text
+    assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == "4.<|im_end|>\nIt is 6.<|im_end|>\n"

@@ -186,7 +186,7 @@ def test_metrics_match_reference(case, convention):
     ours = collapse_metrics(stream(h, y, num_classes, convention=convention), w)
     expected = reference_metrics(h, y, num_classes, w, convention)
     ranks = {"rank_between", "rank_total", "rank_between_unit", "vci_rank", "gnc2_optimum"}
-    assert set(ours) == set(expected) | ranks
+    assert set(expected) | ranks <= set(ours)  # the catalogue's other keys: tests/test_metrics_rhubarbwu.py
     assert_same_metrics(ours, expected, rel=1e-10, names=[n for n in expected if n != "gnc2"])
     assert float(ours["gnc2"]) == pytest.approx(expected["gnc2"], rel=1e-7)
     assert int(ours["rank_between"]) == min(dim, num_classes - 1) == int(ours["vci_rank"])

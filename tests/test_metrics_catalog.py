@@ -46,8 +46,9 @@ def test_every_returned_key_is_catalogued_and_every_catalogued_key_returned():
     weight = torch.randn(4, 5, generator=g)
     stats = FeatureStatistics(4, 5)
     stats.update(features, labels)
-    assert set(collapse_metrics(stats)) == names(source="collapse_metrics", needs_classifier=False)
-    assert set(collapse_metrics(stats, weight)) == names(source="collapse_metrics")
+    assert set(collapse_metrics(stats)) == names(source="collapse_metrics", needs_classifier=False, needs_ood=False)
+    assert set(collapse_metrics(stats, weight)) == names(source="collapse_metrics", needs_ood=False)
+    assert set(collapse_metrics(stats, weight, ood_mean=torch.ones(5))) == names(source="collapse_metrics")
     assert set(ncc_accuracy(features, labels, stats.class_means(), features @ weight.T)) == names(
         source="NearestClassMeanAccuracy")
     similarity = IntraClassSimilarity()

@@ -124,9 +124,11 @@ _POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "steps", "
 class LMConfig:
     task: Literal["lm"] = LM_TASK  # what config.yaml says to tell an LM run from an image run
     teacher: str = lm.SMOLLM2  # "smollm2-135m", a model directory or a .gguf file
-    student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher),
-    # optionally with lora: {r, alpha, dropout, target_modules, modules_to_save} (lm/_lora.py)
+    student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher)
+    # or {init: {from: teacher, layers: distilbert | minitron | [...], keep: N}}: built from the teacher's layers;
+    # either with lora: {r, alpha, dropout, target_modules, modules_to_save}: a LoRA adapter on it (lm/_lora.py)
     corpus: str = lm.PYTHON_DOCS  # "python-docs" or a directory of .txt files
+    data: lm.DataSpec = field(default_factory=lm.DataSpec)  # a datasets source, its kind, loss mask and layout
     block_size: int = 128  # tokens per sequence
     train_blocks: int | None = 512  # the token budget: this many training blocks, drawn once (data seed 0)
     eval_blocks: int = 64  # validation and test blocks, drawn once
@@ -181,12 +183,13 @@ class LMConfig:
             if value is not None and (key.endswith("_size") or key.startswith("num_") or key in ("head_dim", "max_position_embeddings")) and \
                     not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
-        try:  # the student's architecture, checked before the teacher loads (the vocabulary comes from it)
-            architecture = lm.language_model_config({"vocab_size": 1 << 16, **model_config})
-        except KdcollapseError as err:
-            raise ConfigError(f"student: {err}") from None
-        if lora is not None:
-            check_lora_targets(architecture, lora)
+        # the student's architecture (or its init from the teacher), checked before the teacher loads
+        init = lm.check_student_section(model_config)
+        if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
+            check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
+        if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
+            raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
+                              f"one (data.source takes text folders too)")
         if self.distributed.strategy not in ("ddp", "fsdp"):
             raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
         if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
@@ -194,6 +197,18 @@ class LMConfig:
                 "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
                 + " in this version; use distributed.strategy=ddp")
         self._check_generation()
+
+    @property
+    def student_init(self) -> lm.StudentInit | None:
+        """``student.init`` checked, or None for a student built from a ``transformers`` config."""
+        return lm.check_student_section(split_student(self.student)[0])
+
+    @property
+    def data_spec(self) -> lm.DataSpec:
+        """The data section with the source filled in: ``data.source``, else ``corpus``."""
+        if self.data.source is not None:
+            return self.data
+        return dataclasses.replace(self.data, source=None if self.corpus == lm.PYTHON_DOCS else self.corpus)
 
     def _check_generation(self) -> None:
         gen = self.generation

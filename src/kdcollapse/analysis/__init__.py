@@ -13,6 +13,7 @@ import importlib
 # names (PEP 562), so importing ``kdcollapse.analysis._options`` (the command line's --help does) does not
 # load torchmetrics and matplotlib.
 _HOME = {
+    "_against": ("analyze_against", "geometry_pass", "markdown_against"),
     "_analyze": ("MEANINGS", "analyze", "markdown_report", "meaning", "tsne"),
     "_epoch": ("EPOCH_KEYS", "analysis_due", "epoch_collapse_metrics"),
     "_logits": ("ClassLogitMatrix", "logit_margins", "logit_matrix_difference", "off_diagonal_mean_abs"),
@@ -21,6 +22,7 @@ _HOME = {
     "_pass": ("SplitPass", "classifier_weight", "feature_pass", "split_metrics", "user_split"),
     "_sample": ("ClassReservoir",),
     "_source": ("Subject", "load_run", "load_weights"),
+    "_stages": ("parse_stages", "pooled", "resolve_stages", "stage_forward"),
     "_token_report": ("load_token_spec", "token_report", "token_report_text"),
     "_tokens": ("TokenClasses", "analyze_tokens", "ncc_pass", "next_token_targets", "resolve_layers",
                 "token_batches", "token_classes", "token_pass"),

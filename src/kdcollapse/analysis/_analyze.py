@@ -19,19 +19,19 @@ from kdcollapse._optional import available, install_hint, require
 from kdcollapse.analysis import _plots
 from kdcollapse.analysis._logits import off_diagonal_mean_abs
 from kdcollapse.analysis._options import AnalyzeOptions
-from kdcollapse.analysis._pass import classifier_weight, feature_pass, split_metrics
+from kdcollapse.analysis._pass import classifier_weight, feature_pass, ood_mean, split_metrics
 from kdcollapse.analysis._source import Subject
 from kdcollapse.data import make_loader
 from kdcollapse.distributed import resolve_precision
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics import METRICS, covariance_spectra
+from kdcollapse.metrics import METRICS, collapse_metrics, covariance_spectra
 from kdcollapse.models import as_classifier
 from kdcollapse.report import markdown_table
 from kdcollapse.runs import record_outputs, run_lock_for, sealed, write_text
 
 logger = logging.getLogger(__name__)
 
-FIGURES = ("spectra.png", "margins.png", "tsne.png", "logit_matrices.png")
+FIGURES = ("spectra.png", "margins.png", "tsne.png", "logit_matrices.png", "stages.png")
 # What an analysis records about the weights it measured (its provenance; Run.analysis checks it).
 SOURCE_KEYS = ("run_dir", "weights", "weights_file", "epoch", "weights_sha256")
 
@@ -44,10 +44,11 @@ MEANINGS = {m.name: m.meaning for m in METRICS} | {
 }
 
 
-def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None) -> dict:
+def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | None = None, *, ood=None) -> dict:
     """Analyse ``subject`` in one pass and write ``analysis.json``, ``analysis.md`` and PNG figures
     (spectra, margins, t-SNE, and teacher-minus-student logit matrices when there is a teacher) to
-    ``out_dir``. Returns the JSON document."""
+    ``out_dir``. Returns the JSON document. ``ood``: an out-of-distribution dataset (same input shape; fed
+    with the subject's standardisation), whose mean feature gives NC5 (``nc5_ood_deviation``)."""
     options = options or AnalyzeOptions()
     dataset, model = subject.dataset, as_classifier(subject.model, subject.features)
     tsne_classes = _tsne_classes(options, dataset.num_classes)
@@ -65,7 +66,7 @@ def analyze(subject: Subject, out_dir: str | Path, options: AnalyzeOptions | Non
                        "analysis.json and analysis.md are written")
     out_dir = Path(out_dir)
     with run_lock_for(out_dir) as run_dir:  # an analysis written into a run directory: never beside its trainer
-        report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on)
+        report = _analyze(subject, dataset, model, out_dir, options, precision, tsne_classes, figures_on, ood)
         if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it
             files = ["analysis.json", "analysis.md", *report["figures"].values()]
             record_outputs(run_dir, [out_dir / name for name in files], _source(report, subject.split))
@@ -78,7 +79,7 @@ def _source(report: dict, split: str) -> dict:
 
 
 def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOptions, precision, tsne_classes,
-             figures_on: bool) -> dict:
+             figures_on: bool, ood=None) -> dict:
     device = next(model.parameters()).device
     channels_last = options.channels_last and len(dataset.input_shape) == 3
     if channels_last:
@@ -91,15 +92,19 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
         model, loader, num_classes=dataset.num_classes, heads=subject.heads, teacher=subject.teacher,
         sample_size=options.sample_size, seed=options.seed, progress=options.progress,
         description=f"{subject.split} features", precision=precision, channels_last=channels_last,
+        stages=options.stages,
     )  # fmt: skip
     spectra = {k: v.tolist() for k, v in covariance_spectra(result.stats).items()}
-    metrics = split_metrics(result, classifier_weight(model))
+    ood_feature = None if ood is None else ood_mean(model, ood, in_distribution=dataset,
+                                                     batch_size=options.batch_size, precision=precision)
+    metrics = split_metrics(result, classifier_weight(model), ood_feature)
     undefined = sorted(k for k, v in metrics.items() if isinstance(v, float) and math.isnan(v))
     if undefined:
         logger.warning(f"analyze: {', '.join(undefined)} undefined (NaN): the features have no spread to measure "
                        "(constant features, or a class with a single sample)")
     report = {
         **subject.info, "split": subject.split, "num_samples": result.num_samples,
+        **({} if ood is None else {"ood": {"dataset": getattr(ood, "name", None), "samples": len(ood)}}),
         "num_classes": dataset.num_classes, "feature_dim": result.stats.feature_dim,
         "metrics": metrics,
         "margins": _margin_summary(result.margins, result.labels, dataset.classes),
@@ -109,6 +114,10 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
         },
         "spectra": spectra,
     }  # fmt: skip
+    if result.stages:  # every metric of each stage's pooled map, then the penultimate features (its metrics above)
+        report["stages"] = {name: {k: float(v) if v.is_floating_point() else int(v)
+                                   for k, v in collapse_metrics(st).items()} | {"channels": st.feature_dim}
+                            for name, st in result.stages.items()}
     title = f"{report.get('model')} ({report.get('method')}) · {report.get('dataset')} {subject.split}"
     source = _source(report, subject.split)
     out_dir.mkdir(parents=True, exist_ok=True)  # after the pass: a failed pass leaves no folder
@@ -118,6 +127,8 @@ def _analyze(subject: Subject, dataset, model, out_dir: Path, options: AnalyzeOp
                                                  title, source)
         figures["margins"] = _plots.plot_margins(result.margins.numpy(), result.labels.numpy(), dataset.classes,
                                                  out_dir / "margins.png", title, source)
+    if figures_on and result.stages:
+        figures["stages"] = _plots.plot_stages(report["stages"], metrics, out_dir / "stages.png", title, source)
     if tsne_classes:
         index = result.sample.first(options.tsne_per_class, tsne_classes)
         with stage(f"t-SNE of {index.numel()} points", options.progress):
@@ -237,6 +248,12 @@ def markdown_report(report: dict) -> str:
                        [(m["class"], m["count"], *map(_number, (m["mean"], m["median"], m["p05"], m["negative"])))
                         for m in [*report["margins"]["per_class"], {**report["margins"]["all"], "class": "all"}]]),
     ]  # fmt: skip
+    if report.get("stages"):
+        keys = [k for k in STAGE_KEYS if k in report["metrics"]]
+        rows = [(name, values["channels"], *(_number(values[k]) for k in keys)) for name, values in report["stages"].items()]
+        rows.append(("features", report["feature_dim"], *(_number(report["metrics"][k]) for k in keys)))
+        lines += ["## Stage by stage (pooled stage maps, then the penultimate features)", "",
+                  markdown_table(["layer", "channels", *keys], rows)]
     if report["logit_matrices"]:
         lines += [
             "## Teacher − student class logit matrices (DHKD App. H)",
@@ -252,6 +269,9 @@ def markdown_report(report: dict) -> str:
                                    or [f"None: matplotlib was not installed ({install_hint('matplotlib')})."])
     lines += ["", f"One pass, {report['seconds']} s.", ""]
     return "\n".join(lines)
+
+
+STAGE_KEYS = ("nc1", "vci", "nc2_etf_error", "nc2g_log_var", "cdnv", "class_separation")  # analysis.md's stage table
 
 
 def _number(value) -> str:

@@ -20,3 +20,4 @@ class AnalyzeOptions:
     progress: bool = True
     precision: str = "off"  # autocast of the forward passes: off | auto | bf16 | fp16 (CUDA); metrics stay float64
     channels_last: bool = False  # memory layout of image inputs, model and teacher
+    stages: list[int] | None = None  # also these stages' pooled maps ([]: every stage; None: the penultimate only)

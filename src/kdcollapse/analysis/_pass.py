@@ -22,10 +22,11 @@ from tqdm import tqdm
 from kdcollapse.analysis._options import DEFAULT_SAMPLE_SIZE
 from kdcollapse.analysis._logits import ClassLogitMatrix, logit_margins
 from kdcollapse.analysis._sample import ClassReservoir
+from kdcollapse.analysis._stages import resolve_stages, stage_forward
 from kdcollapse.data import USER_DATA, FolderDataset, TensorDataset, as_dataset, make_loader
 from kdcollapse.distributed import autocast
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics import FeatureStatistics, collapse_metrics, nearest_class_mean
+from kdcollapse.metrics import FeatureMean, FeatureStatistics, collapse_metrics, nearest_class_mean
 from kdcollapse.models import FeatureSpec, as_classifier, evaluating
 
 
@@ -41,6 +42,7 @@ class SplitPass:
     labels: Tensor  # (N,)
     correct: dict[str, int]  # per head: samples classified correctly
     logit_matrices: dict[str, ClassLogitMatrix] = field(default_factory=dict)  # per head: M^t - M^s
+    stages: dict[str, FeatureStatistics] = field(default_factory=dict)  # "stage<i>": its pooled map's statistics
 
     @property
     def num_samples(self) -> int:
@@ -68,6 +70,7 @@ def feature_pass(
     features: FeatureSpec = None,
     precision: torch.dtype | None = None,
     channels_last: bool = False,
+    stages: list[int] | None = None,
 ) -> SplitPass:
     """Run ``model`` once over ``batches`` of ``(x, y)`` and accumulate a :class:`SplitPass`.
 
@@ -84,6 +87,8 @@ def feature_pass(
     which is then batched by 512 on the model's device.
     """
     model = as_classifier(model, features)
+    stage_list = resolve_stages(model, stages)  # with stages: also each stage's pooled map, from the same pass
+    stage_stats: dict[str, FeatureStatistics] = {}
     if isinstance(batches, (TensorDataset, FolderDataset, Dataset, DataLoader)):
         batches = make_loader(user_split(batches), 512, train=False, device=next(model.parameters()).device, seed=0)
     heads = dict(heads or {})
@@ -100,7 +105,7 @@ def feature_pass(
             if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             with autocast(x.device, precision):
-                features = model.forward_features(x)
+                features, maps = stage_forward(model, x, stage_list)
                 logits = {"main": model.forward_head(features), **{n: h(features) for n, h in heads.items()}}
                 z_teacher = None if teacher is None else teacher(x)
             if stats is None:
@@ -111,6 +116,12 @@ def feature_pass(
                                 for name in correct}
             features = features.float()  # bf16/fp16 features under autocast: statistics see float32 values
             stats.update(features, y)
+            for index, pooled_map in zip(stage_list, maps):
+                name = f"stage{index}"
+                if name not in stage_stats:
+                    stage_stats[name] = FeatureStatistics(num_classes, pooled_map.shape[1],
+                                                          sync_on_compute=False).to(pooled_map.device)
+                stage_stats[name].update(pooled_map, y)
             sample.update(y, features=features, prediction=logits["main"].argmax(1),
                           index=torch.arange(seen, seen + y.shape[0], device=y.device))
             seen += y.shape[0]
@@ -123,7 +134,7 @@ def feature_pass(
                     matrices[name].update(z_teacher.double() - z.double(), y)
     if stats is None:
         raise KdcollapseError("the split is empty: no batches to analyse")
-    return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices)
+    return SplitPass(stats, sample, torch.cat(margins), torch.cat(labels), correct, matrices, stage_stats)
 
 
 def user_split(data, normalization: tuple | None = None):
@@ -142,7 +153,34 @@ def classifier_weight(model: nn.Module) -> Tensor | None:
     return weight if isinstance(weight, Tensor) and tuple(weight.shape) == expected else None
 
 
-def split_metrics(result: SplitPass, weight: Tensor | None) -> dict[str, float | int | bool]:
+def ood_mean(model: nn.Module, dataset, *, in_distribution, batch_size: int = 512, precision=None,
+             features: FeatureSpec = None) -> Tensor:
+    """The mean penultimate feature of ``model`` over an out-of-distribution ``dataset`` (NC5, ``ood_mean`` of
+    ``collapse_metrics``): its inputs standardised as ``in_distribution``'s (what the model was trained on)."""
+    model = as_classifier(model, features)
+    if tuple(dataset.input_shape) != tuple(in_distribution.input_shape):
+        raise KdcollapseError(f"the OOD data '{dataset.name}' has inputs of shape {tuple(dataset.input_shape)}, the "
+                              f"model's '{in_distribution.name}' {tuple(in_distribution.input_shape)}")
+    if hasattr(dataset, "__dataclass_fields__") and "mean" in dataset.__dataclass_fields__:
+        import dataclasses
+
+        dataset = dataclasses.replace(dataset, mean=in_distribution.mean, std=in_distribution.std)
+    device = next(model.parameters()).device
+    mean = None
+    with evaluating([model]):
+        for x, _ in make_loader(dataset, batch_size, train=False, device=device, seed=0):
+            with autocast(x.device, precision):
+                h = model.forward_features(x).float()
+            if mean is None:
+                mean = FeatureMean(h.shape[1], sync_on_compute=False).to(h.device)
+            mean.update(h)
+    if mean is None:
+        raise KdcollapseError(f"the OOD data '{dataset.name}' is empty")
+    return mean.compute()
+
+
+def split_metrics(result: SplitPass, weight: Tensor | None,
+                  ood: Tensor | None = None) -> dict[str, float | int | bool]:
     """Every collapse metric of the pass (``collapse_metrics`` with the head ``weight``), the accuracy of
     each head (``accuracy``, ``accuracy_<head>``; fractions) and NC4 from the feature sample.
 
@@ -151,7 +189,8 @@ def split_metrics(result: SplitPass, weight: Tensor | None) -> dict[str, float |
     Exact when the sample holds the whole split (``ncc_exact``); otherwise an unbiased estimate from
     ``ncc_samples`` rows, standard error at most 0.5 / sqrt(rows per class).
     """
-    out = {k: float(v) if v.is_floating_point() else int(v) for k, v in collapse_metrics(result.stats, weight).items()}
+    computed = collapse_metrics(result.stats, weight, ood_mean=ood)
+    out = {k: float(v) if v.is_floating_point() else int(v) for k, v in computed.items()}
     n = result.num_samples
     out |= {"accuracy" if name == "main" else f"accuracy_{name}": c / n for name, c in result.correct.items()}
     sample = result.sample

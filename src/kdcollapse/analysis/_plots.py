@@ -144,3 +144,18 @@ def plot_token_layers(models: Mapping[str, Sequence[Mapping]], path: Path,
 def _layer_key(result: Mapping, layer: int):
     """``analyze_tokens`` keys its layers by int; the same result read back from JSON, by str."""
     return layer if layer in result["layers"] else str(layer)
+
+
+def plot_stages(stages: Mapping[str, Mapping], features: Mapping, path: Path, title: str, source: dict | None = None,
+                keys: Sequence[str] = ("nc1", "vci", "nc2_etf_error", "nc2g_log_var")) -> str:
+    """Each metric of ``keys`` against depth: the stages' pooled maps in order, then the penultimate features."""
+    names = [*stages, "features"]
+    rows = [*stages.values(), features]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.4 * len(keys), 3.0), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        ax.plot(range(len(names)), [float(r.get(key, np.nan)) for r in rows], marker="o")
+        ax.set_xticks(range(len(names)), names, rotation=30, fontsize=7)
+        ax.set(title=key, yscale="linear" if key in ("vci", "nc2g_log_var") else "log")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, Path(path), source)

@@ -16,6 +16,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze runs/fmnist_teacher --split train --per-class 1000
   kdcollapse analyze runs/fmnist_teacher --tsne-per-class 200 --precision bf16 --channels-last
   kdcollapse analyze runs/fmnist_dhkd --teacher runs/fmnist_teacher --out /tmp/dhkd_test
+  kdcollapse analyze runs/fmnist_teacher --ood mnist               # NC5 against another data set's features
   kdcollapse analyze --model convnet --weights model.safetensors --data fashion_mnist --out /tmp/a
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
   kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 4096 --out results/lm_collapse/smollm2_test_4k
@@ -51,6 +52,14 @@ def register(subparsers) -> None:
     add("--out", metavar="DIR", help="output directory (default: RUN_DIR/analysis_<split>)")
     add("--per-class", type=positive_int, metavar="N",
         help="analyse N samples per class (drawn with the run's seed, as analysis.train_per_class)")
+    add("--ood", metavar="NAME", help="out-of-distribution dataset for NC5 (nc5_ood_deviation; same input shape)")
+    p.add_argument("--ood-split", default="test", help="split of the --ood dataset")
+    add("--ood-classes", metavar="LIST", help="only these classes of the --ood dataset (comma-separated indices)")
+    add("--against", metavar="TEACHER_RUN_OR_FILE",
+        help="compare RUN_DIR's geometry with this teacher's on the same data (Procrustes, CKA, simplex angles) "
+             "-> against_<split>/against.{json,md}")
+    add("--stages", metavar="LIST",
+        help="also every stage's pooled map: 'all' or comma-separated stage indices (with --lm: --layers)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
         help="teacher for the logit matrices (default: the run's own teacher, if any)")
     group = _adder(p.add_argument_group("a model file instead of a run directory"))
@@ -153,17 +162,25 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run, load_weights
+    from kdcollapse.analysis import AnalyzeOptions, analyze, load_run, load_weights, parse_stages
     from kdcollapse.config import load_config
 
     device = _device(args.device)
     if args.out:
         check_output(args.out, "--out", folder=True)
     if args.lm:
+        if args.ood is not None or args.against is not None:
+            raise ConfigError("--ood and --against take image runs; they do not apply to --lm")
+        if args.stages is not None:  # a language model's stages are its hidden states
+            if args.layers != "last":
+                raise ConfigError("give --stages or --layers with --lm, not both")
+            args.layers = args.stages
         return _analyze_lm(args, device)
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
+    if args.against is not None:
+        return _against(args, device)
     if args.run_dir:
         subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
         cfg = load_config(Path(args.run_dir) / "config.yaml")
@@ -184,13 +201,49 @@ def _analyze(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or batch_size, sample_size=args.sample_size,
         tsne_classes=_int_list(args.tsne_classes, "--tsne-classes"), tsne_per_class=args.tsne_per_class,
         seed=seed if args.seed is None else args.seed, progress=not args.no_progress,
-        precision=args.precision, channels_last=args.channels_last,
+        precision=args.precision, channels_last=args.channels_last, stages=parse_stages(args.stages),
     )  # fmt: skip
-    report = analyze(subject, out, options)
+    report = analyze(subject, out, options, ood=_ood(args))
     m = report["metrics"]
     print(f"{report.get('run_dir') or report.get('weights')} ({args.split}): accuracy {100 * m['accuracy']:.2f} %, "
           f"nc1 {m['nc1']:.4g}, vci {m['vci']:.4g}, ncc_accuracy {m['ncc_accuracy']:.4g} -> {out / 'analysis.md'}")
     return 0
+
+
+def _against(args: argparse.Namespace, device) -> int:
+    """``analyze STUDENT_RUN --against TEACHER``: the two models' geometry on the student's split."""
+    from kdcollapse.analysis import AnalyzeOptions, analyze_against, load_run, parse_stages
+    from kdcollapse.config import load_config
+    from kdcollapse.runs import load_model
+
+    if not args.run_dir or args.model or args.weights or args.data or args.ood:
+        raise ConfigError("--against needs a student RUN_DIR (and takes no --model/--weights/--data/--ood)")
+    stages = parse_stages(args.stages)
+    subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class)
+    teacher = load_model(args.against, device, dataset=subject.dataset)[0]
+    cfg = load_config(Path(args.run_dir) / "config.yaml")
+    out = Path(args.out) if args.out else check_output(Path(args.run_dir) / f"against_{args.split}", "the output",
+                                                       folder=True)
+    options = AnalyzeOptions(batch_size=args.batch_size or cfg.data.eval_batch_size, progress=not args.no_progress,
+                             precision=args.precision)
+    report = analyze_against(subject, teacher, out, options, stages=stages, teacher_info=str(args.against))
+    m = report["layers"]["features"]
+    print(f"{args.run_dir} vs {args.against} ({args.split}): procrustes_alignment {m['procrustes_alignment']:.4g}, "
+          f"feature_cka {m['feature_cka']:.4g}, agreement {report['agreement']:.4g} -> {out / 'against.md'}")
+    return 0
+
+
+def _ood(args: argparse.Namespace):
+    """The ``--ood`` dataset (``--ood-split``, ``--ood-classes``), or None."""
+    if args.ood is None:
+        if args.ood_classes is not None:
+            raise ConfigError("--ood-classes needs --ood NAME")
+        return None
+    from kdcollapse.data import load_dataset
+
+    data = load_dataset(args.ood, args.ood_split)
+    classes = _int_list(args.ood_classes, "--ood-classes")
+    return data if classes is None else data.select_classes(classes)
 
 
 def _analyze_lm(args: argparse.Namespace, device) -> int:

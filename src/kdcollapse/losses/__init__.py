@@ -33,6 +33,7 @@ from kdcollapse.losses.vid import match_spatial_size, vid_initial_log_scale, vid
 from kdcollapse.losses.attention import at_loss, attention_map
 from kdcollapse.losses.dist import dist_loss, pearson_correlation
 from kdcollapse.losses.fitnet import fitnet_loss
+from kdcollapse.losses.srd import srd_loss
 from kdcollapse.losses.ofd import ofd_loss, ofd_margin
 from kdcollapse.losses.nst import nst_loss
 from kdcollapse.losses.similarity import pkt_loss, sp_loss
@@ -74,6 +75,6 @@ __all__ = [
     "NKDLoss", "WTTMLoss",
     "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",
     "vid_initial_log_scale", "match_spatial_size", "VIDLoss",
-    "fitnet_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
+    "fitnet_loss", "srd_loss", "at_loss", "attention_map", "ofd_loss", "ofd_margin", "dist_loss", "pearson_correlation",
     "nst_loss", "sp_loss", "pkt_loss", "ATLoss", "DISTLoss",
 ]

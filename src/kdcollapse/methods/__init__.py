@@ -48,6 +48,7 @@ from kdcollapse.methods import spherical  # noqa: E402,F401
 from kdcollapse.methods import ctkd, mlkd, nkd, wttm  # noqa: E402,F401
 from kdcollapse.methods import crd, reviewkd, vid  # noqa: E402,F401
 from kdcollapse.methods import at, dist, fitnet, nst, ofd, pkt, sp  # noqa: E402,F401
+from kdcollapse.methods import srd  # noqa: E402,F401
 
 __all__ = ["FrozenTeacher", "Method", "StoredLogits", "TeacherOutput", "TeacherRequest", "batch_statistics", "build_method",
            "check_stored_logits", "expand_logits", "get_method", "list_methods", "register_method", "store_logits",

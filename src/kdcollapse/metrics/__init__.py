@@ -6,11 +6,13 @@
 """
 
 from kdcollapse.metrics import functional
+from kdcollapse.metrics._alignment import PairedFeatures, geometry_alignment
 from kdcollapse.metrics._catalog import METRICS, MetricInfo, metric_info
 from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_distances, similarity_sums
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._margin import margin
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
+from kdcollapse.metrics._ood import FeatureMean
 from kdcollapse.metrics._statistics import (ACCUMULATION_BOUND, FeatureStatistics, accumulation_dtype, collapse_metrics,
                                            covariance_spectra)
 from kdcollapse.metrics._transfer import mean_log_odds_gain
@@ -19,6 +21,9 @@ __all__ = [
     "METRICS",
     "MetricInfo",
     "FeatureStatistics",
+    "FeatureMean",
+    "PairedFeatures",
+    "geometry_alignment",
     "ACCUMULATION_BOUND",
     "accumulation_dtype",
     "IntraClassSimilarity",

@@ -14,7 +14,7 @@ from typing import Literal
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 
-Source = Literal["collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity"]
+Source = Literal["collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity", "geometry_alignment"]
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,17 @@ class MetricInfo:
     source: Source  # what returns it
     per_epoch: bool = False  # logged as train_<name> / test_<name> when analysis.every is set
     needs_classifier: bool = False  # returned only when the linear head's weight W is given
+    needs_ood: bool = False  # returned only when the mean feature of out-of-distribution data is given
 
 
 _NC = "Papyan et al. 2020"
-_C, _N, _I = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity"
+_C, _N, _I, _A = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimilarity", "geometry_alignment"
 
 METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("nc1", "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
                f"{_NC} (NC1)", _C, per_epoch=True),
+    MetricInfo("nc1_svd", "(1/K) Tr(Σ_W Σ_B⁺), Σ_B⁺ from its K − 1 largest eigenvalues (NC1 by SVD)",
+               "Han et al. 2022", _C),
     MetricInfo("fuzziness", "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)", "VCI paper Sec. 3.2", _C),
     MetricInfo("vci", "1 − Tr(Σ_T† Σ_B)/min(d, K−1): variability a linear probe cannot remove; 0 = collapsed (VCI)",
                "VCI paper Def. 5.3", _C, per_epoch=True),
@@ -54,6 +57,18 @@ METRICS: tuple[MetricInfo, ...] = (
                "Kothapalli 2023; Wu & Papyan 2024", _C),
     MetricInfo("cdnv", "mean over class pairs of (σ_k² + σ_k'²)/(2‖μ_k − μ_k'‖²); 0 = collapsed (CDNV)",
                "Galanti et al. 2022", _C),
+    *(MetricInfo(f"nc2g_{kernel}_{stat}",
+                 f"{'mean' if stat == 'mean' else 'variance'} over class pairs of the {what} between unit centred "
+                 f"class means (hyperspherical uniformity{'; GNC2 of Linguistic Collapse' if kernel == 'log' else ''})",
+                 "Liu et al. 2023; Wu & Papyan 2024", _C)
+      for kernel, what in (("dist", "distance"), ("log", "log inverse distance"),
+                           ("riesz", "Riesz kernel |Δ|^−(d−2)")) for stat in ("mean", "var")),
+    MetricInfo("unc3", "variance over classes of w_k · (μ_k − μ̄); 0 = uniform duality (UNC3)",
+               "Wu & Papyan 2024", _C, needs_classifier=True),
+    MetricInfo("unc3_cosine", "variance over classes of cos(w_k, μ_k − μ̄) (UNC3, scale-free)",
+               "Wu & Papyan 2024", _C, needs_classifier=True),
+    MetricInfo("nc5_ood_deviation", "mean |cos(μ_k, OOD mean feature)|; 0 = OOD orthogonal to the classes (NC5)",
+               "Ammar et al. 2024 (NECO)", _C, needs_ood=True),
     MetricInfo("nc2_equinorm_w", "coefficient of variation of the classifier row norms (NC2 of W)",
                f"{_NC} (NC2)", _C, needs_classifier=True),
     MetricInfo("nc2_equiangle_w", "mean |cos + 1/(K−1)| between classifier rows (NC2 of W)",
@@ -86,6 +101,23 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("tuplet_inter", "batch tuplet loss with the other classes' samples as negatives",
                "intra-class KD paper eq. 8", _I),
     MetricInfo("tuplet_ratio", "tuplet_intra / tuplet_inter", "intra-class KD paper Thm 2", _I),
+    MetricInfo("procrustes_alignment", "student vs teacher class means after the best rotation and scaling; 1 = same "
+               "simplex up to rotation and scale", "Schönemann 1966 (orthogonal Procrustes)", _A),
+    MetricInfo("procrustes_residual", "relative squared error of the student's rotated class means against the "
+               "teacher's (rotation only: scale counts); 0 = equal", "Schönemann 1966 (orthogonal Procrustes)", _A),
+    MetricInfo("simplex_similarity", "cosine between the two models' K x K class-mean Grams (linear CKA of the class "
+               "means); 1 = same simplex", "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("simplex_angle", "arccos of simplex_similarity, degrees", "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("classifier_procrustes_alignment", "procrustes_alignment of the two classifiers' rows",
+               "Schönemann 1966 (orthogonal Procrustes)", _A, needs_classifier=True),
+    MetricInfo("classifier_similarity", "cosine between the two classifiers' K x K row Grams",
+               "Kornblith et al. 2019 (CKA)", _A, needs_classifier=True),
+    MetricInfo("classifier_angle", "arccos of classifier_similarity, degrees", "Kornblith et al. 2019 (CKA)", _A,
+               needs_classifier=True),
+    MetricInfo("feature_cka", "linear CKA of the two models' penultimate features (biased HSIC)",
+               "Kornblith et al. 2019 (CKA)", _A),
+    MetricInfo("feature_cka_unbiased", "linear CKA from the unbiased HSIC estimator; ≈ 0 for independent features",
+               "Song et al. 2012; Nguyen et al. 2021", _A),
 )
 
 

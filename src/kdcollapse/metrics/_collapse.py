@@ -45,7 +45,7 @@ from kdcollapse.metrics._linalg import (
     symmetric_from_upper,
     weighted_sum,
 )
-from kdcollapse.metrics._pairwise import TILE, equiangle, equiangle_and_cdnv, etf_error
+from kdcollapse.metrics._pairwise import TILE, class_mean_kernels, equiangle, etf_error
 
 
 class States(Protocol):
@@ -154,18 +154,32 @@ def _fuzziness(within: Tensor, between: Tensor, rtol: float | None) -> tuple[Ten
     return (within * between_pinv).sum(), rank  # both symmetric
 
 
+def _truncated(within: Tensor, between: Tensor, rank: int) -> Tensor:
+    """Tr(Sigma_W Sigma_B^+) with Sigma_B^+ from its ``rank`` largest eigenvalues only, whatever their size: NC1 "by
+    SVD" (Han et al. 2022; rhubarbwu's ``covariance_ratio(metric="svd")``, its top K - 1 singular triplets); nan
+    if one of them is not positive."""
+    eigenvalues, eigenvectors = torch.linalg.eigh(between)
+    values, vectors = eigenvalues[-rank:], eigenvectors[:, -rank:]
+    if rank == 0 or bool((values <= 0).any()):
+        return torch.tensor(math.nan, dtype=torch.float64)
+    return ((vectors.mT @ within @ vectors).diagonal() / values).sum()
+
+
 def _variability(raw: Scatter, rtol: float | None, convention: str) -> dict[str, Tensor]:
-    """NC1 / fuzziness (Papyan et al. 2020), VCI and the linear-probe MSE (VCI paper Def. 5.3, Thm 5.1),
-    squared distance (Hui et al. 2022, VCI paper eq. 4)."""
+    """NC1 / fuzziness (Papyan et al. 2020) by pseudo-inverse and by truncated SVD (Han et al. 2022), VCI and the
+    linear-probe MSE (VCI paper Def. 5.3, Thm 5.1), squared distance (Hui et al. 2022, VCI paper eq. 4; NC1 "by
+    quotient", Tirer et al. 2023)."""
     num_classes, dim = raw.prior.numel(), raw.total.shape[0]
     between = between_class(raw, convention)
     fuzziness, rank_between = _fuzziness(raw.within, between, rtol)
+    svd = _truncated(raw.within, between, min(num_classes - 1, dim)) / num_classes
     total_pinv, rank_total = psd_pinv(raw.total, rtol=rtol)
     explained = quadratic_forms(raw.centred, total_pinv)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
     vci_rank = min(dim, num_classes - 1)  # rank(Sigma_B) as the VCI paper takes it (Sec. 5)
     return {
         "nc1": fuzziness / num_classes,
         "fuzziness": fuzziness,
+        "nc1_svd": svd,
         "vci": 1 - (raw.prior * explained).sum() / vci_rank,  # Tr(S_T^+ S_B^pi) = sum_k pi_k explained_k
         "linear_probe_mse": 0.5 * (1 - raw.prior.square().sum() - (raw.prior.square() * explained).sum()),
         "squared_distance": raw.within.trace() / between.trace(),
@@ -267,7 +281,12 @@ def _classifier(centred: LazyRows, gram: Tensor, unit: Scatter, weight: Tensor, 
     difference = rows_w.map(lambda rows: rows / weight_norm)
     nc3 = sum(((difference[rows] - chunk / centred_norm).square().sum(dtype=torch.float64)
                for rows, chunk in centred.chunks()), torch.zeros((), dtype=torch.float64, device=weight.device))
+    similarity = row_dots(rows_w, centred)  # w_k . (mu_k - mu_bar): rhubarbwu's similarities(W, M, m_G)
+    cosine = similarity / (per_row(rows_w, lambda rows: rows.norm(dim=1).double())
+                           * per_row(centred, lambda rows: rows.norm(dim=1).double())).clamp_min(1e-300)
     return {
+        "unc3": similarity.var(),
+        "unc3_cosine": cosine.var(),
         "nc2_equinorm_w": equinorm,
         "nc2_equiangle_w": equiangle_w,
         "nc3": nc3,
@@ -276,6 +295,22 @@ def _classifier(centred: LazyRows, gram: Tensor, unit: Scatter, weight: Tensor, 
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
         "gnc3": (1 - row_dots(unit_weight, unit_means)).mean(),
     }
+
+
+def ood_deviation(class_means: Tensor | LazyRows, ood_mean: Tensor) -> Tensor:
+    r"""NC5, out-of-distribution orthogonality (Ammar et al., NECO, ICLR 2024):
+    :math:`\frac1K\sum_k |\cos(\mu_k, \mu_G^{ood})|`, the (uncentred) class means against the mean of the OOD
+    features, as rhubarbwu's ``orthogonality_deviation(M, m_G_ood)``; 0 = every class mean orthogonal to it."""
+    if not isinstance(ood_mean, Tensor) or ood_mean.ndim != 1 or ood_mean.numel() != class_means.shape[1]:
+        shape = tuple(ood_mean.shape) if isinstance(ood_mean, Tensor) else type(ood_mean).__name__
+        raise KdcollapseError(f"ood_mean must be a ({class_means.shape[1]},) tensor, got {shape}")
+    if not bool(torch.isfinite(ood_mean).all()):
+        raise KdcollapseError("ood_mean contains NaN or inf")
+    direction = F.normalize(ood_mean.to(device=class_means.device, dtype=torch.float64), dim=0)
+    rows = LazyRows.of(class_means)
+    dots = per_row(rows, lambda chunk: chunk.double() @ direction)
+    norms = per_row(rows, lambda chunk: chunk.double().norm(dim=1)).clamp_min(1e-300)
+    return (dots / norms).abs().mean()
 
 
 def check_convention(convention: str) -> str:
@@ -301,6 +336,7 @@ def metrics_from_statistics(
     convention: str | None = None,
     gnc_convention: str | None = None,
     tile: int = TILE,
+    ood_mean: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """``collapse_metrics`` on the states as they are (no cross-process sync); ``compute()`` uses it."""
     rtol = rtol if rtol is not None else stats.rtol  # None: d * eps(float64), the states' dtype
@@ -310,12 +346,14 @@ def metrics_from_statistics(
     )
     raw, unit = scatter(stats, unit=False), scatter(stats, unit=True)
     centred = class_centred(raw)
-    equiangle_m, cdnv_m = equiangle_and_cdnv(centred, raw.variances, tile)  # one pass over the means' Gram tiles
+    pairwise = class_mean_kernels(centred, raw.variances, tile)  # one pass over the means' Gram tiles
     out = {**_variability(raw, rtol, convention), **_cosine(unit.class_means),
            **_generalized(unit, rtol, convention, gnc_convention)}
     gram = cross_gram(centred)  # M~^T M~ (d x d): NC2's and NC3's ETF errors
-    out |= {"nc2_equinorm": _equinorm(centred), "nc2_equiangle": equiangle_m,
-            "nc2_etf_error": etf_error(centred, gram=gram), "cdnv": cdnv_m}
+    out |= {"nc2_equinorm": _equinorm(centred), "nc2_equiangle": pairwise.pop("nc2_equiangle"),
+            "nc2_etf_error": etf_error(centred, gram=gram), "cdnv": pairwise.pop("cdnv"), **pairwise}
+    if ood_mean is not None:
+        out["nc5_ood_deviation"] = ood_deviation(raw.class_means, ood_mean)
     if classifier_weight is not None:
         expected = (stats.num_classes, stats.feature_dim)
         if not isinstance(classifier_weight, Tensor) or tuple(classifier_weight.shape) != expected:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics._linalg import CHUNK_ROWS
 from kdcollapse.metrics._statistics import check_batch
 
 
@@ -30,12 +32,59 @@ def centred_means(class_means: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return centre, means, means.square().sum(1, dtype=torch.float64).to(dtype)
 
 
-def _nearest(features: Tensor, centre: Tensor, means: Tensor, norms: Tensor) -> Tensor:
-    """Index of the nearest of ``means`` (centred on ``centre``) for each row of ``features``, in row blocks."""
+# The float32 screening's rounding: unit roundoff of float32.
+_UNIT = 2.0**-24
+
+
+def _screen_bound(h: Tensor, dim: int, largest_mean: float) -> Tensor:
+    """Per row, a bound on |float32 score - exact score| over every class, score_k = |mu_k|^2 - 2 h.mu_k: h and mu
+    rounded to float32 (u |h||mu| each), the d-term float32 dot product (<= d u |h||mu| worst case, any summation
+    order, FMA or not), |mu_k|^2 rounded (u |mu|^2) and the final subtraction (u (|mu|^2 + 2|h||mu|)), with 1 %
+    to spare for the second-order terms."""
+    norms = torch.linalg.vector_norm(h, dim=1)
+    return 1.01 * _UNIT * ((2 * dim + 8) * norms * largest_mean + 3 * largest_mean**2)
+
+
+def _exact(h: Tensor, means: Tensor, norms: Tensor) -> Tensor:
+    """argmin_k |mu_k|^2 - 2 h.mu_k in float64 (``means`` float64, or float32 widened a chunk of classes at a
+    time): the float64 answer."""
+    if means.dtype == torch.float64:
+        return (norms - 2 * h @ means.mT).argmin(dim=1)
+    best = torch.full((h.shape[0],), math.inf, dtype=torch.float64, device=h.device)
+    index = torch.zeros(h.shape[0], dtype=torch.int64, device=h.device)
+    for start in range(0, means.shape[0], CHUNK_ROWS):
+        chunk = slice(start, start + CHUNK_ROWS)
+        scores = norms[chunk].double() - 2 * h @ means[chunk].double().mT
+        value, where = scores.min(dim=1)
+        better = value < best  # strict: the first of equal scores wins, as argmin over all K
+        best, index = torch.where(better, value, best), torch.where(better, where + start, index)
+    return index
+
+
+def _nearest(features: Tensor, centre: Tensor, means: Tensor, norms: Tensor, screen: tuple[Tensor, Tensor] | None = None,
+             largest_mean: float | None = None) -> Tensor:
+    """Index of the nearest of ``means`` (centred on ``centre``) for each row of ``features``, in row blocks.
+
+    Every block is screened in float32 (``screen``: float32 means and their squared norms; the means themselves if
+    float32): the nearest and second-nearest scores are compared, and rows whose gap is within 4 times the float32
+    error bound (``_screen_bound``) are decided again in float64 (``_exact``), so every answer equals the float64
+    computation's (tested with constructed near ties)."""
+    screen_means, screen_norms = screen if screen is not None else (means.float(), norms.float())
+    if largest_mean is None:
+        largest_mean = float(norms.double().max().clamp_min(0).sqrt())
+    dim = means.shape[1]
     nearest = torch.empty(features.shape[0], dtype=torch.int64, device=features.device)
     for block in torch.arange(features.shape[0], device=features.device).split(max(1, _SCORES // len(means))):
-        h = (features[block].to(torch.float64) - centre).to(means.dtype)
-        nearest[block] = (norms - 2 * h @ means.mT).argmin(dim=1)
+        h = features[block].to(torch.float64) - centre
+        scores = screen_norms - 2 * h.float() @ screen_means.mT
+        first = scores.argmin(dim=1, keepdim=True)
+        best = scores.gather(1, first)
+        second = scores.scatter_(1, first, math.inf).min(dim=1, keepdim=True).values
+        close = ((second - best).squeeze(1).double() <= 4 * _screen_bound(h, dim, largest_mean)).nonzero().flatten()
+        choice = first.squeeze(1)
+        if close.numel():
+            choice[close] = _exact(h[close], means, norms)
+        nearest[block] = choice
     return nearest
 
 
@@ -43,10 +92,10 @@ def nearest_class_mean(features: Tensor, class_means: Tensor) -> Tensor:
     """Index of the nearest class mean (Euclidean) for each row of ``features`` ``(B, d)``.
 
     Computed about the mean of the class means, so ``|mu_k|^2 - 2 h^T mu_k`` does not cancel for features
-    far from the origin, in float64, or in float32 when ``class_means`` are float32 (float32 accumulation:
-    no K x d float64 copy; two distances closer than float32's rounding may then be ordered differently);
-    rows go in blocks of at most ``2**24 / K`` (128 MiB of float64 distances whatever K, for
-    vocabulary-sized K).
+    far from the origin; screened in float32 with a float64 re-check of the rows whose two nearest means are
+    within the float32 error (``_nearest``), so the answer is the float64 one (for float32 ``class_means``, of
+    their float32 centred copy taken in float64; no K x d float64 copy is made for them); rows go in blocks of at most ``2**24 / K``
+    (64 MiB of float32 distances whatever K, for vocabulary-sized K).
     """
     return _nearest(features, *centred_means(class_means))
 
@@ -87,6 +136,11 @@ class NearestClassMeanAccuracy(Metric):
         self.register_buffer("centre", centre, persistent=False)
         self.register_buffer("centred_means", means, persistent=False)
         self.register_buffer("norms", norms, persistent=False)
+        # NC4 screens in float32 (``_nearest``): float64 means get a float32 copy of theirs, half a K x d float64 copy
+        screen = means if means.dtype == torch.float32 else means.float()
+        self.register_buffer("screen_means", screen, persistent=False)
+        self.register_buffer("screen_norms", norms.float(), persistent=False)
+        self.largest_mean = float(norms.double().max().clamp_min(0).sqrt())
         for name in ("correct", "agree", "total", "compared"):
             self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
@@ -94,7 +148,8 @@ class NearestClassMeanAccuracy(Metric):
         """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K)."""
         num_classes, dim = self.centred_means.shape
         check_batch(features, labels, num_classes, dim)
-        predicted = _nearest(features.to(self.centre.device), self.centre, self.centred_means, self.norms)
+        predicted = _nearest(features.to(self.centre.device), self.centre, self.centred_means, self.norms,
+                             (self.screen_means, self.screen_norms), self.largest_mean)
         self.correct += (predicted == labels.to(predicted.device)).sum()
         self.total += labels.numel()
         if logits is not None:

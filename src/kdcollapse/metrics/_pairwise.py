@@ -45,6 +45,56 @@ def _upper_tiles(num_rows: int, tile: int) -> Iterator[tuple[slice, slice, bool]
                 yield slice(i, i + tile), slice(j, j + tile), i == j
 
 
+class _Moments:
+    """Count, mean and sum of squared deviations of a stream of blocks, merged block by block (Chan et al.'s
+    pairwise update), float64: the variance over K^2/2 pairs without a cancelling sum of squares."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.squares = 0, None, None
+
+    def add(self, block: Tensor, mask: Tensor | None) -> None:
+        values = (block if mask is None else block[mask]).to(torch.float64)
+        count = values.numel()
+        if count == 0:
+            return
+        mean = values.mean()
+        squares = (values - mean).square().sum()
+        if self.mean is None:
+            self.count, self.mean, self.squares = count, mean, squares
+            return
+        total = self.count + count
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (count / total)
+        self.squares = self.squares + squares + delta.square() * (self.count * count / total)
+        self.count = total
+
+    def variance(self) -> Tensor:
+        """The mean over pairs of (kernel - its mean)^2 (no Bessel correction, as rhubarbwu's kernel_stats)."""
+        return self.squares / self.count
+
+
+def pair_moments(rows: Rows, kernel: Callable[[Tensor, Tensor], tuple[Tensor, ...]], moments: tuple[bool, ...],
+                 tile: int = TILE) -> tuple[Tensor | tuple[Tensor, Tensor], ...]:
+    """Like :func:`pair_mean` for a ``kernel`` returning a tuple of blocks, with ``moments[i]`` saying whether
+    block i's entry is ``(mean, variance)`` over the pairs (variance about the mean, divided by the number of
+    pairs; merged tile by tile, ``_Moments``) instead of its mean alone."""
+    num = rows.shape[0]
+    totals, stats, held, a = None, [_Moments() if m else None for m in moments], None, None
+    for r, c, diagonal in _upper_tiles(num, tile):
+        if r != held:
+            held, a = r, rows[r]
+        blocks = kernel(a, a if diagonal else rows[c])
+        mask = torch.ones(blocks[0].shape, dtype=torch.bool, device=blocks[0].device).triu_(1) if diagonal else None
+        sums = [(block.triu(1) if diagonal else block).sum(dtype=torch.float64) for block in blocks]
+        totals = sums if totals is None else [total + part for total, part in zip(totals, sums)]
+        for block, stat in zip(blocks, stats):
+            if stat is not None:
+                stat.add(block, mask)
+    pairs = num * (num - 1) / 2
+    return tuple(total / pairs if stat is None else (total / pairs, stat.variance())
+                 for total, stat in zip(totals, stats))
+
+
 def pair_mean(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
               tile: int = TILE) -> Tensor | tuple[Tensor, ...]:
     """Mean of ``kernel(a, b)`` over all unordered pairs k < k' of ``rows`` (K, ...), in tiles.
@@ -110,6 +160,57 @@ def equiangle_and_cdnv(centred: Rows, variances: Tensor, tile: int = TILE) -> tu
         return gram.mul_(inverse_a[:, None]).mul_(inverse_b[None, :]).add_(shift).abs_(), quotient
 
     return pair_mean(LazyRows((num, dim + 16), rows.dtype, rows.device, bundled), kernel, tile)
+
+
+# Hyperspherical uniformity (Liu et al. 2023, "Generalizing and decoupling neural collapse via hyperspherical
+# uniformity gap"; "GNC2" of Wu & Papyan's Linguistic Collapse, NeurIPS 2024): kernels of the distance between
+# the unit vectors of the centred class means, as rhubarbwu/neural-collapse's kernels.py defines them.
+KERNELS = ("dist", "log", "riesz")
+
+
+def hyperspherical_kernels(distance: Tensor, riesz_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(|a - b|, log(1 / |a - b|), sign(s) |a - b|^(-s)) from a block of distances between unit vectors
+    (rhubarbwu's ``dist_kernel``, ``log_kernel`` with exponent -1 and ``riesz_kernel``, whose s is d - 2)."""
+    sign = math.copysign(1.0, riesz_s)
+    return distance, distance.reciprocal().log_(), distance.pow(-riesz_s).mul_(sign)
+
+
+def class_mean_kernels(centred: Rows, variances: Tensor, tile: int = TILE,
+                       riesz_s: float | None = None) -> dict[str, Tensor]:
+    """NC2's equiangularity, CDNV and the hyperspherical uniformity of the class means from one tiled pass over
+    the Gram tiles C_a C_b^T of ``centred`` (the class means less the mean of the class means).
+
+    Besides :func:`equiangle_and_cdnv`'s two means, ``nc2g_<kernel>_mean`` and ``nc2g_<kernel>_var``: the mean and
+    the variance over class pairs k < k' of each kernel of ``KERNELS`` (``hyperspherical_kernels``) on the unit
+    vectors u_k = c_k / |c_k|, whose squared distance is ``2 - 2 cos`` (float64 after the Gram: its absolute
+    error is about eps, so a distance is exact to about eps / |u_k - u_k'|^2 relative). ``riesz_s`` defaults to
+    d - 2, as rhubarbwu's ``riesz_kernel``. Two equal directions give distance 0: log and Riesz are then inf.
+    """
+    rows = LazyRows.of(centred)
+    (num, dim), shift = rows.shape, 1 / (rows.shape[0] - 1)
+    s = float(dim - 2 if riesz_s is None else riesz_s)
+
+    def bundled(part: slice) -> Tensor:  # [c_k, |c_k|^2, sigma_k^2, 0...]: 16 more columns keep the rows aligned
+        chunk = rows[part]
+        out = chunk.new_zeros(len(chunk), dim + 16)
+        out[:, :dim], out[:, dim], out[:, dim + 1] = chunk, chunk.square().sum(1), variances[part]
+        return out
+
+    def kernel(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
+        gram = a[:, :dim] @ b[:, :dim].mT
+        inverse_a, inverse_b = (rows[:, dim].sqrt().clamp_min(1e-12).reciprocal() for rows in (a, b))
+        squared = torch.add(a[:, dim, None], b[None, :, dim]).add_(gram, alpha=-2).clamp_min_(0).mul_(2)
+        quotient = torch.add(a[:, dim + 1, None], b[None, :, dim + 1]).div_(squared)
+        cosine = gram.mul_(inverse_a[:, None]).mul_(inverse_b[None, :]).to(torch.float64)
+        distance = cosine.mul(-2).add_(2).clamp_min_(0).sqrt_()
+        return (cosine.add_(shift).abs_(), quotient, *hyperspherical_kernels(distance, s))
+
+    out = pair_moments(LazyRows((num, dim + 16), rows.dtype, rows.device, bundled), kernel,
+                       (False, False, True, True, True), tile)
+    result = {"nc2_equiangle": out[0], "cdnv": out[1]}
+    for name, (mean, variance) in zip(KERNELS, out[2:]):
+        result |= {f"nc2g_{name}_mean": mean, f"nc2g_{name}_var": variance}
+    return result
 
 
 def etf_error(A: Rows, B: Rows | None = None, gram: Tensor | None = None) -> Tensor:

@@ -394,6 +394,7 @@ def collapse_metrics(
     convention: str | None = None,
     gnc_convention: str | None = None,
     tile: int = TILE,
+    ood_mean: Tensor | None = None,
 ) -> dict[str, Tensor]:
     r"""Every collapse metric of the features summarised by ``stats`` (0-d float64 tensors; ranks int64).
 
@@ -432,6 +433,13 @@ def collapse_metrics(
     centring of GNC1 and GNC3; all three default to the ``stats``' own. The class-pairwise metrics never
     hold a K x K matrix: NC2's equiangularity and CDNV run in ``tile`` x ``tile`` blocks, the ETF errors
     through d x d Grams (``kdcollapse.metrics._pairwise``); NC4 is :class:`NearestClassMeanAccuracy`.
+
+    rhubarbwu/neural-collapse's further measures: ``nc1_svd`` (NC1 with Sigma_B^+ from its K - 1 largest
+    eigenvalues, Han et al. 2022), ``nc2g_{dist,log,riesz}_{mean,var}`` (hyperspherical uniformity of the unit
+    centred class means, Liu et al. 2023; Wu & Papyan 2024's "GNC2"), ``unc3`` / ``unc3_cosine`` (with W: the
+    variance over classes of w_k . (mu_k - mu_bar) / of its cosine, Wu & Papyan 2024) and, given ``ood_mean``
+    (the mean feature of out-of-distribution data, ``FeatureMean``), ``nc5_ood_deviation`` (NECO, Ammar et al.
+    2024). ``squared_distance`` is its NC1 "by quotient". docs/metrics.md lists both libraries' names side by side.
     """
     with stats.sync_context(dist_sync_fn=stats.dist_sync_fn, should_sync=stats.sync_on_compute):
-        return metrics_from_statistics(stats, classifier_weight, rtol, convention, gnc_convention, tile)
+        return metrics_from_statistics(stats, classifier_weight, rtol, convention, gnc_convention, tile, ood_mean)

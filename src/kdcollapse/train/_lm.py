@@ -112,12 +112,18 @@ class LMTrainer:
         return task
 
     def setup_student(self):
-        """The student; with ``student.lora`` the same model with a LoRA adapter (:attr:`lora`), its own
-        weights frozen."""
-        tokenizer = self.task.tokenizer
+        """A ``transformers`` config's random student, or (``student.init``) the teacher's chosen layers; with
+        ``student.lora`` the same model with a LoRA adapter (:attr:`lora`), its own weights frozen."""
+        tokenizer, init = self.task.tokenizer, self.cfg.student_init
         model_config, lora_section = split_student(self.cfg.student)
-        model = lm.load_language_model({"vocab_size": len(tokenizer), **model_config}, tokenizer=tokenizer,
-                                       seed=self.cfg.seed).model.train()
+        self.student_layers = None
+        if init is None:
+            model = lm.load_language_model({"vocab_size": len(tokenizer), **model_config}, tokenizer=tokenizer,
+                                           seed=self.cfg.seed).model.train()
+        else:
+            teacher = self.task.teacher.model
+            self.student_layers = lm.select_layers(teacher, init, self.task.train)
+            model = lm.student_from_teacher(teacher, self.student_layers).train()
         self.lora = LoraStudent(model, lora_section) if lora_section is not None else None
         return self.lora.model.train() if self.lora else model
 
@@ -172,7 +178,8 @@ class LMTrainer:
                                 **({"sharded_layers": len(decoder_layers(self.student)),
                                     "parameters_per_process": self.sharded.local_parameters()}
                                    if self.sharded else {})},
-                "train_tokens": self.task.train.numel(), "corpus": self.task.data["corpus_summary"]})
+                "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
+                **({"student_layers": self.student_layers} if self.student_layers is not None else {})})
 
     def release_run_dir(self) -> None:
         if self.run_files is not None:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from kdcollapse import lm
 from kdcollapse.config_lm import GenerationSection, LMConfig
+from kdcollapse.errors import DataError
 from kdcollapse.losses import TeacherHead, fused_head_loss
 from kdcollapse.losses.llm import token_divergence
 
@@ -34,22 +35,22 @@ def cache_dir(cfg: LMConfig) -> Path:
 class _Teacher:
     """The teacher model, loaded only when something needs it (stored tokens may make it unnecessary)."""
 
-    def __init__(self, source: str):
-        self.source, self._lm = source, None
+    def __init__(self, source: str, cache: Path | None = None):
+        self.source, self.cache, self._lm = source, cache, None
 
     @property
     def model(self):
         if self._lm is None:
-            self._lm = lm.load_language_model(self.source)
+            self._lm = lm.load_language_model(self.source, cache_dir=self.cache)
         return self._lm.model
 
 
-def select(blocks: torch.Tensor, count: int | None) -> torch.Tensor:
+def select(blocks: lm.TokenBlocks, count: int | None) -> lm.TokenBlocks:
     """``count`` blocks drawn without replacement by a fixed generator (the same for every run)."""
     if count is None or count >= len(blocks):
         return blocks
     order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(0))[:count].sort().values
-    return blocks[order]
+    return blocks.select(order)
 
 
 # stored k that a smaller k is cut from (TeacherTokens.top) when the cache holds one, sparing the teacher's pass
@@ -81,12 +82,12 @@ class LMTask:
 
     def __init__(self, cfg: LMConfig, rank: int = 0, world_size: int = 1):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.teacher = _Teacher(cfg.teacher)
+        self.teacher = _Teacher(cfg.teacher, cache_dir(cfg))
         self.data: dict = {}
 
     def prepare(self) -> None:
         self.data = _data(self.cfg, self.teacher)
-        for key in ("tokenizer", "train", "held_out", "stored", "references"):
+        for key in ("tokenizer", "train", "train_mask", "held_out", "held_out_masks", "stored", "references"):
             setattr(self, key, self.data[key])
 
     def step_blocks(self, step: int) -> tuple[torch.Tensor, torch.Generator]:
@@ -101,45 +102,55 @@ class LMTask:
 
     def loss(self, student, micro: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return _loss(self.cfg, student, self.teacher, self.train, self.stored, micro, generator,
-                     self.tokenizer.eos_token_id)
+                     self.tokenizer.eos_token_id, self.train_mask)
 
     def evaluate(self, student) -> dict:
         """``validation_*`` and ``test_*``: perplexity, agreement and forward KL (see :func:`evaluate`)."""
         record = {}
         for split, blocks in self.held_out.items():
             record.update({f"{split}_{key}": value for key, value in
-                           evaluate(student, blocks, self.references[split], self.cfg).items()})
+                           evaluate(student, blocks, self.references[split], self.cfg,
+                                    mask=self.held_out_masks[split]).items()})
         return record
 
 
 def _data(cfg: LMConfig, teacher: _Teacher) -> dict:
     """The tokenizer, the training and held-out blocks, and the stored teacher tokens (computed once and
     cached: the teacher is loaded only when they are missing or the teacher runs online)."""
-    tokenizer = lm.load_tokenizer(cfg.teacher)
-    corpus = lm.tokenize_corpus(tokenizer, None if cfg.corpus == lm.PYTHON_DOCS else cfg.corpus,
-                                cache_dir=cache_dir(cfg))
-    train = select(corpus["train"].blocks(cfg.block_size), cfg.train_blocks)
-    held_out = {s: select(corpus[s].blocks(cfg.block_size), cfg.eval_blocks) for s in ("validation", "test")}
+    tokenizer = lm.load_tokenizer(cfg.teacher, cache_dir=cache_dir(cfg))
+    splits, data_key = lm.data_blocks(tokenizer, cfg.data_spec, cfg.block_size, cache_dir=cache_dir(cfg))
+    missing = [s for s in lm.SPLITS if s not in splits]
+    if missing:
+        raise DataError(f"the data give no block of {cfg.block_size} tokens in the {' and '.join(missing)} split(s) "
+                        f"(splits are by document: give more examples, or a smaller block_size)")
+    chosen = {s: select(splits[s], cfg.train_blocks if s == "train" else cfg.eval_blocks) for s in lm.SPLITS}
+    train, held_out = chosen["train"].ids, {s: chosen[s].ids for s in ("validation", "test")}
     k = cfg.teacher_k or 64
     text_distilled = cfg.loss.divergence != "none" and not cfg.generation.seq_kd and cfg.generation.lmbda < 1
-    stored = teacher_tokens(cfg, teacher, corpus.key, "train", train, k) if text_distilled and cfg.teacher_k else None
-    references = {s: teacher_tokens(cfg, teacher, corpus.key, s, b, k) for s, b in held_out.items()}
-    return {"tokenizer": tokenizer, "train": train, "held_out": held_out, "stored": stored,
-            "references": references, "corpus_summary": corpus.summary()}
+    stored = teacher_tokens(cfg, teacher, data_key, "train", train, k) if text_distilled and cfg.teacher_k else None
+    references = {s: teacher_tokens(cfg, teacher, data_key, s, b, k) for s, b in held_out.items()}
+    summary = {s: {"examples": b.examples, "blocks": len(b), "counted_tokens": int(b.loss_mask.sum()),
+                   "truncated": b.truncated} for s, b in chosen.items()}
+    return {"tokenizer": tokenizer, "train": train, "train_mask": chosen["train"].loss_mask, "held_out": held_out,
+            "held_out_masks": {s: chosen[s].loss_mask for s in held_out}, "stored": stored,
+            "references": references, "corpus_summary": summary}
 
 
 def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored, micro: torch.Tensor,
-          generator: torch.Generator, eos: int | None):
+          generator: torch.Generator, eos: int | None, train_mask: torch.Tensor | None = None):
     """The loss of one micro-batch: its first blocks are corpus text (or, with ``seq_kd``, the teacher's
     samples after their prompts), its last ``lmbda`` × ``batch_size`` blocks the student's samples. A
     sampled block counts only at the positions that predict its completion; the student's own samples are
-    scored by the divergence alone (no cross-entropy on them). The loss is the mean over every counted
+    scored by the divergence alone (no cross-entropy on them). A text block counts the positions ``train_mask``
+    (n, T - 1) marks (the data's ``loss_on``; default every position). The loss is the mean over every counted
     position of the micro-batch."""
     gen, loss_cfg = cfg.generation, cfg.loss
     ids = train[micro].clone()
     on_policy = round(gen.lmbda * len(micro))
     text = len(micro) - on_policy
-    keep = torch.ones(len(ids), ids.shape[1] - 1, dtype=torch.bool)
+    keep = (train_mask[micro].clone() if train_mask is not None  # the positions whose next token the data count
+            else torch.ones(len(ids), ids.shape[1] - 1, dtype=torch.bool))
+    masked = gen.enabled or not bool(keep.all())
     vocab = student.get_output_embeddings().weight.shape[0]
     if gen.seq_kd and text:
         _sample_into(ids, keep, slice(0, text), teacher.model, gen, generator, eos, vocab)
@@ -172,7 +183,7 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
             h.reshape(-1, h.shape[-1]), weight, source, "forward_kl" if source is None else loss_cfg.divergence,
             loss_cfg.temperature, labels=labels[rows].reshape(-1), ce_weight=ce_weight,
             distill_weight=loss_cfg.distill_weight if source is not None else 0.0,
-            mask=keep[rows].reshape(-1) if gen.enabled else None, chunk_size=cfg.chunk_size,
+            mask=keep[rows].reshape(-1) if masked else None, chunk_size=cfg.chunk_size,
             **(loss_cfg.parameters() if source is not None else {})))
         counts.append(int(keep[rows].sum()))
     if len(losses) == 1:
@@ -200,10 +211,12 @@ def _sample_into(ids: torch.Tensor, keep: torch.Tensor, rows: slice, model, gen:
 
 
 @torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherTokens, cfg: LMConfig, batch: int = 4) -> dict:
+def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherTokens, cfg: LMConfig, batch: int = 4,
+             mask: torch.Tensor | None = None) -> dict:
     """Perplexity (exp of the mean next-token cross-entropy), agreement of the student's argmax with the
     teacher's, and the forward KL per token to the teacher's stored top-k distribution (the rest's mass
-    spread evenly), over every position of ``blocks``."""
+    spread evenly), over every position of ``blocks`` whose next token the data count (``mask`` (n, T - 1),
+    default all)."""
     was_training = model.training
     model.eval()
     ce = agree = kl = 0.0
@@ -212,13 +225,15 @@ def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherTokens, cfg: LMCo
     for start in range(0, len(blocks), batch):
         ids = blocks[start:start + batch]
         index = torch.arange(start, start + len(ids))
+        counted = (mask[start:start + batch].reshape(-1) if mask is not None
+                   else torch.ones(len(ids) * (ids.shape[1] - 1), dtype=torch.bool))
         logits = model(ids).logits[:, :-1, :vocab].float()
-        flat = logits.reshape(-1, vocab)
-        labels = ids[:, 1:].reshape(-1)
+        flat = logits.reshape(-1, vocab)[counted]
+        labels = ids[:, 1:].reshape(-1)[counted]
         rows = reference.rows(index, slice(None, -1))
-        teacher_log_probs = rows.log_probs(slice(None), vocab, rows.temperature)
+        teacher_log_probs = rows.log_probs(slice(None), vocab, rows.temperature)[counted]
         ce += float(F.cross_entropy(flat, labels, reduction="sum"))
-        agree += float((flat.argmax(-1) == rows.indices[:, 0]).sum())
+        agree += float((flat.argmax(-1) == rows.indices[counted, 0]).sum())
         kl += float(token_divergence(flat / rows.temperature, teacher_log_probs, "forward_kl", reduction="sum"))
         count += len(labels)
     model.train(was_training)
