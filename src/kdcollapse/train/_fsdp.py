@@ -20,16 +20,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from kdcollapse.errors import ConfigError
+from kdcollapse import lm
+from kdcollapse.errors import ConfigError, KdcollapseError
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The student's repeated blocks (``model.model.layers`` of a Llama, ``transformer.h`` of a GPT-2)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) and all(
-                type(m) is type(module[0]) for m in module):
-            return list(module)
-    raise ConfigError("distributed.strategy=fsdp: this student has no list of decoder layers to shard")
+    """The student's decoder layers (:func:`kdcollapse.lm.decoder_layers`), each one FSDP unit."""
+    try:
+        return list(lm.decoder_layers(model)[1])
+    except KdcollapseError as err:
+        raise ConfigError(f"distributed.strategy=fsdp: {err}") from None
 
 
 class Sharded:
