@@ -7,7 +7,9 @@ One row per teacher -> student pair; the methods' official hyperparameters are f
 so the recipes cannot drift apart. Each file names the paper number it should reproduce in its header.
 Sources: DHKD paper Tables 1-4, App. F, J (Table 11); DKL paper Tables 3, 5; mdistiller's DKD configs;
 the official DKL/IKL code (see docs/distillation.md); for NKD, WTTM, CTKD, MLKD and logit standardization
-their official repositories (logit_recipes below); for the baselines of issue 23, mdistiller's configs
+their official repositories (logit_recipes below); configs/provenance.py names the official file and commit
+each CIFAR-100/ImageNet recipe follows and its deliberate deviations (tests/test_official_recipes.py checks
+every field against tests/data/official_recipes.yaml); for the baselines of issue 23, mdistiller's configs
 and the DIST authors' code and README. configs/fashion_mnist/teacher.yaml and
 configs/fashion_mnist_pairs/teacher.yaml are hand-written and are the bases of their student recipes.
 """
@@ -22,6 +24,21 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent
+
+
+def _load_provenance():
+    """configs/provenance.py (the official file each recipe follows and its deviations), by path: this script
+    also runs loaded from its path by the tests."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipe_provenance", ROOT / "provenance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+provenance = _load_provenance()
+deviations = provenance.deviations
 METHODS = ("kd", "dkd", "dhkd", "ikl_kd")
 
 
@@ -244,17 +261,30 @@ def notes(method: str, pair: Pair, dataset: str) -> list[str]:
 
 
 # -------------------------------------------------------------------------------------- ImageNet
-def imagenet_common(model: str, run_dir: str) -> dict:
+# (batch in total, lr) of the official ImageNet configs where they differ from (256, 0.1): mdistiller's
+# r34_r18 / r50_mv1 KD, DKD and AT files and DKL's IKL-KD files (512, 0.2), MLKD's kd_ours (512, 0.1) and
+# mdistiller's r50_mv1/ofd.yaml (128, 0.05).
+IMAGENET_SOLVER = {**{(m, s): (512, 0.2) for m in ("kd", "dkd", "at", "ikl_kd") for s in ("resnet18", "mobilenetv1")},
+                   ("mlkd", "resnet18"): (512, 0.1), ("ofd", "mobilenetv1"): (128, 0.05)}
+
+
+def imagenet_common(model: str, run_dir: str, method: str = "vanilla") -> dict:
+    batch, lr = IMAGENET_SOLVER.get((method, model), (256, 0.1))
     return {
         "run_dir": run_dir,
         "seed": 0,
-        # batch_size is per process: 256 in total, so 32 per process with torchrun --nproc_per_node=8.
-        "data": {"name": "imagenet", "batch_size": 256, "flip": True, "num_workers": 16},
+        # batch_size is per process: the official batch in total, so batch / 8 per process with torchrun
+        # --nproc_per_node=8 (the header's command).
+        "data": {"name": "imagenet", "batch_size": batch, "flip": True, "num_workers": 16},
         "model": {"name": model},
-        "optim": {"lr": 0.1, "momentum": 0.9, "weight_decay": 1.0e-4},
+        "optim": {"lr": lr, "momentum": 0.9, "weight_decay": 1.0e-4},
         "schedule": {"name": "multistep", "milestones": [30, 60, 90], "gamma": 0.1},
         "train": {"epochs": 100},
     }
+
+
+def per_gpu(body: dict) -> int:
+    return body["data"]["batch_size"] // 8
 
 
 def imagenet_method(method: str, pair: Pair) -> dict:
@@ -266,9 +296,9 @@ def imagenet_method(method: str, pair: Pair) -> dict:
     if method == "dhkd":
         return {"name": "dhkd", "alpha": 0.1, "temperature": 2.0, "ce_weight": 1.0, "aux_head": "linear",
                 "alignment": "off", "distill_until": 50}
-    mse, soft_ce = pair.ikl  # global information on, T2 = 1; tau 1 and a 5-epoch ramp are the code's defaults
+    mse, soft_ce = pair.ikl  # global information on, T2 = 1; tau 1 and a 1-epoch ramp are the code's defaults
     return {"name": "ikl_kd", "mse_weight": float(mse), "soft_ce_weight": float(soft_ce), "temperature": 1.0,
-            "weight_temperature": 1.0, "ce_weight": 1.0, "warmup_epochs": 5}
+            "weight_temperature": 1.0, "ce_weight": 1.0, "warmup_epochs": 1}
 
 
 def imagenet_recipes() -> dict[Path, str]:
@@ -278,28 +308,28 @@ def imagenet_recipes() -> dict[Path, str]:
         body["method"] = {"name": "vanilla"}
         header = [f"ImageNet teacher {name}: {acc:.2f} % top-1 (the torchvision weights the papers use).",
                   f"torchrun --nproc_per_node=8 -m kdcollapse train --config configs/imagenet/teachers/{name}.yaml "
-                  "data.batch_size=32"]
+                  f"data.batch_size={per_gpu(body)}"]
         out[Path("imagenet/teachers") / f"{name}.yaml"] = render(header, order(body))
     for pair in IMAGENET_PAIRS:
         for method in METHODS:
             stem = f"{pair.teacher}_{pair.student}"
-            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}")
+            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}", method)
             body["method"] = imagenet_method(method, pair)
             body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
             header = [reproduces("ImageNet", method, pair), *notes(method, pair, "imagenet"),
                       f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
-                      f"{stem}.yaml data.batch_size=32"]
+                      f"{stem}.yaml data.batch_size={per_gpu(body)}"]
             out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
     for method, (numbers, source) in BASELINES_IMAGENET.items():
         for pair in IMAGENET_PAIRS:
             stem = f"{pair.teacher}_{pair.student}"
-            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}")
+            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}", method)
             body["method"] = baseline_method(method, "imagenet", pair)
             body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
             header = [baseline_reproduces("ImageNet", method, pair, numbers[stem], source),
                       *baseline_notes(method, "imagenet"),
                       f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
-                      f"{stem}.yaml data.batch_size=32"]
+                      f"{stem}.yaml data.batch_size={per_gpu(body)}"]
             out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
 
@@ -396,8 +426,7 @@ LOGIT_CIFAR = {
 LOGIT_NOTES = {
     "ctkd": "Official run_cifar_distill.sh: -r 0.1 -a 0.9, global temperature 1 + 20*sigmoid, cosine lambda 0 -> 1 "
             "over 10 epochs, batch 64, lr 0.05.",
-    "wttm": "gamma 0.2 and weight 4 are the official README's WTTM example; the paper tunes both per pair "
-            "(its appendix table is not in the repository): expect to tune them.",
+    "wttm": "WTTM on the TTM code's CRD-style solver (batch 64, lr 0.05, 240 epochs, CE 1).",
     "mlkd": "Official CIFAR-100 configs (Multi-Level-Logit-Distillation, ours): T 4 (and 3, 5, 2, 6), CE 0.1, "
             "KD 0.9, batch 64, lr 0.025; weak + strong (RandAugment(2) + Cutout) views.",
     "kd_ls": "--logit-stand --base-temp 2 --kd-weight 9 on mdistiller's KD config.",
@@ -414,7 +443,7 @@ LOGIT_IMAGENET = {
             "Official res34_distill_res18_img.py: temp 1, gamma 1.5, on mmcls' ResNet-18 schedule (100 epochs)."),
     "wttm": (WTTM_SOURCE, {"name": "wttm", "gamma": 0.2, "ce_weight": 1.0, "wttm_weight": 4.0},
              {("resnet34", "resnet18"): 72.19, ("resnet50", "mobilenetv1"): 73.09},
-             "The authors ran ImageNet with torchdistill; gamma and weight here are the README's CIFAR example."),
+             "The authors ran ImageNet with torchdistill; gamma and weight here are the README's CRD + WTTM example."),
     "mlkd": ("MLKD official ImageNet config (r34_r18, kd_ours)", {"name": "mlkd", "temperature": 1.0,
                                                                     "ce_weight": 0.5, "kd_weight": 0.5},
              {("resnet34", "resnet18"): None},
@@ -448,6 +477,8 @@ def logit_recipes() -> dict[Path, str]:
         for (teacher, student), number in rows.items():
             lr = 0.025 if method["name"] == "mlkd" else 0.05
             body = cifar_common(student, f"runs/cifar100/{stem}/{teacher}_{student}", lr)
+            if stem == "mlkd_ls":  # the logit-standardization repository's MLKD config trains 480 epochs
+                body["train"] = {"epochs": 480}
             body["method"], body["teacher"] = dict(method), {"checkpoint": f"runs/cifar100/teacher_{teacher}"}
             header = [f"Reproduces: {stem} {teacher} -> {student} on CIFAR-100: {number:.2f} % top-1 ({source}).",
                       LOGIT_NOTES[stem],
@@ -455,14 +486,14 @@ def logit_recipes() -> dict[Path, str]:
             out[Path("cifar100") / stem / f"{teacher}_{student}.yaml"] = render(header, order(body))
     for stem, (source, method, rows, note) in LOGIT_IMAGENET.items():
         for (teacher, student), number in rows.items():
-            body = imagenet_common(student, f"runs/imagenet/{stem}/{teacher}_{student}")
+            body = imagenet_common(student, f"runs/imagenet/{stem}/{teacher}_{student}", stem)
             if stem == "ctkd":
                 body["train"], body["schedule"]["milestones"] = {"epochs": 120}, [30, 60, 90]
             body["method"], body["teacher"] = dict(method), {"checkpoint": f"runs/imagenet/teacher_{teacher}"}
             result = f"{number:.2f} % top-1 ({source})" if number is not None else f"no number ({source})"
             header = [f"Reproduces: {stem} {teacher} -> {student} on ImageNet: {result}.", note,
                       f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{stem}/"
-                      f"{teacher}_{student}.yaml data.batch_size=32"]
+                      f"{teacher}_{student}.yaml data.batch_size={per_gpu(body)}"]
             out[Path("imagenet") / stem / f"{teacher}_{student}.yaml"] = render(header, order(body))
     for area, prefix, title in (("fashion_mnist", "fmnist", "Fashion-MNIST"),
                                 ("fashion_mnist_pairs", "fmnist_pairs", "Fashion-MNIST pairs (100 classes)")):
@@ -531,7 +562,9 @@ def feature_method(method: str, pair: Pair, dataset: str) -> dict:
         return {"name": "reviewkd", "ce_weight": 1.0,
                 "reviewkd_weight": REVIEWKD_WEIGHT.get((pair.teacher, pair.student), 1.0), "warmup_epochs": 20,
                 "student_pre_act": False, "mid_channels": 0, **stage_keys(pair)}
-    return {"name": "vid", "ce_weight": 1.0, "vid_weight": 1.0, "init_variance": 5.0, **stage_keys(pair)}
+    # mdistiller keeps VID's variances in a plain list, outside its optimizer: fixed at init_variance
+    return {"name": "vid", "ce_weight": 1.0, "vid_weight": 1.0, "init_variance": 5.0, "learn_variance": False,
+            **stage_keys(pair)}
 
 
 def feature_header(method: str, pair: Pair, dataset: str) -> str:
@@ -556,9 +589,9 @@ def feature_recipes() -> dict[Path, str]:
                     body = cifar_common(pair.student, run_dir, lr)
                     command = f"kdcollapse distill --config configs/{area}/{method}/{stem}.yaml --seeds 0,1,2"
                 else:
-                    body = imagenet_common(pair.student, run_dir)
+                    body = imagenet_common(pair.student, run_dir, method)
                     command = (f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/{area}/{method}/"
-                               f"{stem}.yaml data.batch_size=32")
+                               f"{stem}.yaml data.batch_size={per_gpu(body)}")
                 body["method"] = feature_method(method, pair, area)
                 body["teacher"] = {"checkpoint": f"runs/{area}/teacher_{pair.teacher}"}
                 header = [feature_header(method, pair, dataset), *feature_notes(method, pair, area), command]
@@ -610,10 +643,21 @@ def render(header: list[str], body: dict) -> str:
         yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=120)
 
 
+def with_provenance(rel: Path, text: str) -> str:
+    """A CIFAR-100 / ImageNet recipe with the official file it follows and its deviations after its first line."""
+    if rel.parts[0] not in ("cifar100", "imagenet"):
+        return text
+    lines = [f"Follows: {provenance.follows(str(rel))}",
+             *(f"Deviation ({key}): {why}" for key, why in deviations(str(rel)).items())]
+    first, rest = text.split("\n", 1)
+    return "\n".join([first, *(f"# {line}" for line in lines), rest])
+
+
 def recipes() -> dict[Path, str]:
     """Every generated recipe: path relative to configs/ -> file text."""
-    return (cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes() | logit_recipes()
-            | feature_recipes() | fmnist_feature_recipes())
+    out = (cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes() | logit_recipes()
+           | feature_recipes() | fmnist_feature_recipes())
+    return {rel: with_provenance(rel, text) for rel, text in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,10 +158,12 @@ def test_feature_pass_on_a_plain_module_matches_its_classifier(net_class):
 
 
 def test_registered_plain_factory_is_wrapped_by_create_model(monkeypatch):
-    from kdcollapse.models import _MODELS
+    from kdcollapse.models import _MODELS, ModelInfo
 
-    monkeypatch.setitem(_MODELS._entries, "byo_cnn", lambda num_classes, in_channels: TwoLayerCNN(num_classes))
-    monkeypatch.setitem(_MODELS._entries, "byo_cnn_fixed", lambda num_classes, in_channels: TwoLayerCNN(K))
+    monkeypatch.setitem(_MODELS._entries, "byo_cnn",
+                        ModelInfo("byo_cnn", lambda num_classes, in_channels: TwoLayerCNN(num_classes)))
+    monkeypatch.setitem(_MODELS._entries, "byo_cnn_fixed",
+                        ModelInfo("byo_cnn_fixed", lambda num_classes, in_channels: TwoLayerCNN(K)))
     model = create_model("byo_cnn", K, in_channels=1)
     assert isinstance(model, Classifier) and model.num_classes == K
     with pytest.raises(KdcollapseError, match="expected 3 classes"):

@@ -234,10 +234,10 @@ def test_pth_state_dicts_load_with_weights_only(tmp_path):
 
 def test_plain_module_weights_load_with_their_own_keys(tmp_path, monkeypatch):
     """A user's module registered as a model: its own state dict (no `module.` prefix) is accepted."""
-    from kdcollapse.models import _MODELS
+    from kdcollapse.models import _MODELS, ModelInfo
 
-    monkeypatch.setitem(_MODELS._entries, "byo_official_wrn",
-                        lambda num_classes, in_channels=3: OfficialWRN(16, 1, num_classes))
+    monkeypatch.setitem(_MODELS._entries, "byo_official_wrn", ModelInfo(
+        "byo_official_wrn", lambda num_classes, in_channels=3: OfficialWRN(16, 1, num_classes)))
     net = OfficialWRN(16, 1, K)
     torch.save(net.state_dict(), tmp_path / "wrn.pt")
     model, _ = load_model(tmp_path / "wrn.pt", model_name="byo_official_wrn", num_classes=K)

@@ -245,7 +245,7 @@ def test_a_study_runs_distill_lm_as_a_step_and_chooses_the_lowest_validation_per
 
     from kdcollapse.study import load_study
     from kdcollapse.study._execute import execute, state_of
-    from kdcollapse.study._summary import collect, summarise
+    from kdcollapse.study import collect, summarise
 
     root, options = setup
     config = tmp_path / "tiny.yaml"

@@ -137,7 +137,7 @@ def test_trackers_see_only_committed_epochs(tmp_path, monkeypatch):
     nothing of that epoch (its resume logs it once)."""
     import shutil
 
-    import kdcollapse.runs._run_dir as run_dir_module
+    import kdcollapse.runs._metrics_log as run_dir_module
 
     logged = []
 

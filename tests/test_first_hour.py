@@ -145,8 +145,9 @@ def test_the_quick_demo_is_a_fraction_of_the_full_one():
 
     for plan in PLANS.values():
         quick = quick_plan(plan)
-        assert quick.methods == ("kd",) and quick.teacher_epochs * 5 <= max(plan.teacher_epochs, 5)
-        assert quick.student_epochs < plan.student_epochs
+        # the students see few images and cost little: the quick plan shortens the teacher, keeps KD only
+        assert quick.methods == ("kd",) and quick.teacher_epochs * 3 <= plan.teacher_epochs
+        assert quick.student_epochs == plan.student_epochs
     assert "--quick" in dict(_parsers(build_parser()))[("demo",)].format_help()
 
 

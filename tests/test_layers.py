@@ -29,8 +29,15 @@ def test_import_layers_contract_is_kept(capsys):
     assert status == 0, capsys.readouterr().out
 
 
-def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch, capsys):
-    """The check can fail: a copy of the package in which a metric imports the trainer breaks the contract."""
+@pytest.mark.parametrize("module, line, chain", [
+    ("metrics/_upward.py", "from kdcollapse.train import fit  # noqa: F401\n", "kdcollapse.metrics._upward -> kdcollapse.train"),
+    # inside a package: one run's state importing the page would be the cycle study/ used to hide
+    ("study/_runs.py", "from kdcollapse.study._page import write_page  # noqa: F401,E402\n",
+     "kdcollapse.study._runs -> kdcollapse.study._page"),
+])
+def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch, capsys, module, line, chain):
+    """The check can fail: a copy of the package in which a metric imports the trainer, or a study's run state
+    imports its page, breaks the contract."""
     pytest.importorskip("importlinter")
     import shutil
     import sys
@@ -39,11 +46,11 @@ def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch, capsys):
 
     copy = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "kdcollapse", copy / "kdcollapse", ignore=shutil.ignore_patterns("__pycache__"))
-    bad = copy / "kdcollapse" / "metrics" / "_upward.py"
-    bad.write_text("from kdcollapse.train import fit  # noqa: F401\n")
+    bad = copy / "kdcollapse" / module
+    bad.write_text((bad.read_text() if bad.is_file() else "") + line)
     monkeypatch.syspath_prepend(str(copy))
     for name in [m for m in sys.modules if m == "kdcollapse" or m.startswith("kdcollapse.")]:
         monkeypatch.delitem(sys.modules, name)
     status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     assert status != 0
-    assert "kdcollapse.metrics._upward -> kdcollapse.train" in capsys.readouterr().out
+    assert chain in capsys.readouterr().out

@@ -80,3 +80,13 @@ def test_registered_methods_fill_the_class_attributes(name):
     assert all(isinstance(label, str) and isinstance(attr, str) for label, attr in cls.extra_heads.items())
     assert inspect.isclass(cls.Config)
     assert cls.forward is not Method.forward, f"{name} must implement forward"
+
+
+DOCS = {path.name: path.read_text() for path in (SRC.parents[1] / "docs").glob("*.md")}
+
+
+@pytest.mark.parametrize("name", [n for n in list_methods() if get_method(n).__module__.startswith("kdcollapse.methods.")])
+def test_every_method_is_documented(name):
+    """A method, like a loss, is named on a docs page (its formula, parts and defaults: distillation.md or its
+    topic's page)."""
+    assert any(f"`{name}`" in text for text in DOCS.values()), f"document method {name!r} in docs/ (e.g. distillation.md)"

@@ -35,6 +35,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 
 def names(**where) -> set[str]:
+    """The catalogue's metric keys whose fields have the given values (``source=...``, ``prior_weighted=...``)."""
     return {m.name for m in METRICS if all(getattr(m, k) == v for k, v in where.items())}
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from test_metrics import make_features, reference_metrics, stream
+from test_metrics_catalog import names as catalogued
 
 from kdcollapse.metrics import FeatureStatistics, collapse_metrics, ncc_accuracy
 from kdcollapse.metrics.functional import collapse_metrics_from_features
@@ -130,7 +131,7 @@ def test_balanced_values_are_unchanged(convention):
     h, y, _ = make_features([30] * 5, 8, seed=21, offset=2.0)
     w = torch.randn(5, 8, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
     m = collapse_metrics(stream(h, y, 5, convention=convention), w)
-    assert set(BALANCED_BEFORE) <= set(m)  # keys added since: nc2_etf_error, cdnv, nc3_self_duality (issue 26), ...
+    assert set(m) == catalogued(source="collapse_metrics", needs_ood=False) and set(BALANCED_BEFORE) <= set(m)
     for name, value in BALANCED_BEFORE.items():
         assert float(m[name]) == pytest.approx(value, rel=1e-12, abs=1e-15), name
 
@@ -140,7 +141,7 @@ def test_conventions_differ_only_where_documented_on_imbalanced_data():
     h, y, _ = make_features(counts, dim, seed=1)
     papyan, prior = (collapse_metrics_from_features(h, y, 6, convention=c) for c in CONVENTIONS)
     changed = {name for name in papyan if float(papyan[name]) != pytest.approx(float(prior[name]), rel=1e-12)}
-    assert changed == {"nc1", "nc1_svd", "fuzziness", "squared_distance", "gnc1"}
+    assert changed and changed == catalogued(prior_weighted=True)  # the catalogue's prior_weighted metrics
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -359,16 +359,16 @@ def test_small_k_solves_every_class_without_screening_and_equals_the_screened_pa
 @pytest.mark.parametrize("weight_dtype", [torch.float64, torch.float32])
 def test_float32_screening_bounds_are_below_the_float64_certificate_by_at_most_twice_its_rounding_bound(
         monkeypatch, weight_dtype):
-    from kdcollapse.geometry import _distances, one_vs_rest_distances
+    from kdcollapse.geometry import _distances, _rounding, _screening, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(5)
     num, dim, m = 300, 48, 32
     weight = (torch.randn(num, dim, generator=g, dtype=torch.float64) + 0.5).to(weight_dtype)
     rows, k = _distances._UnitRows(weight), torch.arange(num)
-    assert _distances._ieee_float32_matmul(rows.device)
-    upper32, lower32, *_ = _distances._screen_bounds(rows, k, m, rows.W32)  # one float32 product against all classes
-    monkeypatch.setattr(_distances, "_ieee_float32_matmul", lambda device: False)
-    upper64, lower64, *_ = _distances._screen_bounds(rows, k, m, rows.W32)  # float64 scores, as the exact certificate
+    assert _rounding._ieee_float32_matmul(rows.device)
+    upper32, lower32, *_ = _screening._screen_bounds(rows, k, m, rows.W32)  # one float32 product against all classes
+    monkeypatch.setattr(_screening, "_ieee_float32_matmul", lambda device: False)
+    upper64, lower64, *_ = _screening._screen_bounds(rows, k, m, rows.W32)  # float64 scores, as the exact certificate
     exact = one_vs_rest_distances(weight)
     gamma = (dim + 4) * 2.0**-24 / (1 - (dim + 4) * 2.0**-24)
     assert torch.equal(upper32, upper64)  # the same feasible points
@@ -421,7 +421,7 @@ def test_screened_bounds_hold_for_both_product_precisions(num_classes, dim, offs
 def test_bfloat16_product_error_bound_holds_against_float64(dim):
     """The bound of _product_error (bfloat16 rows and direction, float32 sums, bfloat16 result) against the
     float64 product of the exact unit rows with the exact bfloat16 direction."""
-    from kdcollapse.geometry import _distances
+    from kdcollapse.geometry import _distances, _rounding
 
     g = torch.Generator().manual_seed(dim)
     weight = torch.randn(3000, dim, generator=g, dtype=torch.float64) + 0.4
@@ -429,23 +429,23 @@ def test_bfloat16_product_error_bound_holds_against_float64(dim):
     y = (torch.randn(40, dim, generator=g) * torch.logspace(-3, 1, 40)[:, None]).bfloat16()
     computed = (y @ rows.W32.bfloat16().T).double()
     exact = y.double() @ _distances.unit_rows(weight).T
-    bound = _distances._product_error(torch.bfloat16, dim) * y.double().norm(dim=1, keepdim=True) + dim * 2.0**-120
+    bound = _rounding._product_error(torch.bfloat16, dim) * y.double().norm(dim=1, keepdim=True) + dim * 2.0**-120
     ratio = (computed - exact).abs() / bound
     assert float(ratio.max()) <= 1.0
     # the test has teeth: float32's bound, without the bfloat16 roundings, is exceeded
-    float32 = _distances._product_error(torch.float32, dim) * y.double().norm(dim=1, keepdim=True)
+    float32 = _rounding._product_error(torch.float32, dim) * y.double().norm(dim=1, keepdim=True)
     assert bool(((computed - exact).abs() > float32).any())
 
 
 def test_feasible_norm_bounds_the_float64_point_of_the_float32_weights():
-    from kdcollapse.geometry import _distances
+    from kdcollapse.geometry import _distances, _screening, _solver
 
     g = torch.Generator().manual_seed(3)
     weight = torch.randn(500, 96, generator=g, dtype=torch.float64) + 0.5
     rows, k = _distances._UnitRows(weight), torch.arange(0, 500, 7)
-    cand = _distances._candidates(rows.W32, k, 40)
-    lam, y = _distances._screen_weights(rows.W32, k, cand)
-    bound = _distances._feasible_norm(lam, y)
+    cand = _solver._candidates(rows.W32, k, 40)
+    lam, y = _solver._screen_weights(rows.W32, k, cand)
+    bound = _screening._feasible_norm(lam, y)
     unit = _distances.unit_rows(weight)
     weights = lam.double() / lam.double().sum(1, keepdim=True)  # the feasible point the weights define, in float64
     point = torch.einsum("bm,bmd->bd", weights, unit[cand] - unit[k][:, None, :])
@@ -459,18 +459,18 @@ def test_screening_keeps_the_near_classes_state_and_certifies_to_float32s_error(
     bound does not exclude it; its certificate is as tight as a float32 product's (the window of classes its
     bfloat16 scores cannot exclude, scored again in float32), far tighter than the bfloat16 scores alone give;
     tightening keeps every bound a bracket of the exact distance."""
-    from kdcollapse.geometry import _distances, one_vs_rest_distances
+    from kdcollapse.geometry import _distances, _rounding, _screening, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(11)
     weight = torch.randn(600, 32, generator=g, dtype=torch.float64) + 0.5
     rows, tol = _distances._UnitRows(weight), 1e-10
     exact = one_vs_rest_distances(weight)
     low = rows.W32.bfloat16()
-    monkeypatch.setattr(_distances, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
-    upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
+    monkeypatch.setattr(_screening, "_BLOCK_BYTES", 4 * 600 * 100)  # wide blocks of 100 classes
+    upper, lower, kept = _screening._screen_all(rows, 24, low, tol)
     parts, smallest = [], math.inf
     for k in torch.arange(600).split(100):
-        parts.append(_distances._screen_bounds(rows, k, 24, low, smallest, tol))
+        parts.append(_screening._screen_bounds(rows, k, 24, low, smallest, tol))
         smallest = min(smallest, float(parts[-1][0].min()))
     monkeypatch.undo()
     upper16, lower16, cand, lam, Y = (torch.cat(column) for column in zip(*parts))
@@ -478,13 +478,13 @@ def test_screening_keeps_the_near_classes_state_and_certifies_to_float32s_error(
     near = (lower16 <= upper16.min() + tol).nonzero().flatten()
     assert 0 < len(near) < 600 and set(near.tolist()) <= set(kept.classes.tolist())
     assert torch.equal(kept.directions, Y[kept.classes]) and torch.equal(kept.candidates, cand[kept.classes])
-    float32 = torch.minimum(_distances._lower_bounds(rows, near, Y[near], rows.W32), upper16[near])
-    floor = 2 * _distances._product_error(torch.float32, 32)  # both within it of the true certificate
+    float32 = torch.minimum(_screening._lower_bounds(rows, near, Y[near], rows.W32), upper16[near])
+    floor = 2 * _rounding._product_error(torch.float32, 32)  # both within it of the true certificate
     assert float((float32 - lower16[near]).abs().max()) <= floor
     y = Y[near].bfloat16().double()  # the bfloat16 scores alone, their error subtracted: far looser
     scores = y @ low.double().T
     scores[torch.arange(len(near)), near] = math.inf
-    alone = ((scores.min(1).values - _distances._product_error(torch.bfloat16, 32) * y.norm(dim=1)
+    alone = ((scores.min(1).values - _rounding._product_error(torch.bfloat16, 32) * y.norm(dim=1)
               - (y * rows.gather(near)).sum(1)) / y.norm(dim=1)).clamp_min(0)
     assert float((lower16[near] - alone).median()) > 100 * floor
     _distances._tighten(rows, upper, lower, kept, 24, tol, low)
@@ -501,10 +501,10 @@ def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch
     orthogonal to y, the first row 1e-4 lower along y: the bfloat16 order of the window is scrambled, and a
     window of the first 64 classes misses the minimum), and with a window too small for most rows
     (``_WINDOW`` = 8: those rows take the full float32 product)."""
-    from kdcollapse.geometry import _distances
+    from kdcollapse.geometry import _distances, _rounding, _screening
 
-    monkeypatch.setattr(_distances, "_WINDOW", window)
-    monkeypatch.setattr(_distances, "_WINDOW_SHARE", 1)  # windows up to K: the cluster's window is gathered
+    monkeypatch.setattr(_screening, "_WINDOW", window)
+    monkeypatch.setattr(_screening, "_WINDOW_SHARE", 1)  # windows up to K: the cluster's window is gathered
     g = torch.Generator().manual_seed(13)
     direction = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(24) / 48**0.5
     spread = torch.randn(300, 48, generator=g, dtype=torch.float64)
@@ -520,8 +520,8 @@ def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch
     exact = (Y.double() @ _distances.unit_rows(weight).T)
     exact[torch.arange(41), k] = math.inf
     exact = exact.min(1).values
-    lowest = _distances._window_minimum(rows, k, Y, _distances._products(Y, k, rows.W32.bfloat16()))
-    floor = 2 * (_distances._product_error(torch.float32, 48) * Y.double().norm(dim=1) + 48 * 2.0**-120)
+    lowest = _screening._window_minimum(rows, k, Y, _screening._products(Y, k, rows.W32.bfloat16()))
+    floor = 2 * (_rounding._product_error(torch.float32, 48) * Y.double().norm(dim=1) + 48 * 2.0**-120)
     assert bool((lowest <= exact).all())
     assert bool((exact - lowest <= floor).all())
 
@@ -529,14 +529,14 @@ def test_window_minimum_is_a_certified_lower_bound_at_float32s_error(monkeypatch
 def test_tightening_narrows_the_screened_bounds_and_keeps_them_rigorous():
     """Float32 column generation (``_tighten``) on the classes the screening leaves near the minimum: still a
     bracket of every exact distance, a much narrower one, and few classes left that can attain the minimum."""
-    from kdcollapse.geometry import _distances, one_vs_rest_distances
+    from kdcollapse.geometry import _distances, _screening, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(12)
     weight = torch.randn(800, 40, generator=g, dtype=torch.float64) + 0.5
     rows, tol = _distances._UnitRows(weight), 1e-10
     exact = one_vs_rest_distances(weight)
     low = rows.W32.to(_distances._screen_dtype(rows.device))
-    upper, lower, kept = _distances._screen_all(rows, 24, low, tol)
+    upper, lower, kept = _screening._screen_all(rows, 24, low, tol)
     near = (lower <= upper.min() + tol).nonzero().flatten()
     before = (exact - lower)[near].median(), (upper - exact)[near].median()
     _distances._tighten(rows, upper, lower, kept, 24, tol, low)
@@ -551,7 +551,7 @@ def test_duplicate_rows_give_zero_distances_with_bounded_work(monkeypatch):
     """Classes with a duplicate row have distance 0 (y = 0): every score ties with the minimum, and the exact
     certificate's scores fall back to float64 chunks instead of gathering ever more of the K rows per class (a
     real W, SmolLM2-135M's output embedding, has such rows)."""
-    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, one_vs_rest_distances
+    from kdcollapse.geometry import _distances, _solver, _unit_rows, min_one_vs_rest_distance, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(13)
     weight = torch.randn(400, 16, generator=g, dtype=torch.float64) + 0.3
@@ -563,13 +563,14 @@ def test_duplicate_rows_give_zero_distances_with_bounded_work(monkeypatch):
     assert float(screened.value) < 1e-15 and float(screened.gap) < 1e-15
     # the degenerate direction y = 0 directly: exact scores, no gather of more than 32 rows per class
     rows, k = _distances._UnitRows(weight), torch.arange(10)
-    monkeypatch.setattr(_distances, "_CHUNK_ENTRIES", 16 * 40)  # chunks of 40 rows: at most 32 gathered per class
+    monkeypatch.setattr(_unit_rows, "_CHUNK_ENTRIES", 16 * 40)  # chunks of 40 rows: at most 32 gathered per class
+    monkeypatch.setattr(_solver, "_CHUNK_ENTRIES", 16 * 40)  # chunks of 40 rows: at most 32 gathered per class
     gathered = []
     gather = _distances._UnitRows.gather
     monkeypatch.setattr(_distances._UnitRows, "gather", lambda self, index: gathered.append(
         index.shape[-1] if isinstance(index, torch.Tensor) and index.ndim == 2 else 0) or gather(self, index))
-    scores = _distances._scores(rows, k, torch.zeros(10, 16, dtype=torch.float64))
-    assert max(gathered, default=0) <= max(32, _distances._CHUNK_ENTRIES // (10 * 16))
+    scores = _solver._scores(rows, k, torch.zeros(10, 16, dtype=torch.float64))
+    assert max(gathered, default=0) <= max(32, _solver._CHUNK_ENTRIES // (10 * 16))
     expected = torch.zeros(10, 400, dtype=torch.float64)
     expected[torch.arange(10), k] = math.inf
     assert torch.equal(scores, expected)
@@ -611,26 +612,26 @@ def test_bfloat16_screening_is_refused_where_not_native(monkeypatch):
 
 
 def test_float32_screening_is_used_only_under_ieee_float32_products():
-    from kdcollapse.geometry import _distances
+    from kdcollapse.geometry import _rounding
 
     cpu = torch.device("cpu")
-    assert _distances._ieee_float32_matmul(cpu) and not _distances._ieee_float32_matmul(torch.device("meta"))
+    assert _rounding._ieee_float32_matmul(cpu) and not _rounding._ieee_float32_matmul(torch.device("meta"))
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
     settings = [getattr(matmul, "fp32_precision", None), getattr(torch.backends.cuda.matmul, "fp32_precision", None)]
     try:
         for precision in ("high", "medium"):  # TF32 or bfloat16 inner products allowed: float64 scores instead
             torch.set_float32_matmul_precision(precision)
-            assert not _distances._ieee_float32_matmul(cpu)
+            assert not _rounding._ieee_float32_matmul(cpu)
         torch.set_float32_matmul_precision("highest")
-        assert _distances._ieee_float32_matmul(cpu)
+        assert _rounding._ieee_float32_matmul(cpu)
         if settings[0] is not None:  # torch >= 2.9: the CPU backend's own setting
             matmul.fp32_precision = "bf16"
-            assert not _distances._ieee_float32_matmul(cpu)
+            assert not _rounding._ieee_float32_matmul(cpu)
     finally:
         torch.set_float32_matmul_precision("highest")
         if settings[0] is not None:
             matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision = settings
-    assert _distances._ieee_float32_matmul(cpu)
+    assert _rounding._ieee_float32_matmul(cpu)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -640,13 +641,14 @@ def test_float32_screening_is_used_only_under_ieee_float32_products():
 
 @pytest.mark.parametrize("chunk_rows", [None, 1, 7])
 def test_gnc2_solver_keeps_float32_rows_and_equals_the_dense_solver(monkeypatch, chunk_rows):
-    from kdcollapse.geometry import _distances, min_one_vs_rest_distance, one_vs_rest_distances
+    from kdcollapse.geometry import _distances, _solver, _unit_rows, min_one_vs_rest_distance, one_vs_rest_distances
 
     g = torch.Generator().manual_seed(8)
     weight = torch.randn(120, 12, generator=g) + 0.3  # float32, as under float32 accumulation
     dense = one_vs_rest_distances(weight.double())  # the same float32 values, widened as a whole
     if chunk_rows is not None:
-        monkeypatch.setattr(_distances, "_CHUNK_ENTRIES", 12 * chunk_rows)  # chunks of 1 or 7 rows
+        monkeypatch.setattr(_unit_rows, "_CHUNK_ENTRIES", 12 * chunk_rows)  # chunks of 1 or 7 rows
+        monkeypatch.setattr(_solver, "_CHUNK_ENTRIES", 12 * chunk_rows)  # chunks of 1 or 7 rows
     rows = _distances._UnitRows(weight)
     # W itself (same storage, float32) and float32 unit rows: no float64 (K, d) copy is kept
     assert rows.W.data_ptr() == weight.data_ptr() and rows.W.dtype == rows.W32.dtype == torch.float32
@@ -712,14 +714,14 @@ def test_statistics_keep_no_second_k_by_d_copy_for_reset():
 
 
 def test_constructing_the_statistics_allocates_the_two_k_by_d_sums_once(monkeypatch):
-    """Not the four K x d tensors that torchmetrics' ``add_state`` (the state and a deep copy of it as the
-    default for ``reset()``) would make: no K x d tensor is deep-copied (storage copies bypass LiveBytes)."""
+    """Not the four K x d tensors that a plain ``add_state`` (the state and a deep copy of it as the default
+    for ``reset()``) would make: no K x d tensor is deep-copied (storage copies bypass LiveBytes)."""
     import copy
 
-    import torchmetrics.metric
+    from kdcollapse.metrics import _metric
 
     copied = []
-    monkeypatch.setattr(torchmetrics.metric, "deepcopy",
+    monkeypatch.setattr(_metric, "deepcopy",
                         lambda value, *memo: copied.append(getattr(value, "shape", None)) or copy.deepcopy(value, *memo))
     with LiveBytes() as counter:
         stats = FeatureStatistics(500, 64)

@@ -9,16 +9,17 @@ import torch
 from torch import nn
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.models import Classifier, count_parameters, create_model, list_models
+from kdcollapse.models import Classifier, count_parameters, create_model, list_models, model_info, register_model
 from kdcollapse.models._layers import ChannelShuffle
 from kdcollapse.models.resnet_cifar import cifar_resnet
 from kdcollapse.models.vgg import CONFIGS, PoolIfLarge
 
-CIFAR = {"resnet8", "resnet14", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "resnet8x4",
-         "resnet32x4", "wrn_16_1", "wrn_16_2", "wrn_40_1", "wrn_40_2", "wrn_34_10", "vgg8", "vgg11", "vgg13",
-         "vgg16", "vgg19", "mobilenetv2", "shufflev1", "shufflev2", "resnet50_cifar"}  # fmt: skip
-IMAGENET = {"resnet18", "resnet34", "resnet50", "mobilenetv1"}
-SMALL = {"mlp", "convnet_small", "convnet"}
+# The package's models (tests register others in scratch registries), by the test input their registrations
+# declare: grey 28×28 (the small models), 64×64 (the ImageNet nets), else the CIFAR zoo at 32×32.
+ZOO = [n for n in list_models() if model_info(n).factory.__module__.startswith("kdcollapse.models.")]
+SMALL = {n for n in ZOO if model_info(n).in_channels == 1}
+IMAGENET = {n for n in ZOO if n not in SMALL and model_info(n).input_size == 64}
+CIFAR = set(ZOO) - SMALL - IMAGENET
 
 # Published parameter counts in millions, CIFAR models at 100 classes, ImageNet models at 1000.
 PUBLISHED = {
@@ -46,22 +47,9 @@ PUBLISHED = {
 
 
 def _input_spec(name: str) -> tuple[int, int]:
-    """(in_channels, resolution) of the small test input of each family."""
-    if name in SMALL:
-        return 1, 28
-    return 3, 64 if name in IMAGENET else 32
-
-
-def _final_resolution(name: str) -> int:
-    """Side of the last feature map for the test input of ``_input_spec``: 8×8 for the CIFAR ResNets and
-    WRNs (the zoo pools with a fixed 8×8 kernel), 4×4 for VGG (one max-pool fewer at 32×32) and the
-    ShuffleNets, 2×2 for MobileNetV2, 4×4 for resnet50_cifar (3 stride-2 stages), 64/32 = 2 for the
-    ImageNet nets (total stride 32; 7×7 at 224), 3×3 for the small convnets (three 2×2 pools of 28)."""
-    if name in IMAGENET or name == "mobilenetv2":
-        return 2
-    if name.startswith(("vgg", "shufflev")) or name == "resnet50_cifar":
-        return 4
-    return 3 if name.startswith("convnet") else 8
+    """(in_channels, resolution) of the small test input the model's registration declares."""
+    info = model_info(name)
+    return info.in_channels, info.input_size
 
 
 def _num_classes(name: str) -> int:
@@ -79,8 +67,27 @@ def _first_layer(model: nn.Module) -> nn.Module:
     return next(m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
 
 
-def test_registry_holds_exactly_the_zoo():
-    assert set(list_models()) == CIFAR | IMAGENET | SMALL
+def test_the_families_follow_from_the_registrations():
+    assert {"resnet8", "wrn_40_2", "vgg13", "mobilenetv2", "shufflev2", "resnet50_cifar"} <= CIFAR
+    assert IMAGENET == {"resnet18", "resnet34", "resnet50", "mobilenetv1"} and SMALL == {"mlp", "convnet_small", "convnet"}
+    assert set(PUBLISHED) <= CIFAR | IMAGENET  # every published count names a zoo model
+
+
+def test_every_zoo_cnn_declares_its_final_resolution_and_stages():
+    for name in sorted(CIFAR | IMAGENET | {"convnet", "convnet_small"}):
+        info = model_info(name)
+        assert info.final_resolution and info.min_stages >= 4, name  # stem + the three stages feature methods read
+
+
+def test_a_model_with_fewer_stages_than_declared_is_refused():
+    from kdcollapse.models import _MODELS
+
+    with _MODELS.scratch():
+        register_model("_two_stages", min_stages=4)(lambda num_classes, in_channels=3: create_model(
+            "mlp", num_classes, in_channels=in_channels, input_size=8))
+        with pytest.raises(KdcollapseError) as err:
+            create_model("_two_stages", 3, in_channels=1)
+    assert "min_stages=4" in str(err.value) and "min_stages=0" in str(err.value)
 
 
 def test_list_models_pattern():
@@ -112,8 +119,9 @@ def test_seam_forward_backward(name):
     model.eval()
     with torch.no_grad():
         assert torch.allclose(model(x), model.forward_head(model.forward_features(x)), atol=1e-6)
-        if name != "mlp":
-            assert model.body(x).shape[-2:] == (_final_resolution(name),) * 2
+        side = model_info(name).final_resolution  # declared in its registration
+        if side is not None:
+            assert model.body(x).shape[-2:] == (side, side)
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -170,7 +178,7 @@ def _rounds_or_truncates_to(count: int, published: float) -> bool:
     return abs(millions - published) <= 0.005 or published <= millions < published + 0.01
 
 
-@pytest.mark.parametrize("name", sorted(CIFAR | IMAGENET))
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_parameter_count(name):
     count = count_parameters(_model(name))
     assert _rounds_or_truncates_to(count, PUBLISHED[name]), f"{name}: {count:,} vs {PUBLISHED[name]}M"

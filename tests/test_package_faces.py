@@ -46,3 +46,23 @@ def test_the_check_catches_a_private_import(tmp_path, monkeypatch):
     source = "from kdcollapse.runs._checkpoint import load_state\nfrom kdcollapse.train._optim import x\n"
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
     assert private_imports(bad) == ["kdcollapse/train/_probe_private_import.py:1: kdcollapse.runs._checkpoint"]
+
+
+EXTENSION_HELPERS = {
+    "kdcollapse.methods": ["Distiller", "StageTransfer", "check_config", "check_stages", "check_pairs",
+                           "softmax_request", "standardized", "warmup_factor", "stages", "register_method", "Equality"],
+    "kdcollapse.models": ["register_model", "model_info", "ModelInfo", "ConvClassifier", "conv_bn"],
+    "kdcollapse.losses": ["register_loss", "get_loss", "example_tensors", "class_table"],
+}
+
+
+def test_the_extension_helpers_are_on_the_faces_with_docstrings():
+    """What an ``--import`` method, model or loss needs is importable from the package's face, documented."""
+    import importlib
+    import inspect
+
+    for package, names in EXTENSION_HELPERS.items():
+        face = importlib.import_module(package)
+        for name in names:
+            assert name in face.__all__, f"{package}.{name} is not on the face"
+            assert inspect.getdoc(getattr(face, name)), f"{package}.{name} has no docstring"

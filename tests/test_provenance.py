@@ -185,7 +185,7 @@ def test_plot_records_the_runs_it_read(analysed, tmp_path):
 
 
 def test_a_study_record_of_weights_no_longer_there_is_left_out(analysed, tmp_path):
-    from kdcollapse.study._summary import _moved_on
+    from kdcollapse.study._records import _moved_on
 
     run_dir = _copy(analysed, tmp_path)
     record = {"best": {}, "last": {}, "source": metrics_source(run_dir)}

@@ -1,6 +1,7 @@
 """``kdcollapse.runs``: a run directory opened as training saw it, and the ``data.classes`` regression through
 every command that reads a run (analyze, robust-eval, the heads report, ``Run`` itself)."""
 
+import hashlib
 import json
 
 import pytest
@@ -94,6 +95,9 @@ def test_an_interrupted_run_is_not_finished(subset_run, tmp_path):
     shutil.copytree(subset_run, copy)
     config = copy / "config.yaml"
     config.write_text(config.read_text().replace("epochs: 1\n", "epochs: 3\n"))
+    record = json.loads((copy / "run.json").read_text())  # a run of 3 epochs (its record too) that stopped at 1
+    record["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()
+    (copy / "run.json").write_text(json.dumps(record))
     assert Run(subset_run).finished() and not Run(copy).finished()
     (copy / "metrics.jsonl").unlink()
     assert not Run(copy).finished()

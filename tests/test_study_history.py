@@ -13,7 +13,9 @@ import pytest
 
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.study import collect, figures, load_study
-from kdcollapse.study._summary import _curve_panels, check_summary, epoch_series
+from kdcollapse.study._figures import _curve_panels
+from kdcollapse.study._records import epoch_series
+from kdcollapse.study._summary_spec import check_summary
 
 STUDY = """
 name: history
@@ -169,7 +171,7 @@ def test_a_matrices_plot_draws_each_cell_s_mean_abs_matrix_from_the_committed_re
     assert collected["x2/seed1"]["matrices"] == {"analysis_test/logit_matrices/main/matrix": matrix(2, 1),
                                                  "analysis_test/logit_matrices/aux/matrix": matrix(0, 1)}
     assert collected["x1/seed0"]["matrices_source"]["analysis_test/analysis.json"]["file"] == "json/x1_0.json"
-    from kdcollapse.study._summary import _matrix_panels
+    from kdcollapse.study._figures import _matrix_panels
 
     spec = check_summary(study.summary)
     panels = _matrix_panels(study, collected, spec["sections"][0], spec["plots"][0])
@@ -203,7 +205,7 @@ def embedding(x: int, seed: int) -> dict:
 
 
 def test_an_embeddings_plot_draws_each_cell_s_lowest_seed_from_the_committed_reports(tmp_path):
-    from kdcollapse.study._summary import _embedding_panels
+    from kdcollapse.study._figures import _embedding_panels
 
     (tmp_path / "c.yaml").write_text("method: {name: vanilla}\n")
     page = tmp_path / "page"

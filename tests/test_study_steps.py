@@ -100,7 +100,7 @@ def test_a_post_step_output_is_the_runs_derived_output_and_goes_with_overwrite(r
     assert main(["train", "--resume", str(run_dir), "train.epochs=3", "--quiet"]) == 0
     assert "max_logit.json" in Run(run_dir).stale_outputs()
     from kdcollapse.errors import CheckpointError
-    from kdcollapse.study._summary import run_record
+    from kdcollapse.study import run_record
 
     spec = {"metric": "test_acc", "select": None, "columns": [{"metric": "max_logit", "at": "last"}]}
     with pytest.raises(CheckpointError, match=r"max_logit\.json is stale: .*other weights"):
@@ -159,9 +159,8 @@ def test_a_summary_without_selection_chooses_on_the_last_validation_value(tmp_pa
     (("digits: 4", "digits: 12"), "'digits' is an integer"),
 ])
 def test_a_summary_without_selection_refuses_best_epochs_and_test_choices(tmp_path, change, message):
-    study = load_study(write_study(tmp_path, LAST_ONLY.replace(*change)), runs_dir=tmp_path / "runs")
-    with pytest.raises(ConfigError, match=message):
-        summarise(study, {})
+    with pytest.raises(ConfigError, match=message):  # when the study file is read, before any run or page
+        summarise(load_study(write_study(tmp_path, LAST_ONLY.replace(*change)), runs_dir=tmp_path / "runs"), {})
 
 
 def test_a_post_step_key_that_is_also_a_metric_is_refused(ran, tmp_path):
@@ -273,7 +272,6 @@ def test_a_summary_where_lower_is_better_turns_the_verdict(tmp_path, better, wor
 
 
 def test_a_summary_refuses_an_unknown_direction(tmp_path):
-    study = load_study(write_study(tmp_path, LAST_ONLY.replace("summary:\n", "summary:\n  better: smaller\n", 1)),
-                       runs_dir=tmp_path / "runs")
-    with pytest.raises(ConfigError, match="summary 'better'"):
-        summarise(study, {})
+    with pytest.raises(ConfigError, match="summary 'better'"):  # when the study file is read
+        load_study(write_study(tmp_path, LAST_ONLY.replace("summary:\n", "summary:\n  better: smaller\n", 1)),
+                   runs_dir=tmp_path / "runs")

@@ -140,7 +140,8 @@ def test_bad_comparisons_and_correlations_are_refused(tmp_path, change, message)
 
 
 def test_nested_post_step_files_are_read_as_joined_keys_and_columns_scale_them():
-    from kdcollapse.study._summary import Measure, _flat_json
+    from kdcollapse.study._records import _flat_json
+    from kdcollapse.study._summary_spec import Measure
 
     report = {"max_logit": 3.0,
               "pgd-20 Linf eps=0.1 last": {"robust_accuracy": 0.5, "stages": [{"robust_accuracy": 0.25}]}}
@@ -153,7 +154,7 @@ def test_nested_post_step_files_are_read_as_joined_keys_and_columns_scale_them()
 
 
 def test_a_post_step_file_in_a_folder_prefixes_its_keys_and_a_cell_without_a_metric_shows_a_dash(tmp_path):
-    from kdcollapse.study._summary import _flat_json, _folder
+    from kdcollapse.study._records import _flat_json, _folder
 
     assert _folder("analysis_test/analysis.json") == "analysis_test" and _folder("max_logit.json") == ""
     assert _flat_json({"metrics": {"nc1": 1.5}}, _folder("analysis_train/analysis.json")) == {
@@ -222,7 +223,8 @@ def test_a_single_seed_cell_shows_its_value_not_a_zero_std(tmp_path):
 
 
 def test_curves_are_each_cells_mean_and_std_over_seeds_per_epoch_from_the_records(tmp_path):
-    from kdcollapse.study._summary import _curve_panels, check_summary
+    from kdcollapse.study._figures import _curve_panels
+    from kdcollapse.study._summary_spec import check_summary
 
     study = make(tmp_path, "  plots: [{file: c.png, kind: curves, section: grid, metrics: [acc], cells: 'x = [12]'}]")
     epochs = {k: {**r, "epochs": {"acc": [[e, r["last"]["acc"] - 3 + e] for e in (1, 2, 3)

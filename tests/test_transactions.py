@@ -88,8 +88,11 @@ def test_a_refused_command_leaves_no_folder_and_no_lock(one_epoch, tmp_path):
 
 
 def test_an_infinite_weight_is_refused_before_the_run_directory_changes(one_epoch, tmp_path):
-    with pytest.raises(ConfigError, match="loss of the first training batch is (inf|nan)"):
+    with pytest.raises(ConfigError, match="method.ce_weight must be a finite number >= 0, got inf"):
         Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}", "method.ce_weight=.inf"))
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ConfigError, match="loss of the first training batch is (inf|nan)"):  # finite, overflows
+        Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}", "method.ce_weight=1e308"))
     assert not (tmp_path / "s").exists()
     Trainer(tiny(tmp_path / "s", "method.name=kd", f"teacher.checkpoint={one_epoch}")).release_run_dir()  # corrected
 

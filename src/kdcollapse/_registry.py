@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import os
@@ -42,6 +43,17 @@ class Registry(Generic[T]):
         """Matching names in natural order (resnet8 < resnet14 < resnet110)."""
         return sorted((n for n in self._entries if fnmatch.fnmatchcase(n, pattern)), key=_natural_key)
 
+    @contextlib.contextmanager
+    def scratch(self):
+        """Within the block, registrations go to a copy of the entries, dropped on exit (a test's mutant
+        entries, checked by the registry-driven contracts without staying registered)."""
+        saved = self._entries
+        self._entries = dict(saved)
+        try:
+            yield self
+        finally:
+            self._entries = saved
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
@@ -70,6 +82,9 @@ def import_modules(names: list[str] | tuple[str, ...], source: str = "imports") 
                     "(the current directory, or PYTHONPATH)?"
                 ) from None
             raise
+        except SyntaxError as err:  # the user's file itself: one line naming where, not a traceback
+            raise KdcollapseError(f"{source}: module {name!r} does not compile: {err.msg} ({err.filename}, line "
+                                  f"{err.lineno})") from None
 
 
 def _natural_key(name: str) -> list:

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any, Literal
 import yaml
 
 from kdcollapse._registry import import_modules
+from kdcollapse._yaml import load_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError, unknown_choice
 from kdcollapse.data import USER_DATA, list_datasets
 from kdcollapse.methods import get_method, list_methods
@@ -280,14 +282,16 @@ def _lookup(cfg, key: str):
     return cfg
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Build a :class:`RunConfig` from an optional YAML file and ``key=value`` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                saved: bool = False) -> RunConfig:
+    """Build a :class:`RunConfig` from an optional YAML file and ``key=value`` overrides. ``saved=True``: the
+    file is a run's saved config (data): its ``imports:`` must already be imported (``--import``), never are."""
     data: dict = {}
     if path is not None:
         data = read_yaml(path)
     for item in overrides:
         _apply_override(data, item)
-    return config_from_dict(data)
+    return config_from_dict(data, saved_in=path if saved else None)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -300,10 +304,7 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file {path}: cannot read ({err.strerror})") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:  # its message spans lines: keep the error on one
-        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    data = load_yaml(text, f"config file {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -311,9 +312,9 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def config_from_dict(data: dict) -> RunConfig:
+def config_from_dict(data: dict, saved_in: str | Path | None = None) -> RunConfig:
     data = dict(data)
-    import_user_modules(data.get("imports"))
+    import_user_modules(data.get("imports"), saved_in)
     method = data.pop("method", None) or {}
     if not isinstance(method, dict):
         raise ConfigError("'method' must be a mapping with at least a 'name' key")
@@ -322,12 +323,20 @@ def config_from_dict(data: dict) -> RunConfig:
     return check_config(cfg)
 
 
-def import_user_modules(imports) -> None:
-    """Import the config's ``imports:`` (a list of module names) before anything is looked up by name."""
+def import_user_modules(imports, saved_in: str | Path | None = None) -> None:
+    """Import the config's ``imports:`` (a list of module names) before anything is looked up by name; for a
+    config ``saved_in`` a run directory, refuse those not imported already: reading a run never runs code."""
     if imports is None:
         return
     if not isinstance(imports, list):
         raise ConfigError(f"'imports' must be a list of module names, got {imports!r}")
+    if saved_in is not None:
+        missing = [m for m in imports if not isinstance(m, str) or m not in sys.modules]
+        if missing:
+            flags = " ".join(f"--import {m}" for m in missing)
+            raise ConfigError(f"{saved_in} lists imports: {missing}, and reading a run directory never imports "
+                              f"code: pass {flags} (or import it first) if you trust the module")
+        return
     try:
         import_modules(imports, "imports")
     except ConfigError:
@@ -373,10 +382,7 @@ def _apply_override(data: dict, item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {item!r} must look like key=value (e.g. optim.lr=0.1)")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"cannot parse the value of override {item!r}: {err}") from None
+    value = load_yaml(raw, f"the value of override {item!r}") if raw.strip() else None
     node = data
     parts = key.strip().split(".")
     for part in parts[:-1]:

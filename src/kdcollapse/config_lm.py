@@ -252,7 +252,7 @@ def is_lm_config(data: dict) -> bool:
 def load_run_config(path: str | Path) -> RunConfig | LMConfig:
     """The config of a run directory's ``config.yaml``, of either task."""
     data = read_yaml(path)
-    return load_lm_config(path) if is_lm_config(data) else config_from_dict(data)
+    return load_lm_config(path) if is_lm_config(data) else config_from_dict(data, saved_in=path)  # data: no imports
 
 
 # what a resume of an LM run may change (steps: a longer run); everything else defines the run

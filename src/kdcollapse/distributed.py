@@ -191,10 +191,15 @@ def cpu_capability() -> str:
     return " + ".join([torch.backends.cpu.get_cpu_capability(), *units])
 
 
-def machine() -> str:
-    """Where a computation ran, for a page's records: the CPU's model name (``/proc/cpuinfo``, else the platform's
-    machine name), :func:`cpu_capability`, the torch and Python versions. Float results can differ between CPU
-    families (MKL and oneDNN choose their kernels by CPU), so a generated page names it."""
+def hardware() -> dict:
+    """What a run or a page's numbers were computed on: the CPU's model name (``/proc/cpuinfo``, else the
+    platform's machine name) and :func:`cpu_capability`, the GPU (``None`` without CUDA), and the torch,
+    CUDA and cuDNN versions. Bit-exactness holds only within a CPU family (MKL and oneDNN choose their kernels
+    by CPU), so ``run.json`` records it.
+
+    >>> sorted(hardware())
+    ['cpu', 'cpu_capability', 'cuda', 'cudnn', 'gpu', 'torch']
+    """
     import platform
     from pathlib import Path
 
@@ -204,7 +209,19 @@ def machine() -> str:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return (f"{cpu} (torch CPU capability {cpu_capability()}), torch {torch.__version__}, "
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"cpu": cpu, "cpu_capability": cpu_capability(), "gpu": gpu, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": cudnn}
+
+
+def machine() -> str:
+    """Where a computation ran, for a page's records: :func:`hardware` in words, with the Python version."""
+    import platform
+
+    h = hardware()
+    gpu = f", GPU {h['gpu']} (CUDA {h['cuda']})" if h["gpu"] else ""
+    return (f"{h['cpu']} (torch CPU capability {h['cpu_capability']}){gpu}, torch {h['torch']}, "
             f"Python {platform.python_version()}")
 
 

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from kdcollapse.errors import KdcollapseError
-from kdcollapse.metrics import margin
+from kdcollapse.metrics import Metric, margin
 
 
 logit_margins = margin  # z_y − max_{j≠y} z_j per row; see kdcollapse.metrics.margin

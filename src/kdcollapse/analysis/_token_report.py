@@ -32,8 +32,7 @@ import json
 import math
 from pathlib import Path
 
-import yaml
-
+from kdcollapse._yaml import load_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.report import (comparisons_table, fill, paired_comparisons, rank_correlations, rank_correlations_table,
                                seeds_table)
@@ -49,7 +48,11 @@ def load_token_spec(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"token report spec not found: {path}")
-    spec = yaml.safe_load(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"token report spec {path}: cannot read it as UTF-8 text ({err})") from None
+    spec = load_yaml(text, f"token report spec {path}")
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: a token report spec is a mapping; keys: {', '.join(_KEYS)}")
     unknown = sorted(set(spec) - set(_KEYS))

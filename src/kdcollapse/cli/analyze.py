@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
 
+from kdcollapse._yaml import load_yaml
 from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_int,
                                    positive_int)
 from kdcollapse.errors import ConfigError, KdcollapseError
@@ -31,12 +31,16 @@ output (analysis.md lists every metric with its meaning; logit_matrices.png only
 
 _PLOT_EXAMPLES = """examples:
   kdcollapse plot runs/fmnist_kd runs/fmnist_dhkd --keys test_acc,train_vci,test_vci --out curves.png
-  kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy
-  kdcollapse plot runs/fmnist_teacher                          # test_acc, train_loss and any collapse keys
+  kdcollapse plot runs/a runs/b --labels KD,DHKD --keys train_nc1,test_nc1,train_ncc_accuracy --out ab.png
+  kdcollapse plot runs/fmnist_teacher      # -> runs/fmnist_teacher/curves.png: test_acc, train_loss, collapse keys
   kdcollapse plot runs/fmnist_teacher --table --keys train_acc,test_acc --epochs 1,5,10-15   # markdown, stdout
 """
 
 _NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(default: None)" out
+
+# analyze's options that only --lm reads, with their defaults: given for an image run, they are refused.
+LM_ONLY = {"corpus": None, "layers": "last", "block_size": 256, "max_tokens": None, "min_count": 2,
+           "gnc_convention": "paper", "no_ncc": False, "accumulate": "auto", "random_init": None}
 
 _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci", "test_vci")
 
@@ -107,7 +111,8 @@ def register(subparsers) -> None:
     add("--keys", metavar="LIST",
         help=f"comma-separated metrics.jsonl keys (default: those of {','.join(_DEFAULT_KEYS)} that the runs log)")
     add("--labels", metavar="LIST", help="comma-separated legend labels, one per run")
-    p.add_argument("--out", metavar="FILE", default="curves.png", help="PNG file to write")
+    add("--out", metavar="FILE", help="figure file to write (default: RUN_DIR/curves.png for one run; required for "
+        "several)")
     add("--title", help="figure title")
     p.add_argument("--table", action="store_true",
                    help="print one run's per-epoch table (markdown) of --keys instead of drawing a figure")
@@ -176,6 +181,10 @@ def _analyze(args: argparse.Namespace) -> int:
                 raise ConfigError("give --stages or --layers with --lm, not both")
             args.layers = args.stages
         return _analyze_lm(args, device)
+    given = [f"--{k.replace('_', '-')}" for k, default in LM_ONLY.items() if getattr(args, k) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply only to a language model (--lm SOURCE), not to an image "
+                          "run or weights file; drop them, or give --lm")
     file_mode = [args.model, args.weights, args.data]
     if args.run_dir and any(file_mode):
         raise ConfigError("give either RUN_DIR or --model/--weights/--data, not both")
@@ -183,7 +192,7 @@ def _analyze(args: argparse.Namespace) -> int:
         return _against(args, device)
     if args.run_dir:
         subject = load_run(args.run_dir, args.split, device=device, per_class=args.per_class, teacher=args.teacher)
-        cfg = load_config(Path(args.run_dir) / "config.yaml")
+        cfg = load_config(Path(args.run_dir) / "config.yaml", saved=True)
         batch_size, seed = cfg.data.eval_batch_size, cfg.seed
         out = Path(args.out) if args.out else check_output(Path(args.run_dir) / f"analysis_{args.split}", "the output",
                                                            folder=True)
@@ -277,11 +286,7 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
 def _yaml_mapping(text: str | None) -> dict:
     if not text:
         return {}
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"--model-kwargs {text!r} is not valid YAML ({first})") from None
+    value = load_yaml(text, f"--model-kwargs {text!r}")
     if not isinstance(value, dict):
         raise ConfigError(f"--model-kwargs must be a mapping such as '{{input_size: 8}}', got {text!r}")
     return value
@@ -295,6 +300,11 @@ def _plot(args: argparse.Namespace) -> int:
     if args.table or args.epochs or args.digits or args.headers:
         return _epoch_table(args)
     require("matplotlib", "kdcollapse plot")  # before reading any run
+    if args.out is None:  # never into the current folder unasked
+        if len(args.run_dirs) > 1:
+            raise ConfigError(f"plotting {len(args.run_dirs)} runs needs --out FILE (e.g. --out curves.png); one "
+                              "run's figure goes to RUN_DIR/curves.png")
+        args.out = str(Path(args.run_dirs[0]) / "curves.png")
     check_output(args.out, "--out", suffixes=FIGURE_SUFFIXES)
 
     runs = {}

@@ -1,7 +1,7 @@
 """``kdcollapse demo``: teacher, student and distilled students on real data, with a report.
 
 Runs on Fashion-MNIST when its files are found (``apt-get install dataset-fashion-mnist``, or
-``kdcollapse data download fashion_mnist``), otherwise on scikit-learn's bundled digits, and says
+``kdcollapse data download fashion_mnist``), otherwise on the UCI digits shipped with kdcollapse, and says
 which. Every step is an ordinary ``kdcollapse`` run with its own run directory under ``--out``, so any
 of them can be inspected, resumed or analysed like a run of your own.
 """
@@ -15,7 +15,7 @@ from kdcollapse.cli._common import HelpFormatter, add_quiet, check_output
 EXAMPLES = """examples:
   kdcollapse demo                       # Fashion-MNIST if installed, else digits; writes runs/demo/report.md
   kdcollapse demo --out /tmp/demo --data digits
-  kdcollapse demo --quick               # a slow or loaded machine: fewer epochs, less data, KD only
+  kdcollapse demo --quick               # a slow or loaded machine: a shorter teacher, KD only
 """
 DATASETS = ("digits", "fashion_mnist")  # the plans of kdcollapse.experiments.demo.PLANS
 
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="runs/demo", help="directory for the runs and report.md")
     p.add_argument("--data", choices=DATASETS, help="dataset (default: fashion_mnist if found, else digits)")
     p.add_argument("--quick", action="store_true",
-                   help="a fifth of the epochs, a tenth of the teacher's images, KD only: for a slow machine")
+                   help="a shorter teacher (where none is committed) and KD only: for a slow machine")
     add_quiet(p, "stage or per-epoch lines")
     p.set_defaults(func=_main)
 

@@ -10,7 +10,8 @@ _EXAMPLES = """examples:
   kdcollapse study report --check results/*/*/study.yaml                           # pages up to date?
 
 A finished run (its last epoch committed) is skipped, an interrupted one resumed; a run that another
-launch is training (its run directory's lock) is left to it. See docs/studies.md for the file format.
+process is training (its run directory's lock) is left to it. One launch of a study at a time: a second
+`study run` of the same file is refused. See docs/studies.md for the file format.
 """
 
 
@@ -48,6 +49,19 @@ def _run(args) -> int:
 
 
 def _study_run(args) -> int:
+    import fnmatch
+
+    from kdcollapse.errors import ConfigError, unknown_choice
+    from kdcollapse.study import launch_lock, load_study
+
+    study = load_study(args.file, args.runs_dir)  # the whole file checked before the lock or any run
+    if args.only and not any(fnmatch.fnmatchcase(n, g) for n in study.runs for g in args.only):
+        raise ConfigError(unknown_choice("run of --only (a glob that matches none)", " ".join(args.only), study.runs))
+    with launch_lock(args.file):  # one launch of a study at a time
+        return _launch(args)
+
+
+def _launch(args) -> int:
     import fnmatch
     from pathlib import Path
 

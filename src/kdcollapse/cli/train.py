@@ -154,7 +154,7 @@ def _resolve_config(args) -> RunConfig:
         if args.config:
             raise ConfigError("--resume takes its config from the run directory; drop --config")
         _check_resume_overrides(args.overrides)
-        cfg = load_config(Path(args.resume) / "config.yaml", args.overrides)
+        cfg = load_config(Path(args.resume) / "config.yaml", args.overrides, saved=True)
         cfg.run_dir = args.resume
         return cfg
     if not args.config:

@@ -276,6 +276,7 @@ class DatasetEntry:
     system_paths: tuple[str, ...] = ()
     get: str = ""
     files_of: str = ""
+    reads_files: bool = True  # False: built from nothing on disk (a root given for it is an error)
 
     @property
     def needs_files(self) -> bool:
@@ -293,11 +294,14 @@ def register_dataset(
     system_paths: Sequence[str] = (),
     get: str = "",
     files_of: str = "",
+    reads_files: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``load(root, split, **options)`` under ``name`` (decorator)."""
+    """Register ``load(root, split, **options)`` under ``name`` (decorator); ``reads_files=False``: the
+    dataset reads nothing from disk, so a ``root`` given for it is refused rather than ignored."""
 
     def decorator(load: Callable[..., Any]) -> Callable[..., Any]:
-        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get, files_of)
+        entry = DatasetEntry(name, load, description, tuple(markers), tuple(system_paths), get, files_of,
+                             reads_files)
         _DATASETS.register(name)(entry)
         return load
 
@@ -343,6 +347,9 @@ def find_root(name: str, root: str | os.PathLike | None = None) -> Path | None:
     """The folder holding ``name`` (``root`` itself if given); ``DataError`` naming every place tried."""
     entry = dataset_entry(name)
     if not entry.needs_files:
+        if root is not None and not entry.reads_files:
+            raise DataError(f"dataset {name!r} reads no files (it is built in), so root {str(root)!r} would be "
+                            "ignored: drop data.root (or --root)")
         return None if root is None else Path(root).expanduser()
     candidates = [Path(root).expanduser()] if root is not None else search_paths(name)
     for candidate in candidates:

@@ -106,7 +106,7 @@ NOT_DOWNLOADABLE = {
         "val/<wnid>/*.JPEG using the devkit's ground-truth labels, then pass --root to that folder or "
         "put it at ~/.cache/kdcollapse/imagenet."
     ),
-    "digits": "digits is bundled with scikit-learn; there is nothing to download.",
+    "digits": "digits ships with kdcollapse (src/kdcollapse/data/digits.npz); there is nothing to download.",
     "gaussian_mixture": "gaussian_mixture is generated on the fly; there is nothing to download.",
     "image_folder": "image_folder reads any folder you point --root at; there is nothing to download.",
     "fashion_mnist_pairs": "fashion_mnist_pairs is built from Fashion-MNIST's files when loaded; "

@@ -16,14 +16,16 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from kdcollapse.data._dataset import Augment, _check_mean_std, register_dataset, relabel_classes, select_subset
 from kdcollapse.errors import DataError
+
+if TYPE_CHECKING:  # PIL loads on first decode: 0.4 s of every `import kdcollapse.train` otherwise
+    from PIL import Image
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -88,6 +90,8 @@ class FolderDataset:
 
     def decode(self, index: int, train: bool, seed: int) -> torch.Tensor:
         """Image ``index`` as uint8 ``(3, image_size, image_size)``; ``seed`` drives the random crop."""
+        from PIL import Image
+
         path = self.samples[index][0]
         try:
             with Image.open(path) as img:
@@ -110,6 +114,8 @@ def random_resized_crop(
 
     After 10 failed draws it falls back to the largest centred crop whose aspect ratio lies in ``ratio``.
     """
+    from PIL import Image
+
     width, height = img.size
     area = width * height
     for _ in range(10):
@@ -128,6 +134,8 @@ def random_resized_crop(
 
 def resize_center_crop(img: Image.Image, resize: int, size: int) -> Image.Image:
     """Resize so the shorter side is ``resize`` (bilinear, aspect kept), then crop the centre size²."""
+    from PIL import Image
+
     width, height = img.size
     if min(width, height) != resize:
         scale = resize / min(width, height)

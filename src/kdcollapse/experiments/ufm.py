@@ -53,7 +53,7 @@ class UFMResult:
 
 def _gnc_metrics(W: Tensor, H: Tensor, labels: Tensor, num_classes: int) -> dict[str, float]:
     """GNC1, GNC2, GNC3 (GNC Section 2.2) of features H with classifier W, from :mod:`kdcollapse.metrics`."""
-    from kdcollapse.metrics.functional import collapse_metrics_from_features  # torchmetrics: import on use
+    from kdcollapse.metrics.functional import collapse_metrics_from_features  # scipy, the metrics: import on use
 
     metrics = collapse_metrics_from_features(H.detach(), labels, num_classes, W.detach())
     return {name: metrics[name].item() for name in ("gnc1", "gnc2", "gnc3")}

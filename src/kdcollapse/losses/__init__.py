@@ -9,9 +9,13 @@ Formulas, options and references: ``docs/losses.md``. Every loss is declared onc
 :func:`get_loss` read the declarations, and the contract tests are parametrised over them.
 """
 
-from kdcollapse.losses._catalog import KINDS, LossCase, LossInfo, get_loss, list_losses, register_loss
+from kdcollapse.losses._catalog import (KINDS, LossCase, LossInfo, class_table, example_tensors, get_loss, list_losses,
+                                       register_loss)
 from kdcollapse.losses._module import LossModule, loss_module
 from kdcollapse.losses._reduce import IGNORE_INDEX, slice_vocab, validation
+from kdcollapse.losses.abkd import abkd_loss
+from kdcollapse.losses.akl import akl_loss
+from kdcollapse.losses.distillm2 import distillm2_fused_loss, distillm2_loss, distillm2_student_kl_loss
 from kdcollapse.losses.adversarial import ikl_at_loss, trades_loss
 from kdcollapse.losses.binary_kl import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.losses.contrastive import intra_class_contrastive_loss
@@ -59,6 +63,8 @@ JSDLoss = loss_module("JSDLoss", jsd_loss)
 SkewForwardKLLoss = loss_module("SkewForwardKLLoss", skew_forward_kl_loss)
 SkewReverseKLLoss = loss_module("SkewReverseKLLoss", skew_reverse_kl_loss)
 TVDLoss = loss_module("TVDLoss", tvd_loss)
+AKLLoss = loss_module("AKLLoss", akl_loss)
+ABKDLoss = loss_module("ABKDLoss", abkd_loss)
 
 __all__ = [
     "kd_loss", "dkd_loss", "binary_kl_loss", "binary_kl_norm_loss", "dkl_loss", "ikl_loss",
@@ -69,8 +75,9 @@ __all__ = [
     "forward_kl_loss", "reverse_kl_loss", "jsd_loss",
     "skew_forward_kl_loss", "skew_reverse_kl_loss", "tvd_loss", "ForwardKLLoss", "ReverseKLLoss", "JSDLoss",
     "SkewForwardKLLoss", "SkewReverseKLLoss", "TVDLoss", "fused_head_loss", "TeacherLogits", "TeacherHead",
-    "TopKTeacher",
-    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS",
+    "TopKTeacher", "akl_loss", "AKLLoss", "abkd_loss", "ABKDLoss",
+    "distillm2_loss", "distillm2_fused_loss", "distillm2_student_kl_loss",
+    "register_loss", "get_loss", "list_losses", "LossInfo", "LossCase", "KINDS", "class_table", "example_tensors",
     "standardize_logits", "nkd_loss", "wttm_loss", "class_correlation_loss", "batch_correlation_loss",
     "NKDLoss", "WTTMLoss",
     "crd_loss", "crd_nce_loss", "crd_log_scores", "crd_normalizer", "crd_memory_update", "hcl_loss", "vid_loss",

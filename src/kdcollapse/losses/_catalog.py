@@ -47,6 +47,9 @@ class LossInfo:
     (B, T) mask), ``ignore_index`` and ``chunked`` (``chunk_size``) say which shared options the
     function takes; ``tests/test_losses_catalog.py`` checks them against its signature."""
 
+    def __repr__(self) -> str:  # one line: list_losses() reads as a list, not 33 screens of fields
+        return f"LossInfo({self.name!r}, kind={self.kind!r}, paper={self.paper!r})"
+
     name: str
     function: Callable[..., Tensor]
     kind: str
@@ -63,6 +66,7 @@ class LossInfo:
     compiles: bool = True
     notes: str = ""
     divergence: Divergence | None = None  # a token divergence: its per-row formula and named parameters
+    reference: Callable[..., Tensor] | None = None  # what it must equal: a slow implementation of the paper
 
     def arguments(self, student: Tensor, teacher: Tensor, target: Tensor,
                   case: LossCase | None = None) -> tuple[tuple[Tensor, Tensor], dict[str, Any]]:
@@ -92,7 +96,9 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
                   example: Arguments | None = None, variants: Mapping[str, Arguments] = {},
                   k_squared: tuple[str, ...] = (), inputs: Callable[[], tuple[Tensor, ...]] | None = None,
                   reference_first: bool = False, checks_values: bool = True, compiles: bool = True,
-                  notes: str = "", divergence: Divergence | None = None) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+                  notes: str = "", divergence: Divergence | None = None,
+                  reference: Callable[..., Tensor] | None = None,
+                  ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Declare the decorated loss function (returned unchanged) under ``name``.
 
     Logit kinds give ``example(K, labels)`` (the keyword arguments of a typical call) and, for other
@@ -100,6 +106,12 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     O(K²) memory, a K×K table or Gram matrix ("" is ``example``); ``reference_first``: the function takes the
     reference side (teacher, natural image) before the fitted side. Other kinds give ``inputs()``:
     the positional float64 tensors of a small call (integer tensors for labels).
+
+    ``reference``: what the loss must equal, an independent slow implementation from the paper's
+    definition (a closed form, or loops; see ``kdcollapse/losses/_references.py``) taking the same
+    arguments as the example's call (the two logit tensors in the function's order and the case's keyword
+    arguments, or ``inputs()``); tests/test_loss_references.py compares value and the fitted side's
+    gradient in float64 on random inputs, for every case, and refuses a loss declared without one.
 
     ``divergence``: the loss is a token divergence (:class:`~kdcollapse.losses._divergence.Divergence`),
     which the language-model paths read. With ``divergence.rows=None`` the decorated function is its
@@ -123,16 +135,17 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
             loss = divergence_loss(name, declared)
         info = LossInfo(name, loss, kind, paper, equation, temperature, sequences,
                         ignore_index, chunked, cases, inputs, reference_first, checks_values,
-                        compiles, notes, declared)
+                        compiles, notes, declared, reference)
         _LOSSES.register(name)(info)
         return function
 
     return decorator
 
 
-def get_loss(name: str) -> LossInfo:
-    """The declaration of loss ``name``; an unknown name lists the declared ones."""
-    return _LOSSES.get(name)
+def get_loss(name: str | LossInfo) -> LossInfo:
+    """The declaration of loss ``name`` (or of what :func:`list_losses` returned); an unknown name lists the
+    declared ones."""
+    return _LOSSES.get(name.name if isinstance(name, LossInfo) else name)
 
 
 def list_losses(kind: str | Sequence[str] | None = None) -> list[LossInfo]:

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import class_table, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses.dkl import ikl_on_samples
 from kdcollapse.losses.kd import kl_rows
@@ -14,7 +15,8 @@ from kdcollapse.losses.kd import kl_rows
 @register_loss("trades", reference_first=True,
                kind="logits+target", paper="Zhang et al. 2019, TRADES (ICML)",
                equation="CE(f(x), y) + β·KL(P_nat ‖ P_adv) (eq. 5)", temperature=False, sequences=True,
-               ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
+               ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
+               reference=_references.trades)
 def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 beta: float = 6.0, *, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
                 reduction: str = "mean", chunk_size: int | None = None,
@@ -42,7 +44,8 @@ def trades_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tens
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"target": y, "class_weights": class_table(k)},
                variants={"sample_weights": lambda k, y: {"target": y, "class_weights": None}},
-               k_squared=("",))
+               k_squared=("",),
+               reference=_references.ikl_at)
 def ikl_at_loss(logits_natural: Tensor, logits_adversarial: Tensor, target: Tensor,
                 class_weights: Tensor | None, mse_weight: float = 20.0, ce_weight: float = 4.0, *,
                 mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,

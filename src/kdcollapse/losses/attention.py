@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._maps import common_size, paired_stages, pool_to, stages
 from kdcollapse.losses._reduce import validating
@@ -29,7 +30,8 @@ def attention_map(feature_map: Tensor, p: float = 2.0) -> Tensor:
 @register_loss("at", kind="features", paper="Zagoruyko & Komodakis 2017, Paying more attention to attention (ICLR)",
                equation="Σ_j mean (Q_s/‖Q_s‖ − Q_t/‖Q_t‖)², Q = mean_c |A_c|^p (eqs. 1-2)", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)))
+               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)),
+               reference=_references.at)
 def at_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor], p: float = 2.0,
             *, validate: bool | None = None) -> Tensor:
     """Σ_stages mean_{b,j} (Q_s[b, j] − Q_t[b, j])², Q = :func:`attention_map` (AT paper eq. 2).

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive
 
@@ -40,7 +41,8 @@ def _check_form(form: str) -> None:
 
 @register_loss("binary_kl", kind="logits", paper="DHKD (Yang et al. 2024), binary KL",
                equation="τ²·Σ_k KL([σ(t_k), σ(−t_k)] ‖ [σ(s_k), σ(−s_k)]) (eq. 1)", temperature=True,
-               sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {})
+               sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {},
+               reference=_references.binary_kl)
 def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                    mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                    vocab_size: int | None = None, chunk_size: int | None = None,
@@ -75,7 +77,8 @@ def binary_kl_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *
 @register_loss("binary_kl_norm", kind="logits", paper="DHKD (Yang et al. 2024), binary KL-Norm",
                equation="τ²·Σ_k KL([½, ½] ‖ [σ(u_k), σ(−u_k)]), u = (z_s − z_t)/τ (eq. 5)",
                temperature=True, sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {})
+               example=lambda k, y: {},
+               reference=_references.binary_kl_norm)
 def binary_kl_norm_loss(student: Tensor, teacher: Tensor, temperature: float = 2.0, *,
                         mask: Tensor | None = None, form: str = "stable", reduction: str = "mean",
                         vocab_size: int | None = None, chunk_size: int | None = None,

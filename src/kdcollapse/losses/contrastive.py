@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, check_reduction, validating
 from kdcollapse.losses._shapes import check_positive, check_tensor, check_values, describe
@@ -16,7 +17,8 @@ from kdcollapse.losses._shapes import check_positive, check_tensor, check_values
                paper="Intra-class contrastive loss (InfoNCE with one positive per anchor)",
                equation="−log e^{sim(a,p)/τ} / (e^{sim(a,p)/τ} + Σ_n e^{sim(a,n)/τ})", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((6, 8), (6, 8), (6, 5, 8)))
+               inputs=lambda: example_tensors((6, 8), (6, 8), (6, 5, 8)),
+               reference=_references.intra_class_contrastive)
 def intra_class_contrastive_loss(anchors: Tensor, positives: Tensor, negatives: Tensor,
                                  negative_mask: Tensor | None = None,
                                  temperature: float = 1.0, *, normalize: bool = True, reduction: str = "mean",

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import accumulation_dtype
 from kdcollapse.losses._shapes import check_tensor
 
@@ -18,7 +19,8 @@ from kdcollapse.losses._shapes import check_tensor
                sequences=False, ignore_index=False, chunked=False,
                inputs=lambda: (*example_tensors((8, 4)), torch.tensor([0, 0, 1, 1, 2, 2, 0, 1])),
                checks_values=False, compiles=False,
-               notes="labels.unique() is data-dependent, so torch.compile breaks the graph")
+               notes="labels.unique() is data-dependent, so torch.compile breaks the graph",
+               reference=_references.within_class_cosine)
 def within_class_cosine_distance(features: Tensor, labels: Tensor) -> Tensor:
     r"""d̄_within of the batch: the mean over the classes present of (1/n_k²) Σ_{i,j∈k} (1 − sim(h_i, h_j)).
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_positive, check_tensor, check_values
@@ -65,7 +66,8 @@ def crd_normalizer(log_scores: Tensor, num_data: int | Tensor) -> float:
                "distillation (ICLR)", equation="NCE with P_n = 1/N: −Σ log P₀/(P₀+K/N) − Σ_i log (K/N)/(P_i+K/N)",
                temperature=True, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers", inputs=lambda: (
-                   *(F.normalize(x, dim=-1) for x in example_tensors((4, 8), (4, 6, 8))), torch.tensor(50)))
+                   *(F.normalize(x, dim=-1) for x in example_tensors((4, 8), (4, 6, 8))), torch.tensor(50)),
+               reference=_references.crd)
 def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, normalizer: float | None = None,
              temperature: float = 0.07, *, validate: bool | None = None) -> Tensor:
     """The NCE loss of one CRD direction (module docstring); row 0 of ``memory_rows`` is the positive.
@@ -87,7 +89,8 @@ def crd_loss(anchors: Tensor, memory_rows: Tensor, num_data: int | Tensor, norma
                "distillation (ICLR)", equation="the NCE of crd on scores s_i = m_i·v/τ, P_i = e^{s_i}/Z",
                temperature=False, sequences=False, ignore_index=False, chunked=False, compiles=False,
                notes="N and the first-step Z are host numbers",
-               inputs=lambda: (*example_tensors((4, 7)), torch.tensor(50)))
+               inputs=lambda: (*example_tensors((4, 7)), torch.tensor(50)),
+               reference=_references.crd_nce)
 def crd_nce_loss(log_scores: Tensor, num_data: int | Tensor, normalizer: float | None = None, *,
                  validate: bool | None = None) -> Tensor:
     """CRD's NCE loss from the (B, 1 + K) scores m_i · v / τ, positive in column 0 (``normalizer``,

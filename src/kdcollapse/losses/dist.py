@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive, check_tensor
@@ -32,7 +33,8 @@ def pearson_correlation(a: Tensor, b: Tensor, eps: float = _EPS) -> Tensor:
 @register_loss("dist", kind="logits", paper="Huang et al. 2022, Knowledge distillation from a stronger teacher (NeurIPS)",
                equation="τ²·[β·(1 − mean_i ρ(Y_s,i:, Y_t,i:)) + γ·(1 − mean_j ρ(Y_s,:j, Y_t,:j))] (eqs. 5-7)",
                temperature=True, sequences=False, ignore_index=False, chunked=False,
-               example=lambda k, y: {"temperature": 4.0, "gamma": 2.0})
+               example=lambda k, y: {"temperature": 4.0, "gamma": 2.0},
+               reference=_references.dist)
 def dist_loss(student: Tensor, teacher: Tensor, beta: float = 1.0, gamma: float = 1.0,
               temperature: float = 1.0, *, validate: bool | None = None) -> Tensor:
     """τ²·[β·(1 − mean_i ρ(Y_s[i, :], Y_t[i, :])) + γ·(1 − mean_j ρ(Y_s[:, j], Y_t[:, j]))] (DIST eq. 7).

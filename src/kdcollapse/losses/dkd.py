@@ -11,6 +11,7 @@ from torch.autograd.function import once_differentiable
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._divergence import Divergence, Parameter
 from kdcollapse.losses._reduce import IGNORE_INDEX, constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
@@ -60,7 +61,8 @@ def _kl(log_a: Tensor, log_b: Tensor) -> Tensor:
                equation="τ²·(α·TCKD + β·NCKD) (Sec. 3, eq. 7)", temperature=True, sequences=True,
                ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
                divergence=Divergence(_token_dkd, {"beta": Parameter(
-                   8.0, high=math.inf, meaning="NCKD's weight (the paper's CIFAR-100 value 8; α is 1)")}, target=True))
+                   8.0, high=math.inf, meaning="NCKD's weight (the paper's CIFAR-100 value 8; α is 1)")}, target=True),
+               reference=_references.dkd)
 def dkd_loss(student: Tensor, teacher: Tensor, target: Tensor, alpha: float = 1.0, beta: float = 8.0,
              temperature: float = 4.0, *, mask: Tensor | None = None,
              ignore_index: int = IGNORE_INDEX, reduction: str = "mean",

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import class_table, register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, Samples, logit_samples, validating
 from kdcollapse.losses._shapes import check_positive, check_values, describe
@@ -63,7 +64,8 @@ def _decoupled(diff: Tensor, weights: Tensor, soft_labels: Tensor, log_probs: Te
 @register_loss("dkl", reference_first=True,
                kind="logits", paper="Cui et al. 2024, Decoupled Kullback-Leibler divergence loss",
                equation="wMSE + β·soft cross-entropy (eq. 5)", temperature=False, sequences=True,
-               ignore_index=False, chunked=True, example=lambda k, y: {})
+               ignore_index=False, chunked=True, example=lambda k, y: {},
+               reference=_references.dkl)
 def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float = 1.0, *,
              mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
              chunk_size: int | None = None, validate: bool | None = None) -> Tensor:
@@ -92,7 +94,8 @@ def dkl_loss(logits_m: Tensor, logits_n: Tensor, alpha: float = 1.0, beta: float
                sequences=True, ignore_index=True, chunked=True,
                example=lambda k, y: {"temperature": 2.0, "mse_weight": 8.0},
                variants={"class_weights": lambda k, y: {"class_weights": class_table(k), "target": y}},
-               k_squared=("class_weights",))
+               k_squared=("class_weights",),
+               reference=_references.ikl)
 def ikl_loss(student: Tensor, teacher: Tensor, *, class_weights: Tensor | None = None,
              target: Tensor | None = None, mse_weight: float = 1.0, ce_weight: float = 1.0,
              temperature: float = 1.0, mask: Tensor | None = None,

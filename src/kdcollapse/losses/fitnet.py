@@ -6,6 +6,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._maps import paired_stages
 from kdcollapse.losses._reduce import validating
 from kdcollapse.losses._shapes import check_values
@@ -14,7 +15,8 @@ from kdcollapse.losses._shapes import check_values
 @register_loss("fitnet", kind="features", paper="Romero et al. 2015, FitNets: hints for thin deep nets (ICLR)",
                equation="mean (r(v_s) − u_t)², the hint loss (eq. 3) as mdistiller averages it", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((4, 3, 2, 2), (4, 3, 2, 2)))
+               inputs=lambda: example_tensors((4, 3, 2, 2), (4, 3, 2, 2)),
+               reference=_references.fitnet)
 def fitnet_loss(student_regressed: Tensor, teacher_hint: Tensor, *, validate: bool | None = None) -> Tensor:
     """mean over all entries of (r(v_s) − u_t)², the hint loss of FitNets eq. 3.
 

@@ -195,16 +195,18 @@ class _FusedHead(torch.autograd.Function):
                 if distill_weight:
                     log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
                     values = distill_weight * (rows(log_q, log_p, target) if with_target else rows(log_q, log_p))
-                if ce_weight:
-                    ce = F.cross_entropy(z, target, reduction="none")
-                    values = values + ce_weight * ce
+                if ce_weight:  # −log softmax(z)[y], from the divergence's log-softmax when τ = 1
+                    log_z = log_q if temperature == 1 else F.log_softmax(z, -1)
+                    values = values - ce_weight * log_z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
                 loss = torch.where(kept, values, 0).sum() / count
                 (grad_z,) = torch.autograd.grad(loss, z)
             total += loss.detach()
             grad_z = grad_z.to(hidden.dtype)
             if grad_hidden is not None:
-                grad_hidden[span] = grad_z @ weight
-            if grad_weight is not None:
+                torch.mm(grad_z, weight, out=grad_hidden[span])
+            if grad_weight is not None and grad_weight.dtype == h.dtype:
+                grad_weight.addmm_(grad_z.T, h)  # accumulated inside the GEMM: no (V, H) temporary per chunk
+            elif grad_weight is not None:
                 grad_weight += (grad_z.T @ h).to(grad_weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
         return total.to(torch.promote_types(hidden.dtype, torch.float32))

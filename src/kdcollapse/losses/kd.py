@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import constants, logit_samples, scaled_logits
 from kdcollapse.losses._shapes import check_positive
 
@@ -21,7 +22,8 @@ def kl_rows(p_logits: Tensor, q_logits: Tensor) -> Tensor:
 @register_loss("kd", kind="logits", paper="Hinton et al. 2015, Distilling the knowledge in a neural network",
                equation="τ²·KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) (Sec. 2)", temperature=True,
                sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {"temperature": 2.0})
+               example=lambda k, y: {"temperature": 2.0},
+               reference=_references.kd)
 def kd_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
             mask: Tensor | None = None, reduction: str = "mean", vocab_size: int | None = None,
             chunk_size: int | None = None, validate: bool | None = None) -> Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive, check_tensor
@@ -37,7 +38,8 @@ def _gram_difference(a: Tensor, b: Tensor) -> Tensor:
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), class-level alignment",
                equation="(1/K)·‖P_tᵀP_t − P_sᵀP_s‖²_F, P = softmax(Z/τ) (B×K) (eq. 6)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
-               example=lambda k, y: {"temperature": 1.0}, k_squared=("",), notes=FP16_NOTE)
+               example=lambda k, y: {"temperature": 1.0}, k_squared=("",), notes=FP16_NOTE,
+               reference=_references.class_correlation)
 def class_correlation_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
                            validate: bool | None = None) -> Tensor:
     """(1/K)·Σ_jk (G_t − G_s)²_jk with the K×K class correlations G = Pᵀ P of the batch's
@@ -50,7 +52,8 @@ def class_correlation_loss(student: Tensor, teacher: Tensor, temperature: float 
                paper="Jin et al. 2023, Multi-level logit distillation (CVPR), batch-level alignment",
                equation="(1/B)·‖P_tP_tᵀ − P_sP_sᵀ‖²_F, P = softmax(Z/τ) (B×K) (eq. 5)", temperature=True,
                sequences=False, ignore_index=False, chunked=False,
-               example=lambda k, y: {"temperature": 1.0}, notes=FP16_NOTE)
+               example=lambda k, y: {"temperature": 1.0}, notes=FP16_NOTE,
+               reference=_references.batch_correlation)
 def batch_correlation_loss(student: Tensor, teacher: Tensor, temperature: float = 4.0, *,
                            validate: bool | None = None) -> Tensor:
     """(1/B)·Σ_ij (G_t − G_s)²_ij with the B×B sample correlations G = P Pᵀ of the batch's

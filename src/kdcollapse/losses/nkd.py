@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
 from kdcollapse.losses.dkd import target_split
@@ -14,7 +15,8 @@ from kdcollapse.losses.dkd import target_split
 @register_loss("nkd", kind="logits+target",
                paper="Yang et al. 2023, From knowledge distillation to self-knowledge distillation (ICCV)",
                equation="−T_t·log S_t − γ·τ²·Σ_{j≠t} T̂_j(τ) log Ŝ_j(τ) (eq. 8)", temperature=True,
-               sequences=True, ignore_index=True, chunked=True, example=lambda k, y: {"target": y})
+               sequences=True, ignore_index=True, chunked=True, example=lambda k, y: {"target": y},
+               reference=_references.nkd)
 def nkd_loss(student: Tensor, teacher: Tensor, target: Tensor, temperature: float = 1.0,
              gamma: float = 1.5, *, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,
              reduction: str = "mean", vocab_size: int | None = None, chunk_size: int | None = None,

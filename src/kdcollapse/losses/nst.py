@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._maps import common_size, paired_stages, pool_to
 from kdcollapse.losses._reduce import validating
@@ -22,7 +23,8 @@ def _kernel_mean(a: Tensor, b: Tensor) -> Tensor:
 @register_loss("nst", kind="features", paper="Huang & Wang 2017, Like what you like: knowledge distill via neuron "
                "selectivity transfer", equation="Σ_stages MMD² of the channels' normalised maps, k(x, y) = (xᵀy)² "
                "(eqs. 4-6)", temperature=False, sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)))
+               inputs=lambda: example_tensors((4, 3, 4, 4), (4, 5, 2, 2)),
+               reference=_references.nst)
 def nst_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor], *,
              validate: bool | None = None) -> Tensor:
     """Σ_stages MMD²(student channels, teacher channels) with k(x, y) = (xᵀy)² (NST eq. 4-6).

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._maps import paired_stages, pool_to
 from kdcollapse.losses._reduce import validating
@@ -59,7 +60,8 @@ def _ofd_example() -> tuple[Tensor, Tensor, Tensor]:
 
 @register_loss("ofd", kind="features", paper="Heo et al. 2019, A comprehensive overhaul of feature distillation (ICCV)",
                equation="Σ_i 2^−(n−1−i)·d_p(σ_m(T_i), S_i), margin ReLU and partial L2 (eqs. 2-5)", temperature=False,
-               sequences=False, ignore_index=False, chunked=False, inputs=_ofd_example)
+               sequences=False, ignore_index=False, chunked=False, inputs=_ofd_example,
+               reference=_references.ofd)
 def ofd_loss(student_maps: Tensor | Sequence[Tensor], teacher_maps: Tensor | Sequence[Tensor],
              margins: Tensor | Sequence[Tensor], *, validate: bool | None = None) -> Tensor:
     """Σ_i 2^−(n−1−i)·:func:`ofd_distance`(S_i, pool(T_i), m_i) over n stages, as mdistiller's ``OFD``.

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_tensor, check_values
@@ -29,7 +30,8 @@ HCL_LEVELS = (4, 2, 1)  # the official pooled sizes
 @register_loss("hcl", kind="features", paper="Chen, Liu, Zhao & Jia 2021, Distilling knowledge via knowledge "
                "review (CVPR)", equation="[MSE + Σ_i 2^-i·MSE(pool_i)] / (1 + Σ_i 2^-i), §3.3",
                temperature=False, sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((2, 3, 8, 8), (2, 3, 8, 8)))
+               inputs=lambda: example_tensors((2, 3, 8, 8), (2, 3, 8, 8)),
+               reference=_references.hcl)
 def hcl_loss(student: Tensor, teacher: Tensor, levels: Sequence[int] = HCL_LEVELS, *,
              validate: bool | None = None) -> Tensor:
     """The hierarchical context loss of one stage (module docstring) for (B, C, H, W) maps of equal shape;

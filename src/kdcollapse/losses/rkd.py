@@ -8,6 +8,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import accumulation_dtype, check_reduction, validating
 from kdcollapse.losses._shapes import check_tensor, check_values
 
@@ -29,7 +30,8 @@ def _relations(e: Tensor) -> tuple[Tensor, Tensor]:
 
 @register_loss("rkd", kind="features", paper="Park et al. 2019, Relational knowledge distillation (CVPR)",
                equation="λ_D·RKD-D + λ_A·RKD-A (eqs. 3-6)", temperature=False, sequences=False,
-               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)))
+               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)),
+               reference=_references.rkd)
 def rkd_loss(student_embeddings: Tensor, teacher_embeddings: Tensor, distance_weight: float = 25.0,
              angle_weight: float = 50.0, *, reduction: str = "mean",
              validate: bool | None = None) -> Tensor:

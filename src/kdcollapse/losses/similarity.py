@@ -9,6 +9,7 @@ from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses._catalog import example_tensors, register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_tensor, check_values
 
@@ -30,7 +31,8 @@ def _pair(student: Tensor, teacher: Tensor, ndims: tuple[int, ...], validate: bo
 @register_loss("sp", kind="features", paper="Tung & Mori 2019, Similarity-preserving knowledge distillation (ICCV)",
                equation="(1/B²)·‖G̃_t − G̃_s‖²_F, G̃ = row-normalised F Fᵀ (eqs. 2-4)", temperature=False,
                sequences=False, ignore_index=False, chunked=False,
-               inputs=lambda: example_tensors((6, 3, 2, 2), (6, 4, 2, 2)))
+               inputs=lambda: example_tensors((6, 3, 2, 2), (6, 4, 2, 2)),
+               reference=_references.sp)
 def sp_loss(student: Tensor, teacher: Tensor, *, validate: bool | None = None) -> Tensor:
     """(1/B²)·‖G̃_T − G̃_S‖²_F with G = F Fᵀ of the flattened features and G̃ its rows L2-normalised
     (SP eq. 2-4).
@@ -55,7 +57,8 @@ def _conditional_probabilities(f: Tensor) -> Tensor:
 @register_loss("pkt", kind="features", paper="Passalis & Tefas 2018, Learning deep representations with "
                "probabilistic knowledge transfer (ECCV)", equation="mean_ij p_ij log((p_ij + ε)/(q_ij + ε)), "
                "cosine-kernel conditional probabilities (eqs. 10-12)", temperature=False, sequences=False,
-               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)))
+               ignore_index=False, chunked=False, inputs=lambda: example_tensors((6, 4), (6, 3)),
+               reference=_references.pkt)
 def pkt_loss(student: Tensor, teacher: Tensor, *, validate: bool | None = None) -> Tensor:
     """mean_{i,j} p_ij·log((p_ij + ε)/(q_ij + ε)), p (teacher) and q (student) the conditional
     probabilities of PKT eq. 10 with the cosine-similarity kernel (PKT eq. 12), ε = 1e-7.

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _references
 from kdcollapse.losses._catalog import example_tensors, register_loss
 from kdcollapse.losses._reduce import accumulation_dtype, validating
 from kdcollapse.losses._shapes import check_tensor, check_values
@@ -27,7 +28,8 @@ VID_EPS = 1e-5  # the official floor of the variance
 @register_loss("vid", kind="features", paper="Ahn, Hu, Damianou, Lawrence & Dai 2019, Variational information "
                "distillation for knowledge transfer (CVPR)", equation="mean ½[(μ − t)²/σ_c² + log σ_c²], "
                "σ_c² = softplus(α_c) + ε, §3", temperature=False, sequences=False, ignore_index=False,
-               chunked=False, inputs=lambda: example_tensors((2, 3, 4, 4), (2, 3, 4, 4), (3,)))
+               chunked=False, inputs=lambda: example_tensors((2, 3, 4, 4), (2, 3, 4, 4), (3,)),
+               reference=_references.vid)
 def vid_loss(predicted_mean: Tensor, teacher: Tensor, log_scale: Tensor, eps: float = VID_EPS, *,
              validate: bool | None = None) -> Tensor:
     """The Gaussian NLL above; ``log_scale`` (C,) holds α, σ² = softplus(α) + ``eps``.

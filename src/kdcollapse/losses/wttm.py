@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses import _references
 from kdcollapse.losses._reduce import logit_samples
 from kdcollapse.losses._shapes import check_positive
 
@@ -15,7 +16,8 @@ from kdcollapse.losses._shapes import check_positive
                paper="Zheng & Yang 2024, Knowledge distillation based on transformed teacher matching (ICLR)",
                equation="U_γ(p_t)·KL(p_t^γ / U_γ(p_t) ‖ p_s), U_γ(p) = Σ_j p_j^γ (WTTM objective)",
                temperature=False, sequences=True, ignore_index=False, chunked=True,
-               example=lambda k, y: {"gamma": 0.2})
+               example=lambda k, y: {"gamma": 0.2},
+               reference=_references.wttm)
 def wttm_loss(student: Tensor, teacher: Tensor, gamma: float = 0.2, *, mask: Tensor | None = None,
               reduction: str = "mean", vocab_size: int | None = None, chunk_size: int | None = None,
               validate: bool | None = None) -> Tensor:

@@ -166,12 +166,7 @@ class AdversarialTraining(Method):
         if x.dim() != 4:
             raise KdcollapseError(f"method '{self.name}' trains on images (B, C, H, W); got inputs of "
                                   f"shape {tuple(x.shape)} (a vector dataset?)")
-        mean, std = self._normalization(x)
-        images = (x * std + mean).clamp(0.0, 1.0)
-        images_adv = trades_attack(Normalized(self.student, mean.flatten(), std.flatten()), images,
-                                   norm=self.config.norm, eps=self.current_eps,
-                                   step_size=self.step_size * self.current_eps / self.eps, steps=self.config.steps)
-        x_adv = (images_adv - mean) / std
+        x_adv = self.adversarial_inputs(x)
         if self.awp is not None and self.epoch + 1 >= self.config.awp_from_epoch:
             self.awp.perturb(self.student, lambda net: self.training_loss(net(x), net(x_adv), y))
         logits_adv = self.student(x_adv)  # adversarial first, as the official code (BN statistics order)
@@ -182,6 +177,16 @@ class AdversarialTraining(Method):
         return {"loss": loss, "logits": logits, "ce": ce, "robust": loss.detach() - ce,
                 "adv_acc": 100 * (logits_adv.detach().argmax(1) == y).float().mean(),
                 "eps": torch.tensor(self.current_eps, device=x.device)}
+
+    def adversarial_inputs(self, x: Tensor) -> Tensor:
+        """x' for the standardised inputs ``x``: the TRADES inner maximiser at the current ε, run on the
+        images u = x·std + mean in [0, 1] and standardised back."""
+        mean, std = self._normalization(x)
+        images = (x * std + mean).clamp(0.0, 1.0)
+        images_adv = trades_attack(Normalized(self.student, mean.flatten(), std.flatten()), images,
+                                   norm=self.config.norm, eps=self.current_eps,
+                                   step_size=self.step_size * self.current_eps / self.eps, steps=self.config.steps)
+        return (images_adv - mean) / std
 
     def _normalization(self, x: Tensor) -> tuple[Tensor, Tensor]:
         shape = (1, -1, 1, 1)

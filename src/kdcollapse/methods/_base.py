@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,13 @@ def check_train_labels(labels: torch.Tensor | None, num_samples: int | None,
     return labels, len(labels)
 
 
+class Equality(Protocol):
+    """What a method's training loss must equal: ``equals(method, x, y, **batch) -> loss`` (0-dim), from
+    registered losses and the method's own connectors (see :func:`kdcollapse.methods.register_method`)."""
+
+    def __call__(self, method: Method, x: torch.Tensor, y: torch.Tensor, **batch: torch.Tensor) -> torch.Tensor: ...
+
+
 class Method(nn.Module):
     """A training method: owns the student (and any extra trainable parts) and its losses.
 
@@ -52,6 +59,15 @@ class Method(nn.Module):
 
     name: ClassVar[str] = ""
     """The registered name (``method.name``); set by :func:`kdcollapse.methods.register_method`."""
+
+    equals: ClassVar[Equality | None] = None
+    """What ``forward(x, y)["loss"]`` must equal, in value and gradient: the combination of registered losses
+    the method claims to compute, declared with ``register_method(name, equals=...)`` (``None``: not
+    declared, which the contract test refuses). Read only by the contract test, never by the trainer."""
+
+    equality_checks: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    """The config overrides under which the contract test checks :attr:`equals` (``{}``: the defaults), set
+    by ``register_method(name, checks=...)``."""
 
     @classmethod
     def teacher_request(cls, config) -> TeacherRequest | None:

@@ -3,11 +3,13 @@ linear warm-up ramp of the distillation term."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from kdcollapse.errors import ConfigError, KdcollapseError
-from kdcollapse.losses import standardize_logits
+from kdcollapse.losses import get_loss, standardize_logits
 from kdcollapse.methods._base import Method
 from kdcollapse.methods._teacher import FrozenTeacher, TeacherRequest
 
@@ -56,6 +58,18 @@ def softmax_request(config) -> TeacherRequest:
     return TeacherRequest(temperature=config.temperature)
 
 
+def loss(name: str):
+    """The registered loss function ``name`` (``kdcollapse.losses.get_loss(name).function``), for
+    declaring a method's equality in the registry's words."""
+    return get_loss(name).function
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or float64 when it is: the precision a loss runs in after autocast (a float64 check
+    of the method's equality keeps its precision)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def warmup_factor(epoch: int, warmup_epochs: int) -> float:
     """min((epoch + 1) / warmup_epochs, 1) for the 0-based ``epoch``: the per-epoch ramp of the official
     DKD and IKL-KD code, whose epochs count from 1 (epoch 1 of 20 uses 1/20). ``warmup_epochs`` 0: no ramp."""
@@ -65,9 +79,12 @@ def warmup_factor(epoch: int, warmup_epochs: int) -> float:
 
 
 def check_config(config, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    """Raise :class:`ConfigError` naming the first ``method.<field>`` outside its range."""
+    """Raise :class:`ConfigError` naming the first ``method.<field>`` outside its range (finite, and > 0 or
+    >= 0: a temperature or weight of inf or nan means nothing)."""
     for names, ok, what in ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0")):
         for field in names:
             value = getattr(config, field)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"method.{field} must be a finite number {what}, got {value}")
             if value is not None and not ok(value):
                 raise ConfigError(f"method.{field} must be {what}, got {value}")

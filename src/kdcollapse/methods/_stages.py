@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import field
 
 from kdcollapse.errors import ConfigError
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config
 from kdcollapse.methods._teacher import TeacherRequest
 from kdcollapse.models import FeatureInfo
 
@@ -26,6 +26,7 @@ def check_stages(key: str, feature_info: Sequence[FeatureInfo], stages: Sequence
 
 
 def check_pairs(student_key: str, teacher_key: str, student: Sequence[int], teacher: Sequence[int]) -> None:
+    """A :class:`ConfigError` unless the student's and the teacher's stage lists pair one to one."""
     if len(student) != len(teacher):
         raise ConfigError(f"method.{student_key} {list(student)} and method.{teacher_key} {list(teacher)} must "
                           f"pair the stages one to one (equal lengths)")
@@ -58,8 +59,15 @@ class StageTransfer(Distiller):
         h, maps = self.student.forward_intermediates(x, list(cfg.student_stages))
         logits = self.student.forward_head(h)
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
-        feat = cfg.feat_weight * self.loss_fn([m.float() for m in maps], self.read_teacher(x).maps, cfg)
+        feat = cfg.feat_weight * self.loss_fn([at_least_float32(m) for m in maps], self.read_teacher(x).maps, cfg)
         return {"loss": ce + feat, "logits": logits, "ce": ce, self.part: feat}
+
+
+def stage_maps(method, x):
+    """(student logits, the student's maps of ``student_stages``, the teacher's of ``teacher_stages``): what
+    a :class:`StageTransfer` equality reads."""
+    h, maps = method.student.forward_intermediates(x, list(method.config.student_stages))
+    return method.student.forward_head(h), maps, method.read_teacher(x).maps
 
 
 def stages(*default: int):

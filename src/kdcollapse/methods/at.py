@@ -8,10 +8,17 @@ from dataclasses import dataclass
 from kdcollapse.losses import at_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._distill import check_config
-from kdcollapse.methods._stages import StageTransfer, check_weights, stages
+from kdcollapse.methods._distill import loss
+from kdcollapse.methods._stages import StageTransfer, check_weights, stage_maps, stages
 
 
-@register_method("at")
+def equals(m, x, y):
+    """ce_weight·CE + feat_weight·at over the paired student and teacher stage maps."""
+    cfg, (logits, s_maps, t_maps) = m.config, stage_maps(m, x)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.feat_weight * loss("at")(s_maps, t_maps, cfg.p)
+
+
+@register_method("at", equals=equals)
 class AT(StageTransfer):
     """ce_weight·CE + feat_weight·Σ_stages mean (Q_s/‖Q_s‖ − Q_t/‖Q_t‖)² (AT eq. 2, β = 1000 as published;
     :func:`kdcollapse.losses.at_loss`). Logged parts: ``ce``, ``at``, weighted."""

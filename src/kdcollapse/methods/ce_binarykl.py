@@ -8,10 +8,17 @@ from typing import Literal
 
 from kdcollapse.losses import binary_kl_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
-@register_method("ce_binarykl")
+def equals(m, x, y):
+    """ce_weight·CE + alpha·binary_kl(z_s, z_t, τ, form)."""
+    cfg, logits = m.config, m.student(x)
+    return (cfg.ce_weight * m.cross_entropy(logits, y)
+            + cfg.alpha * loss("binary_kl")(logits, m.teacher_logits(x), cfg.temperature, form=cfg.binary_kl_form))
+
+
+@register_method("ce_binarykl", equals=equals, checks=({"binary_kl_form": "official"},))
 class CEBinaryKL(Distiller):
     """ce_weight·CE(z_s, y) + alpha·BinaryKL(z_s, z_t, τ), both on the single head (DHKD eq. 2).
 

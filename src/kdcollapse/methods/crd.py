@@ -31,7 +31,7 @@ from kdcollapse.distributed import all_gather_cat, all_reduce_sum, world_size
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses import crd_log_scores, crd_memory_update, crd_nce_loss, crd_normalizer
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
 class Embed(nn.Module):
@@ -48,7 +48,21 @@ class Embed(nn.Module):
 MODES = ("exact", "relax")  # mdistiller's CFG.CRD.MODE
 
 
-@register_method("crd")
+def equals(m, x, y, *, index):
+    """ce_weight·CE + crd_weight·(crd(e_s(h_s), memory_t rows) + crd(e_t(h_t), memory_s rows)) at the drawn rows
+    (the positive, then the method's sampled negatives) with the first step's normalisers."""
+    cfg, h = m.config, m.student.forward_features(x)
+    teacher = m.read_teacher(x)
+    v_s, v_t = m.embed_student(h), m.embed_teacher(teacher.features)
+    positive = index if cfg.mode == "exact" else m.sample_positives(y)
+    idx = torch.cat([positive[:, None], m.sample_negatives(y)], dim=1)
+    (z_s, z_t), n = m.normalizers.tolist(), m.num_samples
+    crd = (loss("crd")(v_s, m.memory_teacher[idx], n, z_s, cfg.temperature)
+           + loss("crd")(v_t, m.memory_student[idx], n, z_t, cfg.temperature))
+    return cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y) + cfg.crd_weight * crd
+
+
+@register_method("crd", equals=equals, checks=({"mode": "relax", "num_negatives": 8},))
 class CRD(Distiller):
     """CE + CRD's two-way NCE loss against momentum memory banks of the whole training set."""
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from kdcollapse.losses import kd_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config, standardized
+from kdcollapse.methods._distill import Distiller, check_config, loss, standardized
 
 
 class _ReverseGradient(torch.autograd.Function):
@@ -53,7 +53,14 @@ def curriculum(epoch: int, lambda_max: float, epochs: int) -> float:
     return lambda_max * (1 - (math.cos(e * math.pi / epochs) + 1) / 2)
 
 
-@register_method("ctkd")
+def equals(m, x, y):
+    """ce_weight·CE + kd_weight·kd(z_s, z_t, τ) at the learned τ (the method's reversed-gradient connector)."""
+    cfg, logits = m.config, m.student(x)
+    return (cfg.ce_weight * m.cross_entropy(logits, y)
+            + cfg.kd_weight * loss("kd")(*standardized(cfg, logits, m.teacher_logits(x)), m.temperature()))
+
+
+@register_method("ctkd", equals=equals, checks=({"logit_standardization": True},))
 class CTKD(Distiller):
     """ce_weight·CE(z_s, y) + kd_weight·τ²·KL(softmax(z_t/τ) ‖ softmax(z_s/τ)), τ learned adversarially.
 

@@ -7,12 +7,23 @@ from typing import Literal
 
 from kdcollapse.losses import binary_kl_loss, binary_kl_norm_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import check_config
+from kdcollapse.methods._distill import check_config, loss
 from kdcollapse.methods._dual_head import DualHead, DualHeadConfig
 from kdcollapse.methods.ce_binarykl import official_form_hint
 
 
-@register_method("dhkd")
+def equals(m, x, y):
+    """ce_weight·CE(g(f)) + alpha·aux_loss(g′(f), z_t, τ, form) (binary_kl_norm or binary_kl) while distilling."""
+    cfg, h = m.config, m.student.forward_features(x)
+    ce = cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+    if not m.distilling():
+        return ce
+    return ce + cfg.alpha * loss(cfg.aux_loss)(m.aux_head(h), m.teacher_logits(x), cfg.temperature,
+                                              form=cfg.binary_kl_form)
+
+
+@register_method("dhkd", equals=equals, checks=({"aux_loss": "binary_kl", "aux_head": "mlp"},
+                                                {"binary_kl_form": "official"}, {"distill_until": 1}))
 class DHKD(DualHead):
     """ce_weight·CE(g(f(x)), y) + alpha·BinaryKL-Norm(g′(f(x)), z_t, τ) (DHKD eq. 5 on the auxiliary head).
 

@@ -12,10 +12,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import dist_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
-@register_method("dist")
+def equals(m, x, y):
+    """ce_weight·CE + kd_weight·dist(z_s, z_t, …)."""
+    cfg, logits = m.config, m.student(x)
+    dist = loss("dist")(logits, m.teacher_logits(x), cfg.beta, cfg.gamma, cfg.temperature)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.kd_weight * dist
+
+
+@register_method("dist", equals=equals)
 class DIST(Distiller):
     """ce_weight·CE(z_s, y) + kd_weight·τ²·(β·inter-class + γ·intra-class relation loss) (DIST eq. 7).
 

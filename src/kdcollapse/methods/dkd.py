@@ -7,10 +7,17 @@ from dataclasses import dataclass
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import dkd_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config, softmax_request, standardized, warmup_factor
+from kdcollapse.methods._distill import Distiller, check_config, loss, softmax_request, standardized, warmup_factor
 
 
-@register_method("dkd")
+def equals(m, x, y):
+    """ce_weight·CE + warm-up·dkd(α, β, τ) on the (standardised) logits."""
+    cfg, logits = m.config, m.student(x)
+    dkd = loss("dkd")(*standardized(cfg, logits, m.teacher_logits(x)), y, cfg.alpha, cfg.beta, cfg.temperature)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + warmup_factor(m.epoch, cfg.warmup_epochs) * dkd
+
+
+@register_method("dkd", equals=equals, checks=({"logit_standardization": True},))
 class DKD(Distiller):
     """ce_weight·CE(z_s, y) + min(epoch/warmup, 1)·τ²·(α·TCKD + β·NCKD) (DKD paper eq. 5).
 

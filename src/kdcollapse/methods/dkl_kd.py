@@ -11,10 +11,24 @@ from kdcollapse.errors import ConfigError
 from kdcollapse.losses import dkl_loss, ikl_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._class_means import ClassMeanProbabilities
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
-@register_method("dkl_kd")
+def equals(m, x, y):
+    """ce_weight·CE + kd_weight·τ²·dkl(z_t/τ, z_s/τ; α, β), or with ``breaking_asymmetry`` ikl on z/τ."""
+    cfg, logits = m.config, m.student(x)
+    tau, teacher = cfg.temperature, m.teacher_logits(x)
+    if cfg.breaking_asymmetry:
+        weights = None if m.class_means is None else m.class_means.weights(logits)
+        inner = loss("ikl")(logits / tau, teacher / tau, class_weights=weights, target=y, mse_weight=cfg.alpha,
+                            ce_weight=cfg.beta)
+    else:
+        inner = loss("dkl")(teacher / tau, logits / tau, cfg.alpha, cfg.beta)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.kd_weight * tau**2 * inner
+
+
+@register_method("dkl_kd", equals=equals, checks=({"breaking_asymmetry": True, "alpha": 2.0},
+                                                  {"breaking_asymmetry": True, "global_information": True}))
 class DKLKD(Distiller):
     """ce_weight·CE(z_s, y) + kd_weight·τ²·DKL(z_t/τ, z_s/τ; α, β) (DKL paper eq. 5).
 

@@ -6,11 +6,20 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import kd_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import check_config
+from kdcollapse.methods._distill import check_config, loss
 from kdcollapse.methods._dual_head import DualHead, DualHeadConfig
 
 
-@register_method("dual_head_kd")
+def equals(m, x, y):
+    """ce_weight·CE(g(f)) + kd_weight·kd(g′(f), z_t, τ) while distilling."""
+    cfg, h = m.config, m.student.forward_features(x)
+    ce = cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+    if not m.distilling():
+        return ce
+    return ce + cfg.kd_weight * loss("kd")(m.aux_head(h), m.teacher_logits(x), cfg.temperature)
+
+
+@register_method("dual_head_kd", equals=equals, checks=({"distill_until": 1},))
 class DualHeadKD(DualHead):
     """ce_weight·CE(g(f(x)), y) + kd_weight·τ²·KL(softmax(z_t/τ) ‖ softmax(g′(f(x))/τ)) (DHKD Table 12).
 

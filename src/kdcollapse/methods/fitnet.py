@@ -17,7 +17,7 @@ from torch import nn
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import fitnet_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config, loss
 from kdcollapse.methods._stages import check_stages
 
 
@@ -46,7 +46,16 @@ class ConvRegressor(nn.Module):
         return self.relu(self.bn(self.conv(x)))
 
 
-@register_method("fitnet")
+def equals(m, x, y):
+    """ce_weight·CE + hint_weight·fitnet(r(v_s), u_t), r the method's regressor."""
+    cfg = m.config
+    h, (guided,) = m.student.forward_intermediates(x, [cfg.student_stage])
+    (hint,) = m.read_teacher(x).maps
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + cfg.hint_weight * loss("fitnet")(m.regressor(guided), hint))
+
+
+@register_method("fitnet", equals=equals)
 class FitNet(Distiller):
     """ce_weight·CE(z_s, y) + hint_weight·mean (r(v_s) − u_t)² (FitNets eq. 3, mdistiller's reduction).
 
@@ -85,5 +94,5 @@ class FitNet(Distiller):
         logits = self.student.forward_head(h)
         (hint,) = self.read_teacher(x).maps
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
-        loss_hint = cfg.hint_weight * fitnet_loss(self.regressor(guided).float(), hint)
+        loss_hint = cfg.hint_weight * fitnet_loss(at_least_float32(self.regressor(guided)), hint)
         return {"loss": ce + loss_hint, "logits": logits, "ce": ce, "hint": loss_hint}

@@ -16,9 +16,18 @@ from kdcollapse.losses import ikl_at_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._adversarial import AdversarialConfig, AdversarialTraining
 from kdcollapse.methods._class_means import ClassMeanProbabilities
+from kdcollapse.methods._distill import loss
 
 
-@register_method("ikl_at")
+def equals(m, x, y):
+    """ikl_at(z(x), z(x'), y, w̄) with the previous epoch's class weights w̄, x' the method's attack."""
+    cfg, x_adv = m.config, m.adversarial_inputs(x)
+    natural = m.student(x)
+    return loss("ikl_at")(natural, m.student(x_adv), y, m.class_means.weights(natural), mse_weight=cfg.mse_weight,
+                          ce_weight=cfg.ce_weight)
+
+
+@register_method("ikl_at", equals=equals)
 class IKLAT(AdversarialTraining):
     """Minimise CE(f(x), y) + IKL(f(x) → f(x')) (DKL paper eq. 10), x' the TRADES inner maximiser.
 

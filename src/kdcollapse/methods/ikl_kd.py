@@ -10,10 +10,18 @@ from kdcollapse.errors import ConfigError
 from kdcollapse.losses import ikl_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._class_means import ClassMeanProbabilities
-from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
+from kdcollapse.methods._distill import Distiller, check_config, loss, warmup_factor
 
 
-@register_method("ikl_kd")
+def equals(m, x, y):
+    """ce_weight·CE + warm-up·ikl(z_s, z_t; w̄_y, τ) with the previous epoch's class table."""
+    cfg, logits = m.config, m.student(x)
+    ikl = loss("ikl")(logits, m.teacher_logits(x), class_weights=m.class_means.weights(logits), target=y,
+                      mse_weight=cfg.mse_weight, ce_weight=cfg.soft_ce_weight, temperature=cfg.temperature)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + warmup_factor(m.epoch, cfg.warmup_epochs) * ikl
+
+
+@register_method("ikl_kd", equals=equals)
 class IKLKD(Distiller):
     """ce_weight·CE(z_s, y) + min(epoch/warmup, 1)·IKL(z_t, z_s; w̄_y) (DKL paper eq. 10).
 

@@ -46,6 +46,7 @@ from kdcollapse.distributed import all_reduce_sum
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.losses import intra_class_contrastive_loss
 from kdcollapse.methods import Method, register_method
+from kdcollapse.methods._distill import at_least_float32
 from kdcollapse.metrics import IntraClassSimilarity, margin
 
 _STATS = ("seen", "gated", "pool_anchors", "pool_loss", "pool_members")  # the gate's and pipelines' epoch sums
@@ -56,7 +57,20 @@ def classification_margin(logits: Tensor, target: Tensor) -> Tensor:
     return margin(logits.float().softmax(dim=1), target)
 
 
-@register_method("intra_class_teacher")
+def equals(m, x, y):
+    """CE(first-view logits, y) + intra_weight·L_Intra, the registered intra_class_contrastive over the pools
+    the method's per-class pipeline (its connector) builds from the margin-gated pairs of views."""
+    cfg, batch = m.config, x.shape[0]
+    embeddings, logits = m._embed(m.student.forward_features(torch.cat(x.unbind(1))), batch)
+    phi = F.normalize(embeddings, dim=1) if cfg.normalize else embeddings
+    gate = classification_margin(logits.detach(), y) > cfg.margin_threshold
+    return m.cross_entropy(logits, y) + cfg.intra_weight * m._pipeline_loss(phi[:batch][gate], phi[batch:][gate],
+                                                                            y[gate])
+
+
+@register_method("intra_class_teacher", equals=equals, checks=(  # ready pools and every anchor gated in
+    {"cache_min_count": 2, "margin_threshold": -1.0},
+    {"cache_min_count": 2, "margin_threshold": -1.0, "embedding": "logits", "normalize": False}))
 class IntraClassTeacher(Method):
     """L_Teacher = CE(y, p_t) + λ·L_Intra (eq. 5) with the margin gate (eq. 7) and per-class pipelines."""
 
@@ -94,8 +108,8 @@ class IntraClassTeacher(Method):
         features = self.student.forward_features(torch.cat(x.unbind(1)))  # first views, then second views
         embeddings, logits = self._embed(features, batch)
         ce = self.cross_entropy(logits, y)
-        unit = F.normalize(embeddings.float(), dim=1)
-        phi = unit if self.config.normalize else embeddings.float()
+        unit = F.normalize(at_least_float32(embeddings), dim=1)
+        phi = unit if self.config.normalize else at_least_float32(embeddings)
         anchors, positives = phi[:batch], phi[batch:]
         with torch.no_grad():
             gate = classification_margin(logits.detach(), y) > self.config.margin_threshold

@@ -6,10 +6,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import kd_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config, softmax_request, standardized
+from kdcollapse.methods._distill import Distiller, check_config, loss, softmax_request, standardized
 
 
-@register_method("kd")
+def equals(m, x, y):
+    """ce_weight·CE + kd_weight·kd(τ) on the (standardised) logits."""
+    cfg, logits = m.config, m.student(x)
+    return (cfg.ce_weight * m.cross_entropy(logits, y)
+            + cfg.kd_weight * loss("kd")(*standardized(cfg, logits, m.teacher_logits(x)), cfg.temperature))
+
+
+@register_method("kd", equals=equals, checks=({"logit_standardization": True},))
 class KD(Distiller):
     """ce_weight·CE(z_s, y) + kd_weight·τ²·KL(softmax(z_t/τ) ‖ softmax(z_s/τ)).
 

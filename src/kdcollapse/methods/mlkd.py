@@ -26,7 +26,7 @@ import torch
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses import batch_correlation_loss, class_correlation_loss, kd_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config, standardized
+from kdcollapse.methods._distill import Distiller, check_config, loss, standardized
 
 OTHER_TEMPERATURES = (3.0, 5.0, 2.0, 6.0)  # fixed in the official code, after the configured one
 
@@ -37,7 +37,26 @@ def below_median_fraction(values: torch.Tensor) -> torch.Tensor:
     return (values <= torch.quantile(values.detach().float(), 0.5)).float().mean()
 
 
-@register_method("mlkd")
+def equals(m, x, y):
+    """ce_weight·(CE_weak + CE_strong) + kd_weight·(instance kd terms + class_correlation + batch_correlation
+    terms at the five temperatures), gated by the below-median fractions of the teacher's confidences."""
+    cfg, (weak, strong) = m.config, x.unbind(1)
+    s_w, s_s, t_w, t_s = m.student(weak), m.student(strong), m.teacher_logits(weak), m.teacher_logits(strong)
+    p_t = torch.softmax(t_w, dim=1)
+    sample, klass = below_median_fraction(p_t.max(dim=1).values), below_median_fraction(p_t.sum(dim=0))
+    taus = (cfg.temperature, *OTHER_TEMPERATURES)
+
+    def kd(s, t, tau):
+        return loss("kd")(*standardized(cfg, s, t), tau)
+
+    instance = (sample * sum(kd(s_w, t_w, tau) for tau in taus) + sum(kd(s_s, t_s, tau) for tau in taus[:3])
+                + sum(kd(s_w, t_w, tau) for tau in taus[3:]))
+    cc = klass * sum(loss("class_correlation")(s_w, t_w, tau) for tau in taus)
+    bc = sample * sum(loss("batch_correlation")(s_w, t_w, tau) for tau in taus)
+    return cfg.ce_weight * (m.cross_entropy(s_w, y) + m.cross_entropy(s_s, y)) + cfg.kd_weight * (instance + cc + bc)
+
+
+@register_method("mlkd", equals=equals, checks=({"logit_standardization": True},))
 class MLKD(Distiller):
     """ce_weight·(CE_weak + CE_strong) + kd_weight·(instance + batch + class terms), see the module docstring.
 

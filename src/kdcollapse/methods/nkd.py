@@ -6,10 +6,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import nkd_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
-@register_method("nkd")
+def equals(m, x, y):
+    """ce_weight·CE + nkd_weight·nkd(z_s, z_t, …)."""
+    cfg, logits = m.config, m.student(x)
+    distill = loss("nkd")(logits, m.teacher_logits(x), y, cfg.temperature, cfg.gamma)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.nkd_weight * distill
+
+
+@register_method("nkd", equals=equals)
 class NKD(Distiller):
     """ce_weight·CE(z_s, y) + nkd_weight·NKD(z_s, z_t, y) (NKD paper eq. 8, :func:`~kdcollapse.losses.nkd_loss`).
 

@@ -7,10 +7,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import nst_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._stages import StageTransfer, check_weights, stages
+from kdcollapse.methods._distill import loss
+from kdcollapse.methods._stages import StageTransfer, check_weights, stage_maps, stages
 
 
-@register_method("nst")
+def equals(m, x, y):
+    """ce_weight·CE + feat_weight·nst over the paired student and teacher stage maps."""
+    cfg, (logits, s_maps, t_maps) = m.config, stage_maps(m, x)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.feat_weight * loss("nst")(s_maps, t_maps)
+
+
+@register_method("nst", equals=equals)
 class NST(StageTransfer):
     """ce_weight·CE + feat_weight·Σ_stages MMD² with the degree-2 polynomial kernel (NST eq. 4-6;
     :func:`kdcollapse.losses.nst_loss`). Logged parts: ``ce``, ``nst``, weighted."""

@@ -31,7 +31,7 @@ from torch import nn
 from kdcollapse.errors import ConfigError
 from kdcollapse.losses import ofd_loss, ofd_margin
 from kdcollapse.methods import TeacherRequest, batch_statistics, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config, loss
 from kdcollapse.methods._stages import check_pairs, check_stages, check_weights, stages
 from kdcollapse.models import FeatureInfo
 
@@ -74,7 +74,17 @@ def bn_before_relu(model: nn.Module, info: FeatureInfo) -> tuple[nn.BatchNorm2d,
 TEACHER_BN = ("batch", "running")
 
 
-@register_method("ofd")
+def equals(m, x, y):
+    """ce_weight·CE + feat_weight·ofd(C(pre-ReLU student maps), teacher pre-ReLU maps after its BN, margins)."""
+    cfg = m.config
+    h, maps = m.student.forward_intermediates(x, list(cfg.student_stages), pre_act=True)
+    targets = [t if bn is None else m.teacher_norm(bn, t) for bn, t in zip(m._teacher_norms, m.read_teacher(x).maps)]
+    connected = [c(s) for c, s in zip(m.connectors, maps)]
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + cfg.feat_weight * loss("ofd")(connected, targets, m.margins()))
+
+
+@register_method("ofd", equals=equals, checks=({"teacher_bn": "running"},))
 class OFD(Distiller):
     """ce_weight·CE(z_s, y) + feat_weight·Σ_i 2^−(n−1−i)·d_p(σ_m(T_i), C_i(S_i)) (OFD eqs. 2-5;
     :func:`kdcollapse.losses.ofd_loss`), on pre-ReLU maps. The connectors C_i belong to the method (trained,
@@ -121,7 +131,7 @@ class OFD(Distiller):
         cfg = self.config
         h, maps = self.student.forward_intermediates(x, list(cfg.student_stages), pre_act=True)
         logits = self.student.forward_head(h)
-        connected = [c(m).float() for c, m in zip(self.connectors, maps)]
+        connected = [at_least_float32(c(m)) for c, m in zip(self.connectors, maps)]
         with torch.no_grad():
             targets = [m if bn is None else self.teacher_norm(bn, m)
                        for bn, m in zip(self._teacher_norms, self.read_teacher(x).maps)]

@@ -7,10 +7,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import pkt_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config, loss
 
 
-@register_method("pkt")
+def equals(m, x, y):
+    """ce_weight·CE + pkt_weight·pkt(h_s, h_t) on the penultimate features."""
+    cfg, h = m.config, m.student.forward_features(x)
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + cfg.pkt_weight * loss("pkt")(h, m.read_teacher(x).features))
+
+
+@register_method("pkt", equals=equals)
 class PKT(Distiller):
     """ce_weight·CE(z_s, y) + pkt_weight·PKT(h_s, h_t) (PKT eq. 12 with the cosine kernel).
 
@@ -35,5 +42,5 @@ class PKT(Distiller):
         features = self.student.forward_features(x)
         logits = self.student.forward_head(features)
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
-        pkt = cfg.pkt_weight * pkt_loss(features.float(), self.read_teacher(x).features)
+        pkt = cfg.pkt_weight * pkt_loss(at_least_float32(features), self.read_teacher(x).features)
         return {"loss": ce + pkt, "logits": logits, "ce": ce, "pkt": pkt}

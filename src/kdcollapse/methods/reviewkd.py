@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from kdcollapse.losses import hcl_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config, warmup_factor
+from kdcollapse.methods._distill import Distiller, check_config, loss, warmup_factor
 from kdcollapse.methods._stages import check_pairs, check_stages, stages
 
 
@@ -89,7 +89,19 @@ class ReviewFusion(nn.Module):
         return results
 
 
-@register_method("reviewkd")
+def equals(m, x, y):
+    """ce_weight·CE + reviewkd_weight·warm-up·Σ hcl(ABF-fused student maps, teacher pre-ReLU maps and feature)."""
+    cfg = m.config
+    h, maps = m.student.forward_intermediates(x, list(cfg.student_stages), pre_act=cfg.student_pre_act)
+    teacher = m.read_teacher(x)
+    targets = [*teacher.maps, teacher.features[:, :, None, None]]
+    fused = m.fusion([*maps, h[:, :, None, None]], [tuple(t.shape[-2:]) for t in targets])
+    hcl = sum(loss("hcl")(f, t) for f, t in zip(fused, targets))
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + cfg.reviewkd_weight * warmup_factor(m.epoch, cfg.warmup_epochs) * hcl)
+
+
+@register_method("reviewkd", equals=equals)
 class ReviewKD(Distiller):
     """ce_weight·CE + reviewkd_weight·min(epoch / warmup_epochs, 1)·HCL(ABF(student maps), teacher maps).
 

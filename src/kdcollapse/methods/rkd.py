@@ -16,10 +16,23 @@ from torch import Tensor
 
 from kdcollapse.losses import kd_loss, rkd_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config, loss
 
 
-@register_method("rkd")
+def equals(m, x, y):
+    """ce_weight·CE + rkd(h_s, h_t; distance_weight, angle_weight) on the penultimate features."""
+    cfg, h = m.config, m.student.forward_features(x)
+    return (cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y)
+            + loss("rkd")(h, m.read_teacher(x).features, cfg.distance_weight, cfg.angle_weight))
+
+
+def equals_kd_rkd(m, x, y):
+    """The ``rkd`` equality plus kd_weight·kd(z_s, z_t, τ) (RKD paper eq. 2-3)."""
+    cfg = m.config
+    return equals(m, x, y) + cfg.kd_weight * loss("kd")(m.student(x), m.teacher_logits(x), cfg.temperature)
+
+
+@register_method("rkd", equals=equals)
 class RKD(Distiller):
     """ce_weight·CE + distance_weight·RKD-D + angle_weight·RKD-A on penultimate features."""
 
@@ -40,7 +53,7 @@ class RKD(Distiller):
         logits = self.student.forward_head(features)
         teacher = self.read_teacher(x)
         parts = {"ce": cfg.ce_weight * self.cross_entropy(logits, y),
-                 "rkd": rkd_loss(features.float(), teacher.features, cfg.distance_weight, cfg.angle_weight)}
+                 "rkd": rkd_loss(at_least_float32(features), teacher.features, cfg.distance_weight, cfg.angle_weight)}
         parts |= self.logit_losses(logits, teacher.logits)
         return {"loss": sum(parts.values()), "logits": logits, **{k: v.detach() for k, v in parts.items()}}
 
@@ -49,7 +62,7 @@ class RKD(Distiller):
         return {}
 
 
-@register_method("kd_rkd")
+@register_method("kd_rkd", equals=equals_kd_rkd)
 class KDRKD(RKD):
     """The intra-class KD paper's "Ours+RKD" student: 0.1·CE(y, p_s) + 0.9·CE(p_t, p_s) (eq. 2) + RKD.
 

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import sp_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._stages import StageTransfer, check_weights, stages
+from kdcollapse.methods._distill import loss
+from kdcollapse.methods._stages import StageTransfer, check_weights, stage_maps, stages
 
 
-@register_method("sp")
+def equals(m, x, y):
+    """ce_weight·CE + feat_weight·sp over the paired student and teacher stage maps."""
+    cfg, (logits, s_maps, t_maps) = m.config, stage_maps(m, x)
+    distill = sum(loss("sp")(s, t) for s, t in zip(s_maps, t_maps))
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.feat_weight * distill
+
+
+@register_method("sp", equals=equals)
 class SP(StageTransfer):
     """ce_weight·CE + feat_weight·Σ_stages (1/B²)·‖G̃_t − G̃_s‖²_F on the last stage (SP eq. 4;
     :func:`kdcollapse.losses.sp_loss`). Logged parts: ``ce``, ``sp``, weighted."""

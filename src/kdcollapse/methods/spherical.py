@@ -25,7 +25,12 @@ from kdcollapse.methods import Method, register_method
 from kdcollapse.methods._distill import check_config
 
 
-@register_method("spherical")
+def equals(m, x, y):
+    """CE(head(f(x)), y), the head (cosine, class-mean or fixed code; the method's connector) on the features."""
+    return m.cross_entropy(m.student(x), y)
+
+
+@register_method("spherical", equals=equals, checks=({"head": "linear"}, {"head": "cmf"}))
 class Spherical(Method):
     """Minimise CE(head(f(x)), y) with the head chosen by ``head``; a CMF head is updated each step."""
 

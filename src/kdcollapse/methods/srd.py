@@ -20,10 +20,22 @@ from torch import nn
 
 from kdcollapse.losses import kd_loss, srd_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, at_least_float32, check_config, loss
 
 
-@register_method("srd")
+def equals(m, x, y):
+    """ce_weight·CE + feature_weight·srd(BN(P h_s), BN_batch(h_t)) + kd_weight·kd(τ)/τ², P the method's projector."""
+    cfg = m.config
+    h = m.student.forward_features(x)
+    logits = m.student.forward_head(h)
+    teacher = m.read_teacher(x)
+    target = F.batch_norm(teacher.features, None, None, training=True, eps=cfg.eps)
+    return (cfg.ce_weight * m.cross_entropy(logits, y)
+            + cfg.feature_weight * loss("srd")(m.norm(m.projector(h)), target, cfg.exponent)
+            + cfg.kd_weight * loss("kd")(logits, teacher.logits, cfg.temperature) / cfg.temperature**2)
+
+
+@register_method("srd", equals=equals)
 class SRD(Distiller):
     """ce_weight·CE(z_s, y) + feature_weight·log Σ|BN(P h_s) − BN(h_t)|^α + kd_weight·KL at τ (torchdistill's SRD).
 
@@ -62,6 +74,6 @@ class SRD(Distiller):
         teacher = self.read_teacher(x)
         target = F.batch_norm(teacher.features, None, None, training=True, eps=cfg.eps)
         ce = cfg.ce_weight * self.cross_entropy(logits, y)
-        feature = cfg.feature_weight * srd_loss(self.norm(self.projector(h)).float(), target, cfg.exponent)
+        feature = cfg.feature_weight * srd_loss(at_least_float32(self.norm(self.projector(h))), target, cfg.exponent)
         kd = cfg.kd_weight * kd_loss(logits, teacher.logits, cfg.temperature) / cfg.temperature**2
         return {"loss": ce + feature + kd, "logits": logits, "ce": ce, "srd": feature, "kd": kd}

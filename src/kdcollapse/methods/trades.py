@@ -10,9 +10,16 @@ from torch import Tensor
 from kdcollapse.losses import trades_loss
 from kdcollapse.methods import register_method
 from kdcollapse.methods._adversarial import AdversarialConfig, AdversarialTraining
+from kdcollapse.methods._distill import loss
 
 
-@register_method("trades")
+def equals(m, x, y):
+    """trades(z(x), z(x'), y, β), x' the method's attack (its connector)."""
+    x_adv = m.adversarial_inputs(x)
+    return loss("trades")(m.student(x), m.student(x_adv), y, m.config.beta)
+
+
+@register_method("trades", equals=equals)
 class TRADES(AdversarialTraining):
     """Minimise CE(f(x), y) + β·KL(P(x) ‖ P(x')) with x' the TRADES inner maximiser of the same KL
     (Zhang et al. 2019, eq. 5); no gradient is stopped (official code)."""

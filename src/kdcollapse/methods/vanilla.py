@@ -13,10 +13,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import within_class_cosine_distance
 from kdcollapse.methods import Method, register_method
-from kdcollapse.methods._distill import check_config
+from kdcollapse.methods._distill import check_config, loss
 
 
-@register_method("vanilla")
+def equals(m, x, y):
+    """CE(z/τ, y) + cosine_weight·within_class_cosine(features, y)."""
+    cfg, h = m.config, m.student.forward_features(x)
+    ce = m.cross_entropy(m.student.forward_head(h) / cfg.temperature, y)
+    return ce + cfg.cosine_weight * loss("within_class_cosine")(h, y)
+
+
+@register_method("vanilla", equals=equals, checks=({"cosine_weight": 0.5, "temperature": 2.0},))
 class Vanilla(Method):
     """Minimise CE(student(x)/τ, y) + λ·d̄_within(features, y) (with the run's label smoothing)."""
 

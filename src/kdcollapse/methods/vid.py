@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from kdcollapse.losses import match_spatial_size, vid_initial_log_scale, vid_loss
 from kdcollapse.methods import TeacherRequest, register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 from kdcollapse.methods._stages import check_pairs, check_stages, stages
 
 
@@ -31,7 +31,18 @@ def regressor(c_in: int, c_out: int) -> nn.Sequential:
                          nn.ReLU(), nn.Conv2d(c_out, c_out, 1, bias=False))
 
 
-@register_method("vid")
+def equals(m, x, y):
+    """ce_weight·CE + vid_weight·Σ_stages vid(r(v_s), u_t, α), r the regressors and α the log-scales."""
+    cfg = m.config
+    h, maps = m.student.forward_intermediates(x, list(cfg.student_stages))
+    nll = 0.0
+    for f_s, f_t, reg, alpha in zip(maps, m.read_teacher(x).maps, m.regressors, m.log_scales):
+        f_s, f_t = match_spatial_size(f_s, f_t)
+        nll = nll + loss("vid")(reg(f_s), f_t, alpha)
+    return cfg.ce_weight * m.cross_entropy(m.student.forward_head(h), y) + cfg.vid_weight * nll
+
+
+@register_method("vid", equals=equals, checks=({"learn_variance": False},))
 class VID(Distiller):
     """CE + VID's Gaussian negative log-likelihood of the teacher's stage maps given the student's."""
 

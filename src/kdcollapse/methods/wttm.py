@@ -6,10 +6,17 @@ from dataclasses import dataclass
 
 from kdcollapse.losses import wttm_loss
 from kdcollapse.methods import register_method
-from kdcollapse.methods._distill import Distiller, check_config
+from kdcollapse.methods._distill import Distiller, check_config, loss
 
 
-@register_method("wttm")
+def equals(m, x, y):
+    """ce_weight·CE + wttm_weight·wttm(z_s, z_t, …)."""
+    cfg, logits = m.config, m.student(x)
+    distill = loss("wttm")(logits, m.teacher_logits(x), cfg.gamma)
+    return cfg.ce_weight * m.cross_entropy(logits, y) + cfg.wttm_weight * distill
+
+
+@register_method("wttm", equals=equals)
 class WTTM(Distiller):
     """ce_weight·CE(z_s, y) + wttm_weight·U_γ(p_t)·KL(p_t^γ / U_γ(p_t) ‖ p_s) (:func:`~kdcollapse.losses.wttm_loss`).
 

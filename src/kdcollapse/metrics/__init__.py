@@ -1,7 +1,7 @@
 """Collapse metrics from one streaming pass: NC1-NC4 (Papyan et al. 2020), VCI and the linear-probe MSE
 (Xu & Liu), GNC1-GNC3 (generalized neural collapse), squared distance, cosine class separation.
 
-``FeatureStatistics`` (a torchmetrics ``Metric``) accumulates mergeable sufficient statistics;
+``FeatureStatistics`` (a ``Metric``, the torchmetrics protocol) accumulates mergeable sufficient statistics;
 ``collapse_metrics(stats, classifier_weight)`` turns them into numbers. See docs/metrics.md.
 """
 
@@ -11,6 +11,7 @@ from kdcollapse.metrics._catalog import METRICS, MetricInfo, metric_info
 from kdcollapse.metrics._intra_class import IntraClassSimilarity, intra_inter_distances, similarity_sums
 from kdcollapse.metrics._linalg import psd_pinv
 from kdcollapse.metrics._margin import margin
+from kdcollapse.metrics._metric import Metric
 from kdcollapse.metrics._ncc import NearestClassMeanAccuracy, ncc_accuracy, nearest_class_mean
 from kdcollapse.metrics._ood import FeatureMean
 from kdcollapse.metrics._statistics import (ACCUMULATION_BOUND, FeatureStatistics, accumulation_dtype, collapse_metrics,
@@ -19,6 +20,7 @@ from kdcollapse.metrics._transfer import mean_log_odds_gain
 
 __all__ = [
     "METRICS",
+    "Metric",
     "MetricInfo",
     "FeatureStatistics",
     "FeatureMean",

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
+from kdcollapse.metrics._metric import Metric
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics._collapse import class_centred, scatter

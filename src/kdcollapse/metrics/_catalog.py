@@ -4,7 +4,8 @@ trainer logs it per epoch and whether it needs a classifier.
 ``kdcollapse.analysis`` derives ``MEANINGS`` (the lines of ``analysis.md``) and ``EPOCH_KEYS`` (the
 per-epoch set) from :data:`METRICS`; docs/metrics.md lists exactly these keys (tests/test_metrics_catalog.py
 checks both, and that every key a metric returns is declared here). Adding a metric: compute it, add its
-line here and its row in docs/metrics.md.
+line here and its row in docs/metrics.md. The tests read their key sets from here (``source``,
+``needs_classifier``, ``prior_weighted``), so a new line needs no edit of a test's list.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class MetricInfo:
     per_epoch: bool = False  # logged as train_<name> / test_<name> when analysis.every is set
     needs_classifier: bool = False  # returned only when the linear head's weight W is given
     needs_ood: bool = False  # returned only when the mean feature of out-of-distribution data is given
+    prior_weighted: bool = False  # its Σ_B follows ``convention`` (papyan/prior): differs on imbalanced classes
 
 
 _NC = "Papyan et al. 2020"
@@ -33,16 +35,17 @@ _C, _N, _I, _A = "collapse_metrics", "NearestClassMeanAccuracy", "IntraClassSimi
 
 METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("nc1", "(1/K) Tr(Σ_W Σ_B†): within-class spread against class-mean spread; 0 = collapsed (NC1)",
-               f"{_NC} (NC1)", _C, per_epoch=True),
+               f"{_NC} (NC1)", _C, per_epoch=True, prior_weighted=True),
     MetricInfo("nc1_svd", "(1/K) Tr(Σ_W Σ_B⁺), Σ_B⁺ from its K − 1 largest eigenvalues (NC1 by SVD)",
-               "Han et al. 2022", _C),
-    MetricInfo("fuzziness", "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)", "VCI paper Sec. 3.2", _C),
+               "Han et al. 2022", _C, prior_weighted=True),
+    MetricInfo("fuzziness", "Tr(Σ_W Σ_B†) = K · nc1 (VCI paper Sec. 3.2)", "VCI paper Sec. 3.2", _C,
+               prior_weighted=True),
     MetricInfo("vci", "1 − Tr(Σ_T† Σ_B)/min(d, K−1): variability a linear probe cannot remove; 0 = collapsed (VCI)",
                "VCI paper Def. 5.3", _C, per_epoch=True),
     MetricInfo("linear_probe_mse", "least squares loss of the best linear probe onto one-hot labels (VCI Thm 5.1)",
                "VCI paper Thm 5.1", _C, per_epoch=True),
     MetricInfo("squared_distance", "Tr Σ_W / Tr Σ_B (Hui et al. 2022)", "Hui et al. 2022; VCI eq. 4", _C,
-               per_epoch=True),
+               per_epoch=True, prior_weighted=True),
     MetricInfo("cosine_within", "mean 1 − cos between features of the same class (Kornblith et al. 2021)",
                "Kornblith et al. 2021", _C, per_epoch=True),
     MetricInfo("class_separation",
@@ -78,7 +81,7 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo("nc3_self_duality", "NC2's ETF error of the cross-Gram W M̃ᵀ; 0 = self-dual simplex ETF (NC3)",
                "Kothapalli 2023; Wu & Papyan 2024", _C, needs_classifier=True),
     MetricInfo("gnc1", "NC1 of L2-normalised features with the uncentred Σ_B (GNC1)", "GNC paper Sec. 2.2", _C,
-               per_epoch=True),
+               per_epoch=True, prior_weighted=True),
     MetricInfo("gnc2", "smallest one-vs-rest distance of the unit classifier rows (GNC2, Softmax Code margin)",
                "GNC paper Def. 2.1, eq. 3", _C, needs_classifier=True),
     MetricInfo("gnc2_optimum", "largest possible gnc2 for this (K, d), where known (GNC Thm 3.3)",

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Metric
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.metrics._metric import Metric
 
 _SUMS = ("intra_sum", "intra_pairs", "inter_sum", "inter_pairs",
          "tuplet_intra_sum", "tuplet_intra_count", "tuplet_inter_sum", "tuplet_inter_count")

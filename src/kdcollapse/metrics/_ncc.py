@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics._linalg import CHUNK_ROWS
+from kdcollapse.metrics._metric import Metric
 from kdcollapse.metrics._statistics import check_batch
 
 

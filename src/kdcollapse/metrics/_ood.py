@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
+from kdcollapse.metrics._metric import Metric
 
 from kdcollapse.errors import KdcollapseError
 

@@ -6,10 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from scipy.linalg import blas
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics._collapse import (
@@ -19,6 +16,7 @@ from kdcollapse.metrics._collapse import (
     metrics_from_statistics,
     scatter,
 )
+from kdcollapse.metrics._metric import Metric, gather_all_tensors
 from kdcollapse.metrics._pairwise import TILE
 
 # (shift, class sums, second moment) of the raw features and of the L2-normalised ("unit") features.
@@ -83,6 +81,8 @@ def _add_gram(moment: Tensor, z: Tensor) -> None:
     (``benchmarks/bench_metrics.py`` measures it); elsewhere a full ``addmm_``.
     """
     if moment.device.type == "cpu" and moment.is_contiguous():
+        from scipy.linalg import blas  # on use: scipy.linalg costs a third of `import torch` (issue 42)
+
         # moment.T is a Fortran-ordered view, so dsyrk updates it in place; its lower = our upper.
         blas.dsyrk(1.0, z.numpy().T, beta=1.0, c=moment.numpy().T, lower=1, overwrite_c=1)
     else:
@@ -197,7 +197,7 @@ class FeatureStatistics(Metric, States):
             metric phase keeps its K x d matrices and pairwise tiles in float32 with float64 sums; tested
             against float64 to 1e-4 relative, docs/metrics.md), or ``"auto"`` (float32 only when float64
             would exceed ``ACCUMULATION_BOUND`` = 4 GiB, ``accumulation_dtype``).
-        kwargs: passed to :class:`torchmetrics.Metric` (``process_group``, ``sync_on_compute``, ...).
+        kwargs: passed to :class:`kdcollapse.metrics.Metric` (``process_group``, ``sync_on_compute``, ...).
 
     >>> stats = FeatureStatistics(num_classes=3, feature_dim=2)
     >>> features = torch.tensor([[1.0, 0.0], [1.2, 0.0], [0.0, 1.0], [-1.0, -1.0]])

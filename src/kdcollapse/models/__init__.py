@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -16,10 +17,48 @@ from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models._adapter import FeatureSpec, ModuleClassifier, adapt_state_dict, as_classifier
 from kdcollapse.models._base import Classifier, FeatureInfo, evaluating
+from kdcollapse.models._layers import ConvClassifier, conv_bn
 from kdcollapse.models._convert import classifier_shape, convert_state_dict, input_channels, unwrap_state_dict
 
-_MODELS: Registry[Callable[..., Classifier]] = Registry("model")
-register_model = _MODELS.register
+@dataclass(frozen=True)
+class ModelInfo:
+    """A registered model: its factory ``f(num_classes, in_channels, **options)`` and what it promises, which
+    the registry-driven model tests (tests/test_models.py, tests/test_feature_seam.py) check on every entry.
+
+    ``input_size`` and ``in_channels``: the small input its tests run it at (the family's usual resolution:
+    32 for the CIFAR zoo, 64 for the ImageNet nets, 28 for the small grey-image models).
+    ``final_resolution``: the side of its last feature map (``body(x)``) at that input (``None``: not a
+    spatial network, or not promised). ``min_stages``: how many ``feature_info`` stages it exposes at least;
+    the feature methods' default stages (1, 2, 3) need 4 (stem and three stages), the zoo's CNNs declare
+    that; :func:`create_model` refuses a model with fewer."""
+
+    name: str
+    factory: Callable[..., nn.Module]
+    input_size: int = 32
+    in_channels: int = 3
+    final_resolution: int | None = None
+    min_stages: int = 0
+
+
+_MODELS: Registry[ModelInfo] = Registry("model")
+
+
+def register_model(name: str | None = None, *, input_size: int = 32, in_channels: int = 3,
+                   final_resolution: int | None = None,
+                   min_stages: int = 0) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator: register the factory under ``name`` (default: its ``__name__``) with what it promises
+    (see :class:`ModelInfo`); the factory is returned unchanged."""
+    def decorator(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        key = name or factory.__name__
+        _MODELS.register(key)(ModelInfo(key, factory, input_size, in_channels, final_resolution, min_stages))
+        return factory
+
+    return decorator
+
+
+def model_info(name: str) -> ModelInfo:
+    """The registration of model ``name``; an unknown name lists the registered ones."""
+    return _MODELS.get(name)
 
 
 def create_model(name: str, num_classes: int, in_channels: int = 3, *, input_shape: tuple[int, ...] | None = None,
@@ -28,7 +67,8 @@ def create_model(name: str, num_classes: int, in_channels: int = 3, *, input_sha
     :func:`as_classifier` (its feature found automatically). Raises a ``KdcollapseError`` listing the valid names for an unknown name
     and the valid options for an unknown keyword argument. A model with lazy layers (``nn.LazyLinear``) is
     materialised by one forward pass of zeros of ``input_shape`` (one sample's shape, e.g. ``(1, 8, 8)``)."""
-    factory = _MODELS.get(name)
+    info = _MODELS.get(name)
+    factory = info.factory
     params = inspect.signature(factory).parameters
     options = [p for p in params if p not in ("num_classes", "in_channels")]
     unknown = sorted(set(kwargs) - set(options))
@@ -41,7 +81,12 @@ def create_model(name: str, num_classes: int, in_channels: int = 3, *, input_sha
         )
     model = factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
     materialize(model, input_shape, name)
-    return as_classifier(model, num_classes=num_classes)
+    model = as_classifier(model, num_classes=num_classes)
+    if len(model.feature_info) < info.min_stages:
+        raise KdcollapseError(f"model {name!r} is registered with min_stages={info.min_stages} but exposes "
+                              f"{len(model.feature_info)} feature_info stages; give it its stages or register it "
+                              f"with min_stages={len(model.feature_info)}")
+    return model
 
 
 def materialize(model: nn.Module, input_shape: tuple[int, ...] | None, name: str = "the model") -> None:
@@ -77,7 +122,7 @@ def count_parameters(model: nn.Module) -> int:
 from kdcollapse.models import _families  # noqa: E402,F401
 
 __all__ = [
-    "Classifier", "FeatureInfo", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
-    "create_model", "list_models", "register_model", "count_parameters",
+    "Classifier", "ConvClassifier", "conv_bn", "FeatureInfo", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
+    "create_model", "list_models", "register_model", "model_info", "ModelInfo", "count_parameters",
     "convert_state_dict", "unwrap_state_dict", "classifier_shape", "input_channels",
 ]

@@ -32,6 +32,6 @@ class MobileNetV1(ConvClassifier):
         super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
-@register_model("mobilenetv1")
+@register_model("mobilenetv1", input_size=64, final_resolution=2, min_stages=4)
 def mobilenetv1(num_classes: int, in_channels: int = 3) -> MobileNetV1:
     return MobileNetV1(num_classes, in_channels)

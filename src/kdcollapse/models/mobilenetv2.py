@@ -56,7 +56,7 @@ class MobileNetV2(ConvClassifier):
         super().__init__(nn.Sequential(*layers), last, num_classes, stages)
 
 
-@register_model("mobilenetv2")
+@register_model("mobilenetv2", input_size=32, final_resolution=2, min_stages=4)
 def mobilenetv2(
     num_classes: int, in_channels: int = 3, width_mult: float = 0.5, expansion: int = 6
 ) -> MobileNetV2:

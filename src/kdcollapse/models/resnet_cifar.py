@@ -26,51 +26,51 @@ def cifar_resnet(depth: int, filters: tuple[int, ...], num_classes: int, in_chan
     return ResNet(BasicBlock, [n] * len(widths), widths, cifar_stem(in_channels, stem), stem, num_classes)
 
 
-@register_model("resnet8")
+@register_model("resnet8", input_size=32, final_resolution=8, min_stages=4)
 def resnet8(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(8, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet14")
+@register_model("resnet14", input_size=32, final_resolution=8, min_stages=4)
 def resnet14(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(14, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet20")
+@register_model("resnet20", input_size=32, final_resolution=8, min_stages=4)
 def resnet20(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(20, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet32")
+@register_model("resnet32", input_size=32, final_resolution=8, min_stages=4)
 def resnet32(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(32, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet44")
+@register_model("resnet44", input_size=32, final_resolution=8, min_stages=4)
 def resnet44(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(44, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet56")
+@register_model("resnet56", input_size=32, final_resolution=8, min_stages=4)
 def resnet56(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(56, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet110")
+@register_model("resnet110", input_size=32, final_resolution=8, min_stages=4)
 def resnet110(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(110, PLAIN, num_classes, in_channels)
 
 
-@register_model("resnet8x4")
+@register_model("resnet8x4", input_size=32, final_resolution=8, min_stages=4)
 def resnet8x4(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(8, X4, num_classes, in_channels)
 
 
-@register_model("resnet32x4")
+@register_model("resnet32x4", input_size=32, final_resolution=8, min_stages=4)
 def resnet32x4(num_classes: int, in_channels: int = 3) -> ResNet:
     return cifar_resnet(32, X4, num_classes, in_channels)
 
 
-@register_model("resnet50_cifar")
+@register_model("resnet50_cifar", input_size=32, final_resolution=4, min_stages=4)
 def resnet50_cifar(num_classes: int, in_channels: int = 3) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], cifar_stem(in_channels, 64), 64, num_classes)

@@ -9,16 +9,16 @@ from kdcollapse.models._resnet import BasicBlock, Bottleneck, ResNet, imagenet_s
 WIDTHS = [64, 128, 256, 512]
 
 
-@register_model("resnet18")
+@register_model("resnet18", input_size=64, final_resolution=2, min_stages=4)
 def resnet18(num_classes: int, in_channels: int = 3) -> ResNet:
     return ResNet(BasicBlock, [2, 2, 2, 2], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)
 
 
-@register_model("resnet34")
+@register_model("resnet34", input_size=64, final_resolution=2, min_stages=4)
 def resnet34(num_classes: int, in_channels: int = 3) -> ResNet:
     return ResNet(BasicBlock, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)
 
 
-@register_model("resnet50")
+@register_model("resnet50", input_size=64, final_resolution=2, min_stages=4)
 def resnet50(num_classes: int, in_channels: int = 3) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], WIDTHS, imagenet_stem(in_channels), 64, num_classes, 4)

@@ -68,6 +68,6 @@ class ShuffleNetV1(ConvClassifier):
         super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
-@register_model("shufflev1")
+@register_model("shufflev1", input_size=32, final_resolution=4, min_stages=4)
 def shufflev1(num_classes: int, in_channels: int = 3) -> ShuffleNetV1:
     return ShuffleNetV1(num_classes, in_channels)

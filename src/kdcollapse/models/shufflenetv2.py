@@ -75,6 +75,6 @@ class ShuffleNetV2(ConvClassifier):
         super().__init__(nn.Sequential(*layers), out_planes[-1], num_classes, stages)
 
 
-@register_model("shufflev2")
+@register_model("shufflev2", input_size=32, final_resolution=4, min_stages=4)
 def shufflev2(num_classes: int, in_channels: int = 3) -> ShuffleNetV2:
     return ShuffleNetV2(num_classes, in_channels)

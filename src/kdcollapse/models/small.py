@@ -69,7 +69,7 @@ class ConvNet(ConvClassifier):
         super().__init__(nn.Sequential(*layers), in_channels, num_classes, stages)
 
 
-@register_model("mlp")
+@register_model("mlp", input_size=28, in_channels=1)
 def mlp(
     num_classes: int,
     in_channels: int = 3,
@@ -89,11 +89,11 @@ def mlp(
     return MLP(num_classes, in_channels * height * width, tuple(hidden), bottleneck)
 
 
-@register_model("convnet_small")
+@register_model("convnet_small", input_size=28, in_channels=1, final_resolution=3, min_stages=4)
 def convnet_small(num_classes: int, in_channels: int = 3) -> ConvNet:
     return ConvNet((16, 32, 64, 128), (0, 1, 2), num_classes, in_channels)
 
 
-@register_model("convnet")
+@register_model("convnet", input_size=28, in_channels=1, final_resolution=3, min_stages=4)
 def convnet(num_classes: int, in_channels: int = 3) -> ConvNet:
     return ConvNet((32, 64, 128, 256), (0, 1, 2), num_classes, in_channels)

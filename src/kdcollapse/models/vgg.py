@@ -46,26 +46,26 @@ class VGG(ConvClassifier):
         super().__init__(nn.Sequential(*layers), in_channels, num_classes, ends)
 
 
-@register_model("vgg8")
+@register_model("vgg8", input_size=32, final_resolution=4, min_stages=4)
 def vgg8(num_classes: int, in_channels: int = 3) -> VGG:
     return VGG(CONFIGS["vgg8"], num_classes, in_channels)
 
 
-@register_model("vgg11")
+@register_model("vgg11", input_size=32, final_resolution=4, min_stages=4)
 def vgg11(num_classes: int, in_channels: int = 3) -> VGG:
     return VGG(CONFIGS["vgg11"], num_classes, in_channels)
 
 
-@register_model("vgg13")
+@register_model("vgg13", input_size=32, final_resolution=4, min_stages=4)
 def vgg13(num_classes: int, in_channels: int = 3) -> VGG:
     return VGG(CONFIGS["vgg13"], num_classes, in_channels)
 
 
-@register_model("vgg16")
+@register_model("vgg16", input_size=32, final_resolution=4, min_stages=4)
 def vgg16(num_classes: int, in_channels: int = 3) -> VGG:
     return VGG(CONFIGS["vgg16"], num_classes, in_channels)
 
 
-@register_model("vgg19")
+@register_model("vgg19", input_size=32, final_resolution=4, min_stages=4)
 def vgg19(num_classes: int, in_channels: int = 3) -> VGG:
     return VGG(CONFIGS["vgg19"], num_classes, in_channels)

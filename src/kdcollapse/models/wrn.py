@@ -56,27 +56,27 @@ class WideResNet(ConvClassifier):
         super().__init__(nn.Sequential(*layers), in_planes, num_classes, stages)
 
 
-@register_model("wrn_16_1")
+@register_model("wrn_16_1", input_size=32, final_resolution=8, min_stages=4)
 def wrn_16_1(num_classes: int, in_channels: int = 3) -> WideResNet:
     return WideResNet(16, 1, num_classes, in_channels)
 
 
-@register_model("wrn_16_2")
+@register_model("wrn_16_2", input_size=32, final_resolution=8, min_stages=4)
 def wrn_16_2(num_classes: int, in_channels: int = 3) -> WideResNet:
     return WideResNet(16, 2, num_classes, in_channels)
 
 
-@register_model("wrn_40_1")
+@register_model("wrn_40_1", input_size=32, final_resolution=8, min_stages=4)
 def wrn_40_1(num_classes: int, in_channels: int = 3) -> WideResNet:
     return WideResNet(40, 1, num_classes, in_channels)
 
 
-@register_model("wrn_40_2")
+@register_model("wrn_40_2", input_size=32, final_resolution=8, min_stages=4)
 def wrn_40_2(num_classes: int, in_channels: int = 3) -> WideResNet:
     return WideResNet(40, 2, num_classes, in_channels)
 
 
-@register_model("wrn_34_10")
+@register_model("wrn_34_10", input_size=32, final_resolution=8, min_stages=4)
 def wrn_34_10(num_classes: int, in_channels: int = 3) -> WideResNet:
     """WRN-34-10, the model of the adversarial-robustness literature (TRADES, AWP, IKL-AT): 46.16M
     parameters at 10 classes."""

@@ -10,10 +10,10 @@ from kdcollapse.runs._load import check_inputs, load_model, load_teacher
 from kdcollapse.runs._community import convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
 from kdcollapse.runs._run import RUN_STATES, Run, run_state
-from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, MetricsLog, RunDir, check_run_dirs, check_same_config,
-                                     claim_run_dir, metrics_csv, provenance, read_committed_metrics, read_metrics,
-                                     start_run_dir, update_run_record)
-from kdcollapse.runs._run_dir import check_config_unedited, on_main_process
+from kdcollapse.runs._metrics_log import MetricsLog, metrics_csv, read_committed_metrics, read_metrics
+from kdcollapse.runs._record import check_config_unedited, provenance, update_run_record
+from kdcollapse.runs._run_dir import (RESUMABLE_KEYS, RunDir, check_run_dirs, check_same_config, claim_run_dir,
+                                     on_main_process, start_run_dir)
 from kdcollapse.runs._atomic import replacing, write_files, write_text
 from kdcollapse.runs._commit import committed_path, file_digest
 from kdcollapse.runs._lock import RunLock

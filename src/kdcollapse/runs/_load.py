@@ -18,6 +18,7 @@ from kdcollapse.methods import FrozenTeacher
 from kdcollapse.models import evaluating
 from kdcollapse.runs._checkpoint import read_model
 from kdcollapse.runs._commit import committed_path
+from kdcollapse.runs._record import check_config_unedited
 
 
 def _checked_device(device: str | torch.device) -> torch.device:
@@ -74,6 +75,8 @@ def load_teacher(cfg: TeacherConfig, dataset) -> FrozenTeacher:
         if cfg.weights:
             raise ConfigError("give either teacher.checkpoint or teacher.model + teacher.weights, not both")
         source = str(cfg.checkpoint)
+        if Path(source).is_dir():  # a run directory: its record must be the one kdcollapse wrote
+            check_config_unedited(Path(source))
         model, meta = load_model(source, model_name=cfg.model)
     elif cfg.weights:
         if not cfg.model:

@@ -20,7 +20,8 @@ from kdcollapse.runs._derived import (OUTPUTS_FILE, ROBUST_EVAL_FILE, outputs_st
                                       stale_reason)
 from kdcollapse.runs._lock import is_locked
 from kdcollapse.runs._data import UserData, check_split, run_dataset
-from kdcollapse.runs._run_dir import read_committed_metrics
+from kdcollapse.runs._metrics_log import read_committed_metrics
+from kdcollapse.runs._record import check_config_unedited
 from kdcollapse.runs._load import load_model, load_teacher
 
 MODEL_FILES = {"model": "model.safetensors", "best": "best.safetensors"}
@@ -54,6 +55,7 @@ class Run:
     @cached_property
     def config(self) -> RunConfig | LMConfig:
         """The run's config: a :class:`RunConfig` (image runs) or an :class:`LMConfig` (``distill-lm`` runs)."""
+        check_config_unedited(self.dir)  # the config describes the weights only as the run wrote it
         return load_run_config(self.dir / "config.yaml")
 
     @property

@@ -1,5 +1,5 @@
-"""Run directories: one process at a time, validated before anything is changed, one commit per epoch,
-provenance, one JSON line per epoch.
+"""Run directories: one process at a time, validated before anything is changed, one commit per epoch
+(provenance in ``run.json``: ``_record``; the per-epoch records: ``_metrics_log``).
 
 A run directory is taken in two steps. :func:`claim_run_dir` locks it and checks that it may be used
 (nothing is changed but the lock file; a directory that does not exist yet is only checked to be creatable,
@@ -11,35 +11,26 @@ and write the config.
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
-import io
 import json
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-import warnings
 from pathlib import Path
 
-import torch
-
-from kdcollapse import __version__
 from kdcollapse.config import RunConfig, config_to_dict, save_config
-from kdcollapse.config_lm import LM_RESUMABLE_KEYS, LMConfig, load_run_config, tracking
+from kdcollapse.config_lm import LM_RESUMABLE_KEYS, LMConfig, load_run_config
 from kdcollapse.data import USER_DATA
 from kdcollapse.distributed import all_ranks_ok
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs._atomic import remove_temporaries, replacing, write_text
 from kdcollapse.runs._checkpoint import read_header, save_tensors
-from kdcollapse.runs._commit import STATE_FILE, commit_epoch, committed_file, recover
+from kdcollapse.runs._commit import STATE_FILE, commit_epoch, recover
 from kdcollapse.runs._data import PASS_AGAIN
 from kdcollapse.runs._derived import remove_outputs
 from kdcollapse.runs._lock import RunLock
-from kdcollapse.runs._tracking import open_trackers, record_step
+from kdcollapse.runs._metrics_log import read_committed_metrics
+from kdcollapse.runs._record import check_config_unedited, provenance, read_run_json
 
 # Files a run writes; --overwrite removes exactly these (never anything else the user keeps there).
 RUN_FILES = ("config.yaml", "run.json", "metrics.jsonl", "metrics.csv", "checkpoint.safetensors",
@@ -56,20 +47,6 @@ RESUMABLE_KEYS = ("run_dir", "train.epochs", "train.eval_every", "train.progress
                   "train.group",
                   "train.device", "train.compile", "data.num_workers", "data.eval_batch_size", "analysis.every",
                   "analysis.train_per_class")
-
-
-def git_revision() -> str | None:
-    """The commit of the kdcollapse source tree, with ``-dirty`` if it has local changes."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        if rev.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5)
-        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 class RunDir:
@@ -158,6 +135,7 @@ def claim_run_dir(cfg: RunConfig, *, resume: bool, overwrite: bool, is_main: boo
                         f"cannot resume: {run_dir / 'checkpoint.safetensors'} is missing or is not the checkpoint "
                         f"of epoch {claim.state['epoch']} that {STATE_FILE} records"
                     )
+                _check_resume_history(cfg, run_dir, claim.state)
         except BaseException:
             claim.release()
             raise
@@ -199,7 +177,7 @@ def start_run_dir(cfg: RunConfig, claim: RunDir) -> None:
         # run.json records the SHA-256 of config.yaml, which a resume compares (a hand edit is refused). On a
         # resume it is written before the new config replaces the old, keeping the old digest too, so a crash
         # between the two renames leaves a pair that still matches.
-        facts = _read_run_json(claim.path) if claim.resume else None
+        facts = read_run_json(claim.path) if claim.resume else None
         with replacing(claim.path / "config.yaml") as tmp:
             save_config(cfg, tmp)
             digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
@@ -237,40 +215,13 @@ def _check_creatable(run_dir: Path) -> None:
         raise CheckpointError(f"cannot write to run directory {run_dir}: {err.strerror or err}") from None
 
 
-def _read_run_json(run_dir: Path) -> dict | None:
-    """``run.json`` of ``run_dir`` (``None`` if absent); a damaged one is an error naming the file."""
-    path = run_dir / "run.json"
-    if not path.exists():
-        return None
-    try:
-        facts = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}); it is not a run kdcollapse wrote intact") from None
-    if not isinstance(facts, dict):
-        raise CheckpointError(f"{path} is not a JSON object; it is not a run kdcollapse wrote intact")
-    return facts
-
-
-def check_config_unedited(run_dir: Path, example: str = "train.epochs=N") -> None:
-    """Refuse a ``config.yaml`` whose bytes differ from the SHA-256 that ``run.json`` recorded when the run
-    wrote it: a hand edit would say one thing while the checkpoint continues another. ``example``: an
-    override the message shows (the trainer's resumable key)."""
-    facts = _read_run_json(run_dir) or {}
-    recorded = {facts.get("config_sha256"), facts.get("config_sha256_previous")} - {None}
-    path = run_dir / "config.yaml"
-    if recorded and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() not in recorded:
-        raise CheckpointError(f"{path} was edited after the run wrote it (its SHA-256 differs from run.json's "
-                              "config_sha256); restore it, and change resumable keys with overrides: --resume "
-                              f"{run_dir} {example}")
-
-
 def _uncommitted_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a kdcollapse run (its ``config.yaml`` unedited, as ``run.json`` records) that
     committed no epoch. A ``config.yaml`` that kdcollapse did not write is never one."""
     if _committed(run_dir):
         return False
     try:
-        facts = _read_run_json(run_dir) or {}
+        facts = read_run_json(run_dir) or {}
     except CheckpointError:
         return False
     config = run_dir / "config.yaml"
@@ -389,6 +340,16 @@ def resumable_keys(cfg: RunConfig | LMConfig) -> tuple[str, ...]:
     return ("run_dir", *LM_RESUMABLE_KEYS) if isinstance(cfg, LMConfig) else RESUMABLE_KEYS
 
 
+def _check_resume_history(cfg: RunConfig | LMConfig, run_dir: Path, state: dict | None) -> None:
+    """A resume continues the committed history, never rewrites it: ``train.epochs`` below the committed
+    epoch is refused, and so is a metrics log that is not the committed one, here, before anything is written."""
+    epoch = (state or {}).get("epoch")
+    if isinstance(cfg, RunConfig) and isinstance(epoch, int) and cfg.train.epochs < epoch:
+        raise ConfigError(f"cannot resume {run_dir} with train.epochs={cfg.train.epochs}: it has committed {epoch} "
+                          f"epochs, which a resume never rewrites; give train.epochs >= {epoch} (or a new run_dir)")
+    read_committed_metrics(run_dir)
+
+
 def check_resume_changes(saved: RunConfig | LMConfig, cfg: RunConfig | LMConfig) -> None:
     """A resume may change only the task's resumable keys; anything else would continue another run."""
     if isinstance(saved, RunConfig) and isinstance(cfg, RunConfig) and saved.data.name == USER_DATA != cfg.data.name:
@@ -403,217 +364,3 @@ def check_resume_changes(saved: RunConfig | LMConfig, cfg: RunConfig | LMConfig)
             f"only {', '.join(resumable_keys(cfg)[1:])}; start a new run_dir for anything else"
         )
 
-
-def update_run_record(run_dir: Path, facts: dict) -> None:
-    """Add ``facts`` (what the run actually executes: precision, memory layout, ...) to ``run.json``."""
-    path = Path(run_dir) / "run.json"
-    record = json.loads(path.read_text()) if path.exists() else {}
-    write_text(path, json.dumps(record | facts, indent=2) + "\n")
-
-
-def provenance() -> dict:
-    return {
-        "kdcollapse_version": __version__,
-        "git_revision": git_revision(),
-        "command": " ".join(sys.argv),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-    }
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``metrics.jsonl`` (``run_dir`` is the run directory or that file). A torn last line
-    (a crash or full disk while an older version appended to it) is dropped with a warning; damage
-    anywhere else is an error."""
-    path = Path(run_dir)
-    path = path / "metrics.jsonl" if path.is_dir() else path
-    if not path.exists():
-        return []
-    lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
-    records = []
-    for n, line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-        elif n == lines[-1][0]:
-            warnings.warn(f"{path}: ignoring its last line {n}, which is torn (the run was interrupted while "
-                          "writing it)", stacklevel=2)
-        else:
-            raise CheckpointError(f"{path}: line {n} is not a JSON record")
-    return records
-
-
-STEPS_FILE = "steps.jsonl"
-
-
-def read_committed_metrics(run_dir: Path, epoch: int | None = None, name: str = "metrics.jsonl") -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl`` up to the last committed epoch (or ``epoch``), read from the
-    file ``state.json`` records (its staged copy between a commit and its renames; none when it was removed).
-    A file whose SHA-256 is not the recorded one (edited or damaged) is refused; a torn last line after the
-    committed bytes (an older version's interrupted append) is dropped with a warning. Runs without
-    ``state.json``: as they are."""
-    run_dir = Path(run_dir)
-    path, state = committed_file(run_dir, name)
-    if path is None and not (run_dir / name).exists():
-        return []  # removed (after an edit): no records
-    if path is None and not _committed_plus_torn_line(run_dir / name, state):
-        raise CheckpointError(
-            f"{run_dir / name} is not the file of epoch {state['epoch']} that {STATE_FILE} records "
-            "(edited, or damaged); restore it, or remove it (a `--resume` then continues without the records of "
-            "the earlier epochs)")
-    records = read_metrics(path or run_dir / name)
-    last = epoch if epoch is not None else state["epoch"] if state else None
-    # the commit unit: an image run's epoch, a language-model run's optimizer step
-    return records if last is None else [r for r in records if r.get("epoch", r.get("step", 0)) <= last]
-
-
-def _committed_plus_torn_line(path: Path, state: dict | None) -> bool:
-    """Whether ``path`` is the file ``state.json`` records followed by one unterminated line."""
-    entry = (state or {}).get("files", {}).get(path.name)
-    if entry is None or not path.is_file():
-        return False
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
-        return False
-    head = data[:data.rfind(b"\n") + 1]
-    return hashlib.sha256(head).hexdigest() == entry["sha256"]
-
-
-def metrics_jsonl(records: list[dict]) -> str:
-    """``records`` as JSON lines, one per record."""
-    return "".join(json.dumps(r) + "\n" for r in records)
-
-
-def metrics_csv(records: list[dict]) -> str:
-    """``records`` as CSV: one row per record, one column per key that any record has (in the order keys
-    first appear), an empty cell where a record lacks the key (epochs without evaluation or analysis)."""
-    columns = list(dict.fromkeys(key for record in records for key in record))
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    for record in records:
-        writer.writerow(["" if key not in record else value if isinstance(value := record[key], str)
-                         else json.dumps(value) for key in columns])
-    return out.getvalue() if records else ""
-
-
-TENSORBOARD_DIR = "tensorboard"
-
-
-def remove_event_files(folder: Path) -> None:
-    """Delete the TensorBoard event files in ``folder`` (other files there are left alone)."""
-    for path in folder.glob("*tfevents*"):
-        path.unlink(missing_ok=True)
-
-
-class MetricsLog:
-    """The per-epoch records of ``metrics.jsonl`` and ``metrics.csv`` (both written by :meth:`RunDir.commit`,
-    with the checkpoint of the same epoch), TensorBoard when asked, and the trackers the run's saved config
-    names (``train.trackers``: W&B, MLflow).
-
-    On resume, records of epochs after the checkpoint (written before a crash) are dropped first, and both
-    files are rewritten from the records kept (``metrics.csv`` is re-derived from ``metrics.jsonl``, so a run
-    of a version without it gains it).
-
-    TensorBoard's event log is append-only, so it cannot be replaced atomically like the other files; it is
-    kept a prefix of what was committed instead. An epoch's scalars reach it (and the trackers) only in
-    :meth:`committed`, after the epoch's commit, so a crash never leaves a step there that ``state.json`` does not
-    record (at worst a torn last record, or the committed epoch's scalars missing). Every start rebuilds it, under
-    the run's lock: the event files are deleted and the committed records written again, so a resumed run has
-    each step exactly once, and turning ``train.tensorboard`` on in a resume gains the earlier epochs.
-    """
-
-    FILES = {"metrics.jsonl": metrics_jsonl, "metrics.csv": metrics_csv}
-
-    def __init__(self, run_dir: Path, *, start_epoch: int = 0, enabled: bool = True, tensorboard: bool = False):
-        self.path = run_dir / "metrics.jsonl"
-        self.enabled = enabled
-        self.writer = None
-        self.records: list[dict] = []
-        self.pending: list[dict] = []  # written, not yet committed
-        self.trackers: list = []
-        self.steps: list[dict] = []  # per-step scalars (write_step), committed in steps.jsonl
-        self.pending_steps: list[dict] = []
-        if not enabled:
-            return
-        if start_epoch > 0:
-            self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
-            if (run_dir / STEPS_FILE).exists():
-                self.steps = read_committed_metrics(run_dir, start_epoch, STEPS_FILE)
-        if self.path.exists():
-            for name, text in self.files().items():
-                write_text(run_dir / name, text)
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("train.tensorboard=true needs the tensorboard package: "
-                                  "pip install 'kdcollapse[tensorboard]'") from None
-            remove_event_files(run_dir / TENSORBOARD_DIR)  # rebuilt from the committed records
-            self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
-            self._to_tensorboard(self.steps, "step/")
-            self._to_tensorboard(self.records)
-        if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
-            cfg = load_run_config(run_dir / "config.yaml")
-            trackers, group, _ = tracking(cfg)
-            self.trackers = open_trackers(trackers, run_dir, config_to_dict(cfg), group)
-            for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
-                tracker.replay(self.records)
-
-    def write(self, record: dict) -> None:
-        """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit, TensorBoard
-        and the trackers once that commit is done (:meth:`committed`)."""
-        if not self.enabled:
-            return
-        self.records.append(record)
-        self.pending.append(record)
-
-    def write_step(self, record: dict) -> None:
-        """Add a per-step record (``step`` and scalars): committed in ``steps.jsonl`` with the next commit, then
-        logged to TensorBoard (as ``step/<key>``) and the trackers (language-model runs, whose records and
-        trackers' x are optimizer steps)."""
-        if not self.enabled:
-            return
-        self.steps.append(record)
-        self.pending_steps.append(record)
-
-    def committed(self) -> None:
-        """The records written so far are committed: log them to TensorBoard and the trackers."""
-        pending, self.pending = self.pending, []
-        steps, self.pending_steps = self.pending_steps, []
-        self._to_tensorboard(steps, "step/")
-        self._to_tensorboard(pending)
-        for record in [*({"step": r["step"], **{f"step/{k}": v for k, v in r.items() if k != "step"}} for r in steps),
-                       *pending]:
-            for tracker in self.trackers:
-                tracker.log(record)
-
-    def _to_tensorboard(self, records: list[dict], prefix: str = "") -> None:
-        if self.writer is None or not records:
-            return
-        for record in records:
-            for key, value in record.items():
-                if key not in ("epoch", "step") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(prefix + key, value, record_step(record))
-        self.writer.flush()
-
-    def files(self) -> dict[str, str]:
-        """The text of each metrics file, by name."""
-        return {name: render(self.records) for name, render in self.FILES.items()} | (
-            {STEPS_FILE: metrics_jsonl(self.steps)} if self.steps else {})
-
-    def close(self, failed: bool = False) -> None:
-        """End TensorBoard's writer and the trackers, marking their runs failed when training ``failed`` (a
-        second call does nothing)."""
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        for tracker in self.trackers:
-            tracker.close(failed)
-        self.trackers = []

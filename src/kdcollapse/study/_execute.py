@@ -1,7 +1,7 @@
 """Running a study's runs: one run in this process (:func:`execute`, what every executor calls), the local
 executor (a process pool, N at a time, teachers before their students) and the status of every run.
 
-"Done" has one rule, :func:`kdcollapse.runs.run_state` (the committed last epoch); a finished run is skipped,
+"Done" has one rule (:func:`kdcollapse.study._runs.state_of`: the committed last epoch); a finished run is skipped,
 an interrupted one resumed from its committed epoch, and a run whose directory another process holds (its
 lock) is left to that process. A run whose loss diverged is a result, not an error: ``diverged.json`` in its
 run directory records the epoch it broke in, the summary reports it, and later launches leave it alone (delete
@@ -24,18 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kdcollapse.config import load_config
 from kdcollapse.errors import CheckpointError
-from kdcollapse.recipes import config_file
-from kdcollapse.runs import (Run, RunLock, read_metrics, record_outputs, run_lock_for, run_state, source_of,
-                             write_text)
-from kdcollapse.study._spec import RunSpec, Study
+from kdcollapse.runs import RunLock, read_metrics, record_outputs, run_lock_for, run_state, source_of, write_text
+from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, run_config, state_of
+from kdcollapse.study._spec import Study
 from kdcollapse.study._steps import RUN_STEPS, STEPS
 from kdcollapse.train import TrainingDiverged, fit
 
 OUTCOMES = ("finished", "diverged", "failed", "running elsewhere", "blocked")
-DIVERGED_FILE = "diverged.json"
-RESULT_FILE = "result.json"  # the output of a run step; it exists only once the step finished
 
 
 @dataclass(frozen=True)
@@ -152,31 +148,10 @@ def _write_step(run_dir, name: str, step: Callable) -> None:
             record_outputs(held, [path], source_of(held) if (held / "model.safetensors").is_file() else {})
 
 
-def run_config(run: RunSpec):
-    """The ``RunConfig`` the study asks ``run`` to train with."""
-    return load_config(config_file(run.config), list(run.overrides))
-
-
-def state_of(run: RunSpec) -> str:
-    """:func:`kdcollapse.runs.run_state`, except that a run finished at fewer epochs than the study now asks
-    for is "interrupted" (a resume extends it: ``train.epochs`` may change on resume), and one whose loss
-    diverged (``diverged.json``, not finished) is "diverged". A run step is "finished" once its ``result.json``
-    exists, "running" while a process holds its lock, else "new"."""
-    if run.step is not None:
-        return "finished" if (run.run_dir / RESULT_FILE).is_file() else "running" if run_state(run.run_dir) == "running" \
-            else "new"
-    state = run_state(run.run_dir)
-    if state == "finished" and Run(run.run_dir).config.train.epochs < run_config(run).train.epochs:
-        return "interrupted"
-    if state in ("new", "interrupted") and (run.run_dir / DIVERGED_FILE).is_file():
-        return "diverged"
-    return state
-
-
 def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
-    """The runs (of ``names``, else all) that still have something to do: training, or a post step (of a
+    """The runs (of ``names``, else all; an empty list: none) that still have something to do: training, or a post step (of a
     finished run, or a diverged one with a saved epoch)."""
-    runs = [study.runs[n] for n in names] if names else list(study.runs.values())
+    runs = [study.runs[n] for n in names] if names is not None else list(study.runs.values())
     return [r for r in runs if (state := state_of(r)) not in ("finished", "diverged") or any(
         not s.done(r.run_dir) for s in r.post)
         and (state == "finished" or (r.run_dir / "model.safetensors").is_file())]

@@ -17,7 +17,8 @@ from pathlib import Path
 from kdcollapse._optional import require
 from kdcollapse.errors import ConfigError
 from kdcollapse.study._execute import Outcome, execute
-from kdcollapse.study._spec import RunSpec, Study
+from kdcollapse.study._runs import RunSpec
+from kdcollapse.study._spec import Study
 
 
 def slurm_available() -> str | None:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 
 import yaml
 
 from kdcollapse.errors import ConfigError, unknown_choice
-from kdcollapse.study._steps import RUN_STEPS, STEPS
+from kdcollapse.recipes import config_file
+from kdcollapse.study._choice import chosen_settings, validation_only
+from kdcollapse.study._runs import PostStep, RunSpec, run_config
+from kdcollapse.study._steps import RUN_STEPS, STEPS, check_run_step
+from kdcollapse.study._summary_spec import check_cells, check_summary, flat
 
 STUDY_KEYS = ("name", "runs_dir", "seeds", "define", "groups", "summary", "tracking")
 GROUP_KEYS = ("group", "run", "config", "step", "params", "grid", "choose", "seeds", "teacher", "overrides", "post",
@@ -23,52 +27,10 @@ _FIELD = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
-class PostStep:
-    """A step on a finished (or diverged) run, done once ``creates`` exists in the run directory (and, with
-    ``key``, holds that top-level JSON key: several evaluations may add to one file): the command
-    ``kdcollapse COMMAND RUN_DIR ARGS``, or the registered step ``step`` (``kdcollapse.study._steps.STEPS``)."""
-
-    command: str | None
-    args: tuple[str, ...]
-    creates: str
-    step: str | None = None
-    key: str | None = None
-
-    def done(self, run_dir: Path) -> bool:
-        path = Path(run_dir) / self.creates
-        if not path.is_file():
-            return False
-        if self.key is None:
-            return True
-        try:
-            return self.key in json.loads(path.read_text())
-        except ValueError:
-            return False  # torn or not JSON: run the step again
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a study: its name (its path under the study's ``runs_dir``), the config and overrides it
-    trains with (``run_dir``, ``seed`` and ``teacher.checkpoint`` included), and the grid values it stands for."""
-
-    name: str
-    group: str
-    config: str
-    overrides: tuple[str, ...]
-    values: dict
-    run_dir: Path
-    teacher: str | None = None
-    teacher_dir: Path | None = None
-    post: tuple[PostStep, ...] = ()
-    resources: dict = field(default_factory=dict)
-    step: str | None = None  # a registered computation (kdcollapse.study._steps.RUN_STEPS) instead of training
-    params: dict = field(default_factory=dict)  # its keyword arguments
-
-
-@dataclass(frozen=True)
 class Study:
     """A loaded study file: its runs in file order (teachers first by construction: a teacher must be named
-    before the runs that read it) and its summary spec (checked by :mod:`kdcollapse.study._summary`)."""
+    before the runs that read it) and its summary spec (checked when the file is read:
+    :func:`kdcollapse.study._summary_spec.check_summary`)."""
 
     path: Path
     name: str
@@ -91,7 +53,7 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None  # on one line
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a study file is a mapping with keys {', '.join(STUDY_KEYS)}")
     _known(data, STUDY_KEYS, f"{path}")
@@ -105,13 +67,15 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
         raise ConfigError(f"{path}: 'tracking' is a list of wandb, mlflow; got {tracking!r}")
     extra = (f"train.trackers=[{', '.join(tracking)}]", f"train.group={name}") if tracking else ()
     runs: dict[str, RunSpec] = {}
-    waiting = []
+    waiting, fields, checked = [], {}, []
     for index, group in enumerate(groups):
-        settings = None
+        settings = candidates = None
         if isinstance(group, dict) and "choose" in group:  # its settings: the choices made on the runs so far
-            settings, wait = _chosen(group, index, runs, path, data.get("summary"))
+            settings, wait, candidates = _chosen(group, index, runs, path, data.get("summary"))
             waiting += wait
-        for run in _expand(group, index, data.get("seeds", [0]), root, extra, settings):
+        expanded = _expand(group, index, data.get("seeds", [0]), root, extra, settings)
+        label = str(group.get("group", f"groups[{index}]"))
+        for run in expanded:
             if run.name in runs:
                 raise ConfigError(f"{path}: run {run.name!r} is named twice (group {run.group!r}); give each run "
                                   "its own name with the grid's fields, e.g. run: beta{beta}/seed{seed}")
@@ -121,7 +85,51 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
             if run.teacher is not None:
                 run = _with_teacher(run, runs[run.teacher])
             runs[run.name] = run
+        if candidates is not None:  # every setting the choice may take is checked now, before any run starts
+            expanded = [_with_teacher(r, runs[r.teacher]) if r.teacher in runs else r
+                        for r in _expand(group, index, data.get("seeds", [0]), root, extra, candidates)]
+        else:
+            expanded = [runs[r.name] for r in expanded]
+        fields.setdefault(label, set()).update(k for r in expanded for k in r.values)
+        checked += expanded
+    if data.get("summary") is not None:
+        check_cells(check_summary(data.get("summary")), fields)
+    _check_runs(path, checked)
     return Study(path=path, name=name, runs_dir=root, runs=runs, summary=data.get("summary"), waiting=tuple(waiting))
+
+
+def _check_runs(path: Path, runs: list[RunSpec]) -> None:
+    """Read every run's config as it would train (:func:`kdcollapse.study._runs.run_config`; a run step's
+    parameters by :func:`kdcollapse.study._steps.check_run_step`) without training or opening anything, so that a
+    bad override of any group, a student's included, is refused before the first run starts. Runs that differ only
+    in their seed, run directory and teacher directory (set by the study; any value of them is valid) are read
+    once."""
+    seen, files = set(), {}
+    for run in runs:
+        key = (run.config, run.step, json.dumps(run.params, sort_keys=True, default=str),
+               tuple(o for o in run.overrides if not o.startswith(("seed=", "run_dir=", "teacher.checkpoint="))))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            if run.step is not None:
+                check_run_step(run.step, run.values["seed"], run.run_dir, run.params)
+            else:
+                if run.config not in files:  # a recipe name is looked up once
+                    files[run.config] = config_file(run.config)
+                run_config(run, files[run.config])
+        except ConfigError as err:
+            raise ConfigError(f"{path}: group {run.group!r}, run {run.name!r}: {err}") from None
+
+
+def _inside(relative: str, what: str) -> str:
+    """``relative`` once it is a relative path that stays inside its folder (no ``..``, not absolute, not empty)."""
+    path = PurePosixPath(str(relative))
+    if not str(relative).strip() or path.is_absolute() or ".." in path.parts or "\\" in str(relative) \
+            or path.parts in ((), (".",)):
+        raise ConfigError(f"{what} {str(relative)!r} must be a relative path inside its folder (no '..', not "
+                          "absolute, not empty), e.g. 'kd/beta{beta}/seed{seed}'")
+    return str(relative)
 
 
 def _known(data: dict, keys: tuple[str, ...], where: str) -> None:
@@ -144,7 +152,7 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
         _step_group(group, label)
     resources = dict(group.get("resources") or {})
     _known(resources, RESOURCE_KEYS, f"resources of group {label!r}")
-    post = tuple(_post_step(step, label) for step in _flat(group.get("post") or []))  # a nested list: spliced in
+    post = tuple(_post_step(step, label) for step in flat(group.get("post") or []))  # a nested list: spliced in
     grid = group.get("grid") or {}
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"group {label!r}: 'grid' maps each field to a non-empty list of values")
@@ -161,8 +169,8 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
     runs = []
     for seed, setting in itertools.product(seeds, settings):
         values = {"seed": seed, **setting}
-        name = _fill(group["run"], values, label)
-        overrides = tuple(_fill(str(o), values, label) for o in _flat(_splice(group.get("overrides") or [], values)))
+        name = _inside(_fill(group["run"], values, label), f"group {label!r}: run name")
+        overrides = tuple(_fill(str(o), values, label) for o in flat(_splice(group.get("overrides") or [], values)))
         if "step" in group:
             runs.append(RunSpec(name=name, group=label, config="", overrides=(), values=values, run_dir=root / name,
                                 resources=resources, step=group["step"],
@@ -200,11 +208,6 @@ def _splice(items: list, values: dict) -> list:
             and isinstance(values.get(m.group(1)), list) else item for item in items]
 
 
-def _flat(items: list) -> list:
-    """Overrides with nested lists (a YAML alias of a shared list) spliced in."""
-    return [x for item in items for x in (_flat(item) if isinstance(item, list) else [item])]
-
-
 def _fill(template: str, values: dict, group: str) -> str:
     missing = sorted(set(_FIELD.findall(str(template))) - set(values))
     if missing:
@@ -218,6 +221,7 @@ def _post_step(step, group: str) -> PostStep:
             or ("command" in step) == ("step" in step) or ("step" in step and "args" in step)):
         raise ConfigError(f"group {group!r}: a post step is {{command: analyze | robust-eval, args: [...], creates: "
                           f"FILE, key: JSON_KEY}} or {{step: {' | '.join(STEPS)}, creates: FILE.json}}, got {step!r}")
+    _inside(step["creates"], f"group {group!r}: post step 'creates'")
     if "step" in step:
         if step["step"] not in STEPS:
             raise ConfigError(unknown_choice(f"post step of group {group!r}", step["step"], tuple(STEPS)))
@@ -244,15 +248,14 @@ def _with_teacher(run: RunSpec, teacher: RunSpec) -> RunSpec:
 
 
 def _chosen(group: dict, index: int, runs: dict[str, RunSpec], path: Path,
-            summary) -> tuple[list[dict], list[tuple[str, dict, str, tuple[str, ...]]]]:
+            summary) -> tuple[list[dict], list[tuple[str, dict, str, tuple[str, ...]]], list[dict]]:
     """The settings of a group with ``choose: {group: SOURCE, per: FIELDS, by: val_METRIC, lowest: false}``: for each
     value of the ``per`` fields among SOURCE's runs, the setting (its grid values) of the SOURCE run with the
     highest mean validation ``by`` over the seeds every candidate shares, each run read at its epoch selected by the
-    summary's ``select`` (the last without one), the first on a tie: the rule of a summary section's ``choose``.
-    A choice is made once every SOURCE run it reads is finished (its run directory, else its committed record in
-    ``runs.json``); until then it is waiting (second value: group, per values, SOURCE, the runs not finished)."""
-    from kdcollapse.study._summary import _choose, _validation_only
-
+    summary's ``select`` (the last without one), the first on a tie: the rule of a summary section's ``choose``
+    (:func:`kdcollapse.study._choice.chosen_settings`). A choice is made once every SOURCE run it reads is finished
+    (its run directory, else its committed record in ``runs.json``); until then it is waiting (second value:
+    group, per values, SOURCE, the runs not finished). Third value: every setting it may choose (for checking)."""
     label = str(group.get("group", f"groups[{index}]"))
     spec = group["choose"]
     if not isinstance(spec, dict) or set(spec) - set(CHOOSE_KEYS) or "group" not in spec:
@@ -264,74 +267,16 @@ def _chosen(group: dict, index: int, runs: dict[str, RunSpec], path: Path,
     by = spec.get("by", select)
     if by is None:
         raise ConfigError(f"group {label!r}: 'choose' needs 'by' (a validation metric): the summary selects no epoch")
-    _validation_only(by, f"group {label!r} chooses its setting on")
+    validation_only(by, f"group {label!r} chooses its setting on")
     source = [r for r in runs.values() if r.group == spec["group"]]
     if not source:
         raise ConfigError(unknown_choice(f"group that group {label!r} chooses from (an earlier training group)",
                                          spec["group"], tuple(dict.fromkeys(r.group for r in runs.values()))))
-    per = [spec["per"]] if isinstance(spec.get("per"), str) else list(spec.get("per") or [])
-    for f in per:
-        if any(f not in r.values for r in source) or f == "seed":
-            raise ConfigError(f"group {label!r}: 'per: {f}' is not a grid field of group {spec['group']!r} "
-                              f"(fields: {', '.join(k for k in source[0].values if k != 'seed')})")
     records_file = path.parent / "runs.json"
     records = json.loads(records_file.read_text()) if records_file.is_file() else {}
-    at = "best" if select else "last"
-    members: dict[tuple, list[RunSpec]] = {}
+    settings, waiting = chosen_settings(label, spec, source, records, select, by)
+    candidates = []
     for run in source:
-        members.setdefault(tuple(_hashable(run.values[f]) for f in per), []).append(run)
-    settings, waiting = [], []
-    for key, group_runs in members.items():
-        combos: list[dict] = []
-        cells: dict[str, dict[int, dict]] = {}
-        missing = []
-        for run in group_runs:
-            setting = {k: v for k, v in run.values.items() if k != "seed"}
-            if setting not in combos:
-                combos.append(setting)
-            cell = cells.setdefault(str(combos.index(setting)), {})
-            value = _validation_value(run, records.get(run.name), by, select)
-            if value is _NOT_FINISHED:
-                missing.append(run.name)
-            elif value is not None:
-                cell[run.values["seed"]] = {at: {by: value}}
-        where = {f: group_runs[0].values[f] for f in per}
-        if missing:
-            waiting.append((label, where, spec["group"], tuple(missing)))
-            continue
-        chosen, _ = _choose(cells, {"among": "*", "by": by, "lowest": bool(spec.get("lowest", False))}, at)
-        if chosen is None:  # every candidate diverged, or no seed is shared: nothing to choose from
-            waiting.append((label, where, spec["group"], ()))
-            continue
-        settings.append(combos[int(chosen)])
-    return settings, waiting
-
-
-_NOT_FINISHED = object()
-
-
-def _hashable(value):
-    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
-
-
-def _validation_value(run: RunSpec, record: dict | None, by: str, select: str | None):
-    """``by`` of a finished run at its selected epoch (its run directory, else its committed ``record``); None for a
-    diverged run or one without the metric; ``_NOT_FINISHED`` otherwise."""
-    from kdcollapse.runs import read_committed_metrics
-    from kdcollapse.study._execute import state_of
-
-    state = state_of(run) if run.run_dir.is_dir() else "new"
-    if state == "diverged":
-        return None
-    if state == "finished":
-        rows = read_committed_metrics(run.run_dir)
-        if select:
-            row = max((r for r in rows if select in r), key=lambda r: r[select], default=None)  # the first highest
-        else:
-            row = rows[-1] if rows else None
-        return None if row is None else row.get(by)
-    if record is not None:
-        if "diverged" in record:
-            return None
-        return (record.get("best" if select else "last") or {}).get(by)
-    return _NOT_FINISHED
+        if (setting := {k: v for k, v in run.values.items() if k != "seed"}) not in candidates:
+            candidates.append(setting)
+    return settings, waiting, candidates

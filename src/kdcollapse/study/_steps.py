@@ -8,12 +8,17 @@ study names one as ``post: [{step: NAME, creates: FILE.json}]`` (the GNC and VCI
 
 from __future__ import annotations
 
+import inspect
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import yaml
 
 from kdcollapse.data import make_loader
+from kdcollapse.errors import ConfigError
 from kdcollapse.metrics import intra_inter_distances
 from kdcollapse.metrics.functional import collapse_metrics_from_features
 from kdcollapse.runs import Run
@@ -103,17 +108,10 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     ``seed``, in ``run_dir``; an interrupted run is resumed, a finished one (its ``student/`` saved) only read.
     Returns its last evaluation, the validation numbers named ``val_*`` (a study chooses on them), with the
     student's parameter count, the training tokens and the run's CPU seconds (this process's, when it trained)."""
-    import json
-    import time
-
-    import yaml
-
     from kdcollapse.train import distill_lm as train
-    from kdcollapse.train import load_lm_config
 
     run_dir = Path(run_dir)
-    cfg = load_lm_config(config, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-                                  for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
+    cfg = _lm_config(seed, run_dir, config, **overrides)
     began = time.process_time()
     if not (run_dir / "student").is_dir():
         train(cfg, resume=(run_dir / "config.yaml").is_file(), log=lambda line: None)
@@ -125,4 +123,32 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
             "cpu_seconds": time.process_time() - began}
 
 
+def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
+    """The ``distill-lm`` config of a :func:`distill_lm` step: the file ``config`` with ``overrides`` as
+    ``key=value`` (their YAML forms), ``seed`` and ``run_dir``."""
+    from kdcollapse.train import load_lm_config
+
+    return load_lm_config(config, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                                   for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
+
+
 RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm}
+
+
+def check_run_step(name: str, seed: int, run_dir: Path, params: dict) -> None:
+    """Refuse ``params`` that run step ``name`` would refuse, without running it: a ``distill_lm`` step's config
+    is read as it would train; another step's parameters must be keyword arguments of the function it calls."""
+    if name == "distill_lm":
+        if "config" not in params:
+            raise ConfigError("run step 'distill_lm' needs the parameter 'config' (a distill-lm config file)")
+        _lm_config(seed, run_dir, **params)
+        return
+    if name == "ufm":
+        from kdcollapse.experiments.ufm import train_ufm as function
+    else:
+        function = RUN_STEPS[name]
+    try:
+        inspect.signature(function).bind(seed=seed, **params)
+    except TypeError as err:
+        known = [p for p in inspect.signature(function).parameters if p != "seed"]
+        raise ConfigError(f"run step {name!r}: {err}; its parameters: {', '.join(known)}") from None
