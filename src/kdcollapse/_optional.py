@@ -16,7 +16,8 @@ from types import ModuleType
 from kdcollapse.errors import KdcollapseError
 
 EXTRAS = {"matplotlib": "analysis", "sklearn": "analysis", "tensorboard": "tensorboard", "submitit": "slurm", "wandb": "tracking",
-          "mlflow": "tracking", "transformers": "llm", "accelerate": "llm", "gguf": "llm", "datasets": "llm"}
+          "mlflow": "tracking", "transformers": "llm", "accelerate": "llm", "gguf": "llm", "datasets": "llm",
+          "peft": "peft"}
 _PIP_NAMES = {"sklearn": "scikit-learn"}
 
 

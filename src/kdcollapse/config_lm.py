@@ -20,6 +20,7 @@ from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses.llm import token_divergences
+from kdcollapse.lm._lora import check_lora_targets, split_student
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
@@ -121,6 +122,14 @@ class GenerationSection:
         return self.lmbda > 0 or self.seq_kd
 
 
+@dataclass
+class DistributedSection:
+    """How ``torchrun`` processes share the student: ``ddp`` (each holds all of it; gradients all-reduced)
+    or ``fsdp`` (FSDP2, ``fully_shard`` of each decoder layer: parameters, gradients and AdamW state split)."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
 _POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "steps", "eval_every", "chunk_size",
              "log_every")
 
@@ -130,7 +139,8 @@ class LMConfig:
     task: Literal["lm"] = LM_TASK  # what config.yaml says to tell an LM run from an image run
     teacher: str = lm.SMOLLM2  # "smollm2-135m", a model directory or a .gguf file
     student: dict = field(default_factory=lambda: dict(SMALL_LLAMA))  # a transformers config (vocab from the teacher)
-    # or {init: {from: teacher, layers: distilbert | minitron | [...], keep: N}}: built from the teacher's layers
+    # or {init: {from: teacher, layers: distilbert | minitron | [...], keep: N}}: built from the teacher's layers;
+    # either with lora: {r, alpha, dropout, target_modules, modules_to_save}: a LoRA adapter on it (lm/_lora.py)
     corpus: str = lm.PYTHON_DOCS  # "python-docs" or a directory of .txt files
     data: lm.DataSpec = field(default_factory=lm.DataSpec)  # a datasets source, its kind, loss mask and layout
     block_size: int = 128  # tokens per sequence
@@ -144,6 +154,7 @@ class LMConfig:
     weight_decay: float = 0.0
     loss: LossSection = field(default_factory=lambda: loss_section()())
     generation: GenerationSection = field(default_factory=GenerationSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
     eval_every: int = 50  # steps between evaluations and checkpoints (commits)
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
@@ -181,21 +192,30 @@ class LMConfig:
         check_number("weight_decay", self.weight_decay)
         if not isinstance(self.student, dict):
             raise ConfigError(f"'student' must be a mapping (a transformers config), got {self.student!r}")
-        for key, value in self.student.items():  # sizes and counts: transformers accepts 0 and fails mid-run
+        model_config, lora = split_student(self.student)  # student.lora: a LoRA adapter on the student
+        for key, value in model_config.items():  # sizes and counts: transformers accepts 0 and fails mid-run
             if value is not None and (key.endswith("_size") or key.startswith("num_") or key in ("head_dim", "max_position_embeddings")) and \
                     not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
         # the student's architecture (or its init from the teacher), checked before the teacher loads
-        lm.check_student_section(self.student)
+        init = lm.check_student_section(model_config)
+        if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
+            check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
         if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
             raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
                               f"one (data.source takes text folders too)")
+        if self.distributed.strategy not in ("ddp", "fsdp"):
+            raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
+        if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
+            raise ConfigError("distributed.strategy=fsdp does not take " + (
+                "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
+                + " in this version; use distributed.strategy=ddp")
         self._check_generation()
 
     @property
     def student_init(self) -> lm.StudentInit | None:
         """``student.init`` checked, or None for a student built from a ``transformers`` config."""
-        return lm.check_student_section(self.student)
+        return lm.check_student_section(split_student(self.student)[0])
 
     @property
     def data_spec(self) -> lm.DataSpec:

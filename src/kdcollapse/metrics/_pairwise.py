@@ -57,8 +57,8 @@ class _Moments:
         count = values.numel()
         if count == 0:
             return
-        mean = values.mean()
-        squares = (values - mean).square().sum()
+        variance, mean = torch.var_mean(values, correction=0)  # one fused pass over the block
+        squares = variance * count
         if self.mean is None:
             self.count, self.mean, self.squares = count, mean, squares
             return
@@ -85,13 +85,15 @@ def pair_moments(rows: Rows, kernel: Callable[[Tensor, Tensor], tuple[Tensor, ..
             held, a = r, rows[r]
         blocks = kernel(a, a if diagonal else rows[c])
         mask = torch.ones(blocks[0].shape, dtype=torch.bool, device=blocks[0].device).triu_(1) if diagonal else None
-        sums = [(block.triu(1) if diagonal else block).sum(dtype=torch.float64) for block in blocks]
-        totals = sums if totals is None else [total + part for total, part in zip(totals, sums)]
+        sums = [None if stat is not None else (block.triu(1) if diagonal else block).sum(dtype=torch.float64)
+                for block, stat in zip(blocks, stats)]  # a block with moments: its mean comes from _Moments
+        totals = sums if totals is None else [None if part is None else total + part
+                                              for total, part in zip(totals, sums)]
         for block, stat in zip(blocks, stats):
             if stat is not None:
                 stat.add(block, mask)
     pairs = num * (num - 1) / 2
-    return tuple(total / pairs if stat is None else (total / pairs, stat.variance())
+    return tuple(total / pairs if stat is None else (stat.mean, stat.variance())
                  for total, stat in zip(totals, stats))
 
 

@@ -31,9 +31,11 @@ from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig, load_lm_config
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.lm._lora import LoraStudent, split_student
 from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_tensors, on_main_process,
                              read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
                              update_run_record)
+from kdcollapse.train._fsdp import Sharded, decoder_layers
 from kdcollapse.train._lm_task import LMTask
 
 __all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format"]
@@ -84,6 +86,7 @@ class LMTrainer:
             self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
             self.task = self.setup_data()
             self.student = self.setup_student()
+            self.sharded = self.setup_sharding()
             self.optimizer = self.setup_optimizer()
             self.start = self.restore() if resume else 0
             start_run_dir(cfg, self.run_files)
@@ -109,19 +112,40 @@ class LMTrainer:
         return task
 
     def setup_student(self):
-        """A ``transformers`` config's random student, or (``student.init``) the teacher's chosen layers."""
+        """A ``transformers`` config's random student, or (``student.init``) the teacher's chosen layers; with
+        ``student.lora`` the same model with a LoRA adapter (:attr:`lora`), its own weights frozen."""
         tokenizer, init = self.task.tokenizer, self.cfg.student_init
+        model_config, lora_section = split_student(self.cfg.student)
         self.student_layers = None
         if init is None:
-            return lm.load_language_model({"vocab_size": len(tokenizer), **self.cfg.student}, tokenizer=tokenizer,
-                                          seed=self.cfg.seed).model.train()
-        teacher = self.task.teacher.model
-        self.student_layers = lm.select_layers(teacher, init, self.task.train)
-        return lm.student_from_teacher(teacher, self.student_layers).train()
+            model = lm.load_language_model({"vocab_size": len(tokenizer), **model_config}, tokenizer=tokenizer,
+                                           seed=self.cfg.seed).model.train()
+        else:
+            teacher = self.task.teacher.model
+            self.student_layers = lm.select_layers(teacher, init, self.task.train)
+            model = lm.student_from_teacher(teacher, self.student_layers).train()
+        self.lora = LoraStudent(model, lora_section) if lora_section is not None else None
+        return self.lora.model.train() if self.lora else model
+
+    def setup_sharding(self) -> Sharded | None:
+        """FSDP2 (``distributed.strategy=fsdp`` under torchrun): the student sharded layer by layer."""
+        if self.cfg.distributed.strategy != "fsdp" or not self.dist.enabled:
+            return None
+        return Sharded(self.student, self.dist.world_size, self.dist.is_main)
 
     def setup_optimizer(self) -> torch.optim.Optimizer:
-        """AdamW; its learning rate is set every step by :meth:`learning_rate` (warm-up, then cosine to 0)."""
-        return torch.optim.AdamW(self.student.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        """AdamW on the trained parameters (a LoRA student's adapter); its learning rate is set every step by
+        :meth:`learning_rate` (warm-up, then cosine to 0)."""
+        trained = [p for p in self.student.parameters() if p.requires_grad]
+        return torch.optim.AdamW(trained, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def exported(self) -> torch.nn.Module:
+        """The student saved as ``student/``: a LoRA student merged, an FSDP student's whole copy."""
+        return self.lora.merged() if self.lora else self.sharded.whole if self.sharded else self.student
+
+    def student_state(self) -> dict[str, torch.Tensor]:
+        """What a commit saves of the student: its state dict, or a LoRA student's trained tensors only."""
+        return self.lora.state_dict() if self.lora else self.student.state_dict()
 
     def restore(self) -> int:
         """The student and optimizer of the last committed step (``state.json``); returns that step."""
@@ -129,16 +153,31 @@ class LMTrainer:
         tensors, meta = load_tensors(path)
         if meta.get("format") != "kdcollapse.checkpoint" or meta.get("task") != "lm":
             raise CheckpointError(f"{path} is not a distill-lm checkpoint of this version")
-        self.student.load_state_dict(split_prefix(tensors, "student."))
+        if self.lora:
+            self.lora.load_state_dict(split_prefix(tensors, "student."), meta, str(path))
+        elif meta.get("student_base") is not None:
+            raise CheckpointError(f"cannot resume: {path} holds a LoRA adapter but the config's student has no lora")
+        elif self.sharded:
+            self.sharded.load(split_prefix(tensors, "student."))
+        else:
+            self.student.load_state_dict(split_prefix(tensors, "student."))
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         state = unflatten_optimizer(split_prefix(tensors, "optim."), meta["optimizer"], params, str(path))
-        self.optimizer.load_state_dict(state)
+        if self.sharded:
+            self.sharded.load_optimizer(self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
         return int(meta["step"])
 
     def record_execution(self, resume: bool) -> None:
         if self.dist.is_main and not resume:
             update_run_record(self.run_dir, {
                 "task": "lm", "student_parameters": sum(p.numel() for p in self.student.parameters()),
+                "trained_parameters": sum(p.numel() for p in self.student.parameters() if p.requires_grad),
+                "distributed": {"strategy": self.cfg.distributed.strategy, "world_size": self.dist.world_size,
+                                **({"sharded_layers": len(decoder_layers(self.student)),
+                                    "parameters_per_process": self.sharded.local_parameters()}
+                                   if self.sharded else {})},
                 "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
                 **({"student_layers": self.student_layers} if self.student_layers is not None else {})})
 
@@ -184,8 +223,8 @@ class LMTrainer:
                     self.commit(step + 1, record)
         finally:
             bar.close()
-        on_main_process(self.dist.is_main, lambda: save_student(self.student, self.task.tokenizer,
-                                                                self.run_dir / "student"),
+        on_main_process(self.dist.is_main, lambda: save_student(self.exported(),
+                                                                self.task.tokenizer, self.run_dir / "student"),
                         f"the main process could not save the student in {self.run_dir}")
         if self.dist.is_main and not record:  # a resume of a finished run trains nothing: its last evaluation
             record = read_metrics(self.run_dir)[-1]
@@ -207,13 +246,17 @@ class LMTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(step)
         self.optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + 2 + self.dist.rank)  # dropout (LoRA's): per step
         index, sampling = self.task.step_blocks(step)
         total = torch.zeros(())
         for micro in index.split(cfg.batch_size):
             loss = self.task.loss(self.student, micro, sampling) / cfg.accumulate
             loss.backward()
             total += loss.detach().float()
-        if self.dist.enabled:  # what DDP's reducer computes, once per optimizer step
+        if self.sharded:  # the shards' gradients came reduce-scattered
+            self.sharded.average_replicated_gradients()
+            all_reduce_sum(total).div_(self.dist.world_size)
+        elif self.dist.enabled:  # what DDP's reducer computes, once per optimizer step
             for p in self.student.parameters():
                 if p.grad is not None:
                     all_reduce_sum(p.grad).div_(self.dist.world_size)
@@ -222,20 +265,31 @@ class LMTrainer:
         return float(total)
 
     def optimizer_step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
+        if self.sharded:
+            self.sharded.clip_grad_norm_(1.0)
+            self.optimizer.step()
+            return
+        torch.nn.utils.clip_grad_norm_([p for p in self.student.parameters() if p.requires_grad], 1.0)
         self.optimizer.step()
 
     # ---------------------------------------------------------------------------- commits
     def commit(self, step: int, record: dict) -> None:
         """Evaluate (main process), then commit step ``step``'s checkpoint and metrics in one ``state.json``."""
+        if self.sharded:  # a collective: the whole student and optimizer state, in the one-process format
+            student, optimizer, evaluated = self.sharded.gather(), self.sharded.gather_optimizer(self.optimizer), \
+                self.sharded.whole
+        else:
+            student, optimizer, evaluated = self.student_state(), self.optimizer.state_dict(), self.student
+
         def write() -> None:
-            record.update(self.task.evaluate(self.student))
+            record.update(self.task.evaluate(evaluated))
             self.metrics.write(record)
-            optim_tensors, optim_rest = flatten_optimizer(self.optimizer.state_dict())
-            tensors = {f"student.{k}": v for k, v in self.student.state_dict().items()}
+            optim_tensors, optim_rest = flatten_optimizer(optimizer)
+            tensors = {f"student.{k}": v for k, v in student.items()}
             tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
             meta = {"format": "kdcollapse.checkpoint", "version": 1, "task": "lm", "epoch": step, "step": step,
-                    "seed": self.cfg.seed, "optimizer": optim_rest}
+                    "seed": self.cfg.seed, "optimizer": optim_rest,
+                    **({"student_base": self.lora.base_digest} if self.lora else {})}
             self.run_files.commit(step, {"checkpoint.safetensors": (tensors, meta)}, self.metrics.files())
             self.metrics.committed()
             self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "

@@ -1,0 +1,100 @@
+"""`kdcollapse distill-lm` with FSDP2 (``distributed.strategy=fsdp``) on two gloo processes: the same student as
+one process on the same global batch (float tolerance), the run directory's checkpoint in the one-process
+format, and a resume that continues bit for bit."""
+
+import json
+
+import pytest
+import torch
+
+from kdcollapse import lm
+from kdcollapse.cli import main
+from kdcollapse.train import distill_lm, load_lm_config
+
+pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
+from ranks import run_ranks  # noqa: E402
+from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    tokenizer = tiny_tokenizer()
+    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=48), tokenizer=tokenizer, seed=0)
+    teacher.model.save_pretrained(root / "teacher")
+    tokenizer.save_pretrained(root / "teacher")
+    write_corpus(root / "corpus", copies=12)
+    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=3).items() if k != "vocab_size"}
+    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
+                  f"student={json.dumps(student)}", "block_size=8", "train_blocks=40", "eval_blocks=4",
+                  "steps=4", "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10", "lr=0.01",
+                  "loss.ce_weight=0.5", "progress=false"]
+
+
+def records(run):
+    return [{k: v for k, v in json.loads(x).items() if k != "step_seconds"}
+            for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def student(run):
+    return lm.load_language_model(run / "student").model.state_dict()
+
+
+@pytest.mark.slow  # three runs of two forked gloo processes: about 30 s of CPU
+def test_two_fsdp_processes_train_one_processs_student_and_resume_bit_for_bit(setup):
+    root, options = setup
+    fsdp = [*options, "distributed.strategy=fsdp", "batch_size=2", "accumulate=2"]
+    distill_lm(load_lm_config(None, [*options, "batch_size=8", f"run_dir={root / 'one'}"]), log=lambda *_: None)
+    done = run_ranks(["distill-lm", *fsdp, f"run_dir={root / 'fsdp'}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads((root / "fsdp" / "run.json").read_text())["distributed"]
+    total = json.loads((root / "one" / "run.json").read_text())["student_parameters"]
+    assert info["strategy"] == "fsdp" and info["world_size"] == 2 and info["sharded_layers"] == 3
+    assert info["parameters_per_process"] < total  # the layers' parameters are split, not copied
+    # the same student and metrics as one process on the same 8 blocks per step, within float32 rounding
+    one, sharded = student(root / "one"), student(root / "fsdp")
+    for key, value in one.items():
+        torch.testing.assert_close(sharded[key], value, rtol=1e-4, atol=1e-5, msg=key)  # measured: <= 1.5e-6
+    for a, b in zip(records(root / "fsdp"), records(root / "one"), strict=True):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-5) for k in a), (a, b)
+    # a resume under FSDP continues bit for bit; its checkpoint is the one-process format
+    assert run_ranks(["distill-lm", *fsdp, "steps=2", f"run_dir={root / 'part'}"]).returncode == 0
+    done = run_ranks(["distill-lm", "--resume", str(root / "part"), "steps=4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert records(root / "part") == records(root / "fsdp")
+    resumed = student(root / "part")
+    for key, value in sharded.items():
+        assert torch.equal(resumed[key], value), key
+    # another strategy on resume is refused (it is part of the run's config); one process resumes the FSDP
+    # run (the checkpoint holds whole tensors: the one-process format)
+    assert main(["distill-lm", "--resume", str(root / "part"), "steps=6", "distributed.strategy=ddp"]) == 2
+    assert main(["distill-lm", "--resume", str(root / "part"), "steps=6"]) == 0
+    assert [r["step"] for r in records(root / "part")] == [2, 4, 6]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["distributed.strategy=zero3"], "distributed.strategy"),
+    (["distributed.strategy=fsdp", "generation.lmbda=0.5"], "distributed.strategy=fsdp does not take generation"),
+    (["distributed.strategy=fsdp", "student.lora={r: 2}"], "distributed.strategy=fsdp does not take student.lora"),
+])
+def test_bad_distributed_options_are_one_line_errors(setup, capsys, bad, message):
+    root, options = setup
+    assert main(["distill-lm", *options, *bad, "batch_size=2", f"run_dir={root / 'bad'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (root / "bad").exists()
+
+
+def test_the_documented_torchrun_command_takes_the_fsdp_strategy():
+    """docs/language_models.md, "FSDP2": its command's options make an FSDP config (the run itself is the
+    two-process test above)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "language_models.md").read_text()
+    command = ("torchrun --standalone --nproc_per_node=2 -m kdcollapse distill-lm --config lm/smollm2_tiny "
+               "distributed.strategy=fsdp")
+    assert command in text
+    from kdcollapse.recipes import recipe_path
+
+    cfg = load_lm_config(recipe_path("lm/smollm2_tiny"), ["distributed.strategy=fsdp"])
+    assert cfg.distributed.strategy == "fsdp"
