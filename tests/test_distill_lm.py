@@ -400,3 +400,59 @@ def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(se
     a = lm.load_language_model(run / "student").model.state_dict()
     for name, value in lm.load_language_model(tmp_path / "straight" / "student").model.state_dict().items():
         assert torch.equal(a[name], value), name
+
+
+MY_DIVERGENCE = '''
+import math
+
+import torch
+
+import kdcollapse.train  # noqa: F401  (a user's module may import kdcollapse first: config_lm is loaded then)
+from kdcollapse.losses._catalog import register_loss
+from kdcollapse.losses._divergence import Divergence, Parameter
+
+
+@register_loss("my_skew_kl", kind="logits", paper="a user's divergence", equation="KL(p || lam p + (1-lam) q)",
+               temperature=True, sequences=True, ignore_index=False, chunked=True,
+               example=lambda k, y: {"lam": 0.3},
+               divergence=Divergence(parameters={"lam": Parameter(0.1, 0.0, 0.9, meaning="teacher share")}))
+def _my_skew_kl(log_q, log_p, lam):
+    log_m = torch.logaddexp(log_p + math.log(lam) if lam > 0 else torch.full_like(log_p, -math.inf),
+                            log_q + math.log(1 - lam))
+    return (log_p.exp() * (log_p - log_m)).sum(-1)
+'''
+
+
+@pytest.mark.slow
+def test_a_divergence_declared_by_an_import_module_gets_its_loss_keys(setup, tmp_path):
+    """A token divergence declared in a user's module (``--import``, registered after kdcollapse.config_lm was
+    imported) brings its ``loss.<parameter>`` keys to distill-lm's config: read from the registry when the
+    config loads, its range checked there (one error line, exit 2, nothing written), and a run trains with it.
+    In a subprocess, so the declaration does not reach this process's registry-driven tests."""
+    import os
+    import subprocess
+    import sys
+
+    root, options = setup
+    (tmp_path / "my_divergence.py").write_text(MY_DIVERGENCE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+    def cli(*extra):
+        return subprocess.run([sys.executable, "-m", "kdcollapse", "--import", "my_divergence", "distill-lm", *options,
+                               "steps=2", "loss.divergence=my_skew_kl", *extra], env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    bad = cli(f"run_dir={tmp_path / 'bad'}", "loss.lam=2")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
+    assert "lam" in bad.stderr and "0.9" in bad.stderr and not (tmp_path / "bad").exists()
+    unknown = cli(f"run_dir={tmp_path / 'bad'}", "loss.lamb=0.3")
+    assert unknown.returncode == 2 and "unknown key 'loss.lamb'" in unknown.stderr, unknown.stderr
+    good = cli(f"run_dir={tmp_path / 'good'}", "loss.lam=0.3")
+    assert good.returncode == 0, good.stderr[-2000:]
+    saved = (tmp_path / "good" / "config.yaml").read_text()
+    assert "divergence: my_skew_kl" in saved and "lam: 0.3" in saved
+    assert [json.loads(x)["step"] for x in (tmp_path / "good" / "metrics.jsonl").read_text().splitlines()] == [2]
+    without = subprocess.run([sys.executable, "-m", "kdcollapse", "distill-lm", *options, "steps=2",
+                              f"run_dir={tmp_path / 'none'}", "loss.lam=0.3"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert without.returncode == 2 and "unknown key 'loss.lam'" in without.stderr, without.stderr  # not imported

@@ -44,20 +44,35 @@ def committed_epoch(run_dir: Path) -> int:
     return json.loads(state.read_text())["epoch"] if state.exists() else 0
 
 
+def committed_steps(run_dir: Path) -> list[dict]:
+    """The per-step records (steps.jsonl) of the committed epochs."""
+    from kdcollapse.runs._run_dir import read_committed_metrics
+
+    return read_committed_metrics(Path(run_dir), name="steps.jsonl") if (Path(run_dir) / "steps.jsonl").exists() else []
+
+
 def assert_prefix_of_committed(run_dir: Path) -> None:
-    """No step after the committed epoch, none twice."""
+    """No epoch after the committed epoch and no per-step scalar (``step/<key>``, x the optimizer step) after
+    its last committed step, none twice."""
     events = scalars(run_dir)
-    last = committed_epoch(run_dir)
-    assert all(step <= last for _, step, _ in events), (last, sorted({s for _, s, _ in events}))
+    last, last_step = committed_epoch(run_dir), max((r["step"] for r in committed_steps(run_dir)), default=0)
+    assert all(step <= (last_step if tag.startswith("step/") else last) for tag, step, _ in events), (
+        last, last_step, sorted({(t.startswith("step/"), s) for t, s, _ in events}))
     assert max(Counter((tag, step) for tag, step, _ in events).values(), default=1) == 1
 
 
 def assert_matches_metrics(run_dir: Path, epochs: int) -> None:
-    """Every step 1..epochs exactly once, with the values of metrics.jsonl (as float32)."""
+    """Every step 1..epochs exactly once, with the values of metrics.jsonl (as float32), and every per-step
+    record of steps.jsonl once as ``step/<key>`` at its optimizer step."""
     events = scalars(run_dir)
     assert Counter((tag, step) for tag, step, _ in events).most_common(1)[0][1] == 1
     assert sorted({step for tag, step, _ in events if tag == "test_acc"}) == list(range(1, epochs + 1))
     logged = {(tag, step): value for tag, step, value in events}
+    steps = committed_steps(run_dir)
+    assert steps and {r["epoch"] for r in steps} == set(range(1, epochs + 1))
+    assert sorted(step for tag, step, _ in events if tag == "step/train_loss") == [r["step"] for r in steps]
+    for record in steps:
+        assert logged[("step/train_loss", record["step"])] == pytest.approx(record["train_loss"], rel=1e-6)
     for record in read_metrics(run_dir):
         for key, value in record.items():
             if key != "epoch" and isinstance(value, (int, float)):
@@ -133,17 +148,19 @@ def test_kill_9_mid_training_leaves_no_phantom_step_and_resume_no_duplicate(tmp_
 
 
 def test_trackers_see_only_committed_epochs(tmp_path, monkeypatch):
-    """W&B and MLflow get an epoch's record after its commit, like TensorBoard: a crash during the commit logs
-    nothing of that epoch (its resume logs it once)."""
+    """W&B and MLflow get an epoch's record and its per-step scalars after its commit, like TensorBoard: a crash
+    during the commit logs nothing of that epoch (its resume logs it once)."""
     import shutil
 
     import kdcollapse.runs._metrics_log as run_dir_module
 
-    logged = []
+    logged, rows = [], []
 
     class Fake:
-        def log(self, record):
-            logged.append(record["epoch"])
+        def log(self, record):  # a row: per-step scalars, with the epoch's record in its last step's row
+            rows.append(record["step"])
+            if "epoch" in record:
+                logged.append(record["epoch"])
 
         def replay(self, records):  # holds every epoch it was given (MLflow's replay: tests/test_tracking.py)
             pass
@@ -156,11 +173,12 @@ def test_trackers_see_only_committed_epochs(tmp_path, monkeypatch):
     assert logged == [1]
     for point in (0, 3):  # two write points of epoch 2 before its commit (state.json)
         logged.clear()
+        rows.clear()
         run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
         shutil.copytree(one, run_dir)
         with monkeypatch.context() as m, pytest.raises(Crash):
             crash_at(m, run_dir, point, snapshot)
             resume(run_dir, 2)
-        assert logged == [] and committed_epoch(snapshot) == 1
+        assert logged == [] and rows == [] and committed_epoch(snapshot) == 1
         resume(snapshot, 2)
         assert logged == [2]

@@ -293,6 +293,8 @@ READERS = {
                                             "metrics.jsonl is not the file of epoch 1"),
                       lambda d, c: _refused(["train", "--resume", str(d), "train.epochs=2", "--quiet"], c,
                                             "metrics.jsonl is not the file of epoch 1")],
+    "steps.jsonl": [lambda d, c: _refused(["train", "--resume", str(d), "train.epochs=2", "--quiet"], c,
+                                          "steps.jsonl is not the file of epoch 1")],
     # no reader: a resume writes it again from metrics.jsonl (verified), which the last line checks
     "metrics.csv": [],
 }

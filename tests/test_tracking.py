@@ -79,8 +79,8 @@ def wandb_resumed_run(tmp_path_factory, tiny_config):
 
     log = WandbTracker.log
 
-    def crash_at_epoch_2(self, record):
-        if record["epoch"] == 2:
+    def crash_at_epoch_2(self, record):  # the row of epoch 2's last step (its epoch record merged in)
+        if record.get("epoch") == 2:
             raise _Crash
         log(self, record)
 
@@ -111,19 +111,22 @@ def test_wandb_tracker_writes_an_offline_run_in_the_group(wandb_resumed_run):
 @pytest.mark.slow
 def test_wandb_gets_on_resume_the_committed_epoch_a_crash_kept_from_it(wandb_resumed_run):
     """The crashed segment holds epoch 1, the resumed segment (same run id) epochs 2 and 3, so the segments in
-    the order ``wandb sync`` uploads them hold every epoch once, with metrics.jsonl's values."""
+    the order ``wandb sync`` uploads them hold every epoch once, with metrics.jsonl's values. W&B's x is the
+    optimizer step (4 per epoch here; per-step rows every train.log_every=10 steps and at each epoch's end): an
+    epoch's record is in the row of its last step, with its epoch as a value."""
     from kdcollapse.runs._tracking import wandb_history, wandb_records
 
     run_dir, segments = wandb_resumed_run
     assert len(segments) == 2 and len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id
     logged = [[step for step, _ in wandb_history(next(s.glob("run-*.wandb")))] for s in segments]
-    assert logged == [[1], [2, 3]]
+    assert logged == [[4], [8, 10, 12]]
     exits = [[r.exit.exit_code for r in wandb_records(next(s.glob("run-*.wandb"))) if r.WhichOneof("record_type")
               == "exit"] for s in segments]
     assert exits == [[1], [0]]  # the crash ended its segment as failed
     history = [h for s in segments for h in wandb_history(next(s.glob("run-*.wandb")))]
-    for (step, items), record in zip(history, records(run_dir), strict=True):
-        assert step == record["epoch"]
+    epochs = [(step, items) for step, items in history if "test_acc" in items]
+    for (step, items), record in zip(epochs, records(run_dir), strict=True):
+        assert step == 4 * record["epoch"] and items["epoch"] == record["epoch"]
         for key in ("test_acc", "train_loss", "lr"):
             assert items[key] == pytest.approx(record[key], rel=1e-12), key
 
@@ -137,15 +140,15 @@ def test_wandb_history_stops_at_a_torn_last_record(wandb_resumed_run, tmp_path):
     from kdcollapse.runs._tracking import wandb_history
 
     path = tmp_path / "run.wandb"
-    shutil.copy(next(wandb_resumed_run[1][1].glob("run-*.wandb")), path)  # the resumed segment: epochs 2, 3
+    shutil.copy(next(wandb_resumed_run[1][1].glob("run-*.wandb")), path)  # resumed segment: steps 8, 10, 12
     whole, data, seen = wandb_history(path), path.read_bytes(), set()
-    assert [s for s, _ in whole] == [2, 3]
+    assert [s for s, _ in whole] == [8, 10, 12]
     for end in range(7, len(data), 17):  # the log cut every 17 bytes: a prefix of the whole history
         path.write_bytes(data[:end])
         history = wandb_history(path)
         assert history == whole[:len(history)]
         seen.add(len(history))
-    assert seen == {0, 1, 2}
+    assert seen == {0, 1, 2, 3}
     path.write_bytes(b"not a W&B log")
     with pytest.raises(ValueError, match="not a W&B transaction log"):
         wandb_history(path)
@@ -162,3 +165,70 @@ def test_wandb_disabled_trains_and_resumes_without_waiting_for_a_log(tmp_path, t
     fit(load_config(run_dir / "config.yaml", [f"run_dir={run_dir}", "train.epochs=2"]), resume=True)
     assert [r["epoch"] for r in records(run_dir)] == [1, 2]
     assert not [w for w in recwarn if "W&B" in str(w.message)]
+
+
+def _image_run(tmp_path, tiny_config, *extra):
+    return fit(tiny_config(tmp_path / "run", "train.epochs=2", "train.log_every=3", *extra)).run_dir
+
+
+def _lm_run(tmp_path, tiny_config, *extra):
+    """A tiny distill-lm run (tests/tiny_lm.py): 5 steps, an evaluation every 2, per-step scalars every 2."""
+    from kdcollapse import lm
+    from kdcollapse.config_lm import load_lm_config
+    from kdcollapse.train import distill_lm
+    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+
+    tokenizer = tiny_tokenizer()
+    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=32), tokenizer=tokenizer, seed=0)
+    teacher.model.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    write_corpus(tmp_path / "corpus", copies=6)
+    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=1).items() if k != "vocab_size"}
+    cfg = load_lm_config(None, [f"teacher={tmp_path / 'teacher'}", f"corpus={tmp_path / 'corpus'}",
+                                f"cache_dir={tmp_path / 'cache'}", f"student={json.dumps(student)}", "block_size=8",
+                                "train_blocks=20", "eval_blocks=2", "batch_size=2", "steps=5", "eval_every=2",
+                                "warmup=1", "log_every=2", f"run_dir={tmp_path / 'run'}",
+                                *(x.removeprefix("train.") for x in extra)])
+    distill_lm(cfg, log=lambda *_: None)
+    return tmp_path / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["image", "lm"])
+def test_per_step_scalars_reach_tensorboard_mlflow_and_wandb_on_both_tasks(task, tmp_path, tiny_config,
+                                                                          monkeypatch):
+    """The per-step records committed in steps.jsonl (every log_every optimizer steps and at each epoch's or the
+    run's end) reach TensorBoard, MLflow and W&B as ``step/<key>`` at their optimizer step, for an image run and
+    a language-model run alike (one MetricsLog, one tracker_rows); the commit records keep their x (MLflow,
+    TensorBoard: an image run's epoch, an LM run's step)."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    pytest.importorskip("tensorboard")
+    from test_faults_tensorboard import scalars
+
+    from kdcollapse.runs._tracking import wandb_history
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for key, value in WANDB_ENV.items():
+        monkeypatch.setenv(key, value)
+    make = _image_run if task == "image" else _lm_run
+    run_dir = make(tmp_path, tiny_config, "train.trackers=[mlflow, wandb]", "train.tensorboard=true")
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    expected = [(r["step"], r["train_loss"]) for r in steps]
+    x = [s for s, _ in expected]
+    assert x == ([3, 4, 6, 8] if task == "image" else [2, 4, 5])  # log_every, and each epoch's / the run's end
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("kdcollapse").experiment_id])
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "step/train_loss")] == expected
+    commit_x = "epoch" if task == "image" else "step"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss")] == [
+        (r[commit_x], r["train_loss"]) for r in records(run_dir)]
+    events = scalars(run_dir)
+    assert [(s, v) for tag, s, v in events if tag == "step/train_loss"] == [
+        (s, pytest.approx(v, rel=1e-6)) for s, v in expected]
+    assert [s for tag, s, _ in events if tag == "train_loss"] == [r[commit_x] for r in records(run_dir)]
+    (segment,) = (run_dir / "wandb").glob("offline-run-*")
+    history = wandb_history(next(segment.glob("run-*.wandb")))
+    assert [(s, items["step/train_loss"]) for s, items in history if "step/train_loss" in items] == [
+        (s, pytest.approx(v, rel=1e-12)) for s, v in expected]

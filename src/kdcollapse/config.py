@@ -203,6 +203,7 @@ class TrainConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms
     device: str = valid("auto", Rule("auto, cpu, cuda, cuda:N or mps", lambda v: bool(_DEVICE.fullmatch(v))))
     progress: bool = True  # progress bar on the console
+    log_every: int = valid(10, AT_LEAST_1)  # optimizer steps between the per-step scalars (steps.jsonl, trackers)
     tensorboard: bool = False  # also log to run_dir/tensorboard (needs the tensorboard package)
     trackers: list[str] = valid(rule=Rule("a list of wandb, mlflow", lambda v: all(t in ("wandb", "mlflow") for t in v)),
                                 factory=list)  # also log to W&B / MLflow (when installed); see runs/_tracking.py

@@ -10,6 +10,7 @@ its parameters with it. :func:`load_run_config` opens the ``config.yaml`` of eit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,13 +83,26 @@ class _LossBase:
         check_number("loss.distill_weight", self.distill_weight)
 
 
-# loss.<parameter> for every parameter a declared divergence names (null: the declaration's default)
-LossSection = dataclasses.make_dataclass(
-    "LossSection", [(key, float | None, field(default=None)) for key in sorted(divergence_parameters())],
-    bases=(_LossBase,))
-LossSection.__module__ = __name__
-LossSection.__doc__ = ("The loss of an LM run: the token divergence, its named parameters (loss.beta, "
-                       "loss.alpha, ... as declared), temperature and the weights of CE and distillation.")
+@functools.cache
+def _loss_section(keys: tuple[str, ...]) -> type:
+    cls = dataclasses.make_dataclass("LossSection", [(key, float | None, field(default=None)) for key in keys],
+                                     bases=(_LossBase,))
+    cls.__module__ = __name__
+    cls.__doc__ = ("The loss of an LM run: the token divergence, its named parameters (loss.beta, loss.alpha, ... "
+                   "as declared), temperature and the weights of CE and distillation.")
+    return cls
+
+
+def loss_section() -> type:
+    """The ``loss`` section's dataclass for the token divergences declared now: ``loss.<parameter>`` (null: the
+    declaration's default) for every parameter one of them names. Read from the registry each time a config is
+    loaded (:func:`load_lm_config`), so a divergence declared by a module of ``--import`` brings its keys."""
+    global LossSection
+    LossSection = _loss_section(tuple(sorted(divergence_parameters())))
+    return LossSection
+
+
+LossSection = loss_section()
 
 
 @dataclass
@@ -138,7 +152,7 @@ class LMConfig:
     lr: float = 1e-3  # AdamW, linear warm-up then cosine decay to 0
     warmup: int = 10  # steps
     weight_decay: float = 0.0
-    loss: LossSection = field(default_factory=LossSection)
+    loss: LossSection = field(default_factory=lambda: loss_section()())
     generation: GenerationSection = field(default_factory=GenerationSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
@@ -239,6 +253,7 @@ class LMConfig:
 def load_lm_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> LMConfig:
     """An :class:`LMConfig` from an optional YAML file and ``key=value`` overrides."""
     data = read_yaml(path) if path else {}
+    loss_section()  # the loss keys of the divergences declared now (a module of --import may have added one)
     data.setdefault("task", LM_TASK)  # recipes and configs of older versions do not say it
     return build_section(LMConfig, data, overrides)
 

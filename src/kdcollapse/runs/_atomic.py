@@ -4,6 +4,7 @@ target, so a reader or a crash sees either the old file or the new one, never a 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,10 +88,14 @@ def fsync_dir(path: Path) -> None:
 
 
 def remove_temporaries(run_dir: Path) -> list[Path]:
-    """Delete the ``.*.tmp`` files an interrupted write left in ``run_dir``; returns what was removed."""
+    """Delete the ``.*.tmp`` files (and folders: distill-lm's ``.student.tmp``, a kill during its save) an
+    interrupted write left in ``run_dir``; returns what was removed."""
     stray = sorted(run_dir.glob(f".*{TMP_SUFFIX}"))
     for path in stray:
-        path.unlink(missing_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return stray
 
 

@@ -16,7 +16,7 @@ from kdcollapse.config_lm import load_run_config, tracking
 from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.runs._atomic import write_text
 from kdcollapse.runs._commit import STATE_FILE, committed_file
-from kdcollapse.runs._tracking import open_trackers, record_step
+from kdcollapse.runs._tracking import numbers, open_trackers, tracker_rows, value_step
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -152,14 +152,13 @@ class MetricsLog:
                                   "pip install 'kdcollapse[tensorboard]'") from None
             remove_event_files(run_dir / TENSORBOARD_DIR)  # rebuilt from the committed records
             self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR))
-            self._to_tensorboard(self.steps, "step/")
-            self._to_tensorboard(self.records)
+            self._to_tensorboard(tracker_rows(self.steps, self.records))
         if (run_dir / "config.yaml").is_file():  # the run's own config names its trackers (train.trackers)
             cfg = load_run_config(run_dir / "config.yaml")
             trackers, group, _ = tracking(cfg)
             self.trackers = open_trackers(trackers, run_dir, config_to_dict(cfg), group)
             for tracker in self.trackers:  # a resume: the committed epochs a crash kept from a tracker
-                tracker.replay(self.records)
+                tracker.replay(tracker_rows(self.steps, self.records))
 
     def write(self, record: dict) -> None:
         """Add ``record``; it reaches ``metrics.jsonl`` and ``metrics.csv`` with the next commit, TensorBoard
@@ -170,9 +169,9 @@ class MetricsLog:
         self.pending.append(record)
 
     def write_step(self, record: dict) -> None:
-        """Add a per-step record (``step`` and scalars): committed in ``steps.jsonl`` with the next commit, then
-        logged to TensorBoard (as ``step/<key>``) and the trackers (language-model runs, whose records and
-        trackers' x are optimizer steps)."""
+        """Add a per-step record (``step``, the optimizer step from the run's start; an image run's ``epoch``;
+        scalars): committed in ``steps.jsonl`` with the next commit, then logged to TensorBoard (as
+        ``step/<key>``) and the trackers (:func:`~kdcollapse.runs._tracking.tracker_rows`), for both tasks."""
         if not self.enabled:
             return
         self.steps.append(record)
@@ -182,20 +181,18 @@ class MetricsLog:
         """The records written so far are committed: log them to TensorBoard and the trackers."""
         pending, self.pending = self.pending, []
         steps, self.pending_steps = self.pending_steps, []
-        self._to_tensorboard(steps, "step/")
-        self._to_tensorboard(pending)
-        for record in [*({"step": r["step"], **{f"step/{k}": v for k, v in r.items() if k != "step"}} for r in steps),
-                       *pending]:
+        rows = tracker_rows(steps, pending)
+        self._to_tensorboard(rows)
+        for row in rows:
             for tracker in self.trackers:
-                tracker.log(record)
+                tracker.log(row)
 
-    def _to_tensorboard(self, records: list[dict], prefix: str = "") -> None:
-        if self.writer is None or not records:
+    def _to_tensorboard(self, rows: list[dict]) -> None:
+        if self.writer is None or not rows:
             return
-        for record in records:
-            for key, value in record.items():
-                if key not in ("epoch", "step") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(prefix + key, value, record_step(record))
+        for row in rows:
+            for key, value in numbers(row).items():
+                self.writer.add_scalar(key, value, value_step(row, key))
         self.writer.flush()
 
     def files(self) -> dict[str, str]:

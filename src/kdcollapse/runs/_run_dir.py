@@ -44,7 +44,7 @@ RUN_FILES += ("steps.jsonl",)  # per-step scalars (distill-lm)
 # Config keys a resume may change: how long to train, how often to evaluate and analyse, how to log, where
 # to compute and how to load. Every other key defines the run, and a resumed run must stay the same run.
 RESUMABLE_KEYS = ("run_dir", "train.epochs", "train.eval_every", "train.progress", "train.tensorboard", "train.trackers",
-                  "train.group",
+                  "train.group", "train.log_every",
                   "train.device", "train.compile", "data.num_workers", "data.eval_batch_size", "analysis.every",
                   "analysis.train_per_class")
 

@@ -1,7 +1,7 @@
 """Experiment trackers beside ``metrics.jsonl``: Weights & Biases and MLflow, when installed and asked for
-(``train.trackers=[wandb, mlflow]``). Each run logs its config and every epoch record; ``train.group`` (a
-study's name, set by ``kdcollapse study``) groups the runs of one study: the W&B group and tag, the MLflow
-experiment and tag ``kdcollapse.group``.
+(``train.trackers=[wandb, mlflow]``). Each run logs its config, every epoch record and the per-step scalars
+(:func:`tracker_rows`); ``train.group`` (a study's name, set by ``kdcollapse study``) groups the runs of one
+study: the W&B group and tag, the MLflow experiment and tag ``kdcollapse.group``.
 
 Both keep their own defaults for where they write: ``WANDB_MODE=offline`` keeps W&B on disk (under the run
 directory), ``MLFLOW_TRACKING_URI`` picks MLflow's store (a local ``mlruns`` folder without it). A resumed
@@ -29,9 +29,44 @@ def record_step(record: dict) -> int:
     return int(record["epoch"] if "epoch" in record else record["step"])
 
 
+def value_step(record: dict, key: str) -> int:
+    """The x of one value of a tracked row (:func:`tracker_rows`): the optimizer step for a per-step scalar
+    (``step/<key>``), the record's :func:`record_step` for the others."""
+    return int(record["step"]) if key.startswith("step/") else record_step(record)
+
+
+def tracker_rows(steps: list[dict], records: list[dict]) -> list[dict]:
+    """The rows the trackers and TensorBoard are given, for both tasks: each per-step record (``step``, an
+    image run's ``epoch``, scalars) as ``{"step": s, "step/<key>": value}``, and each commit record merged into
+    the row of the last step it covers (an image run's epoch record gains that ``step``; a language-model
+    run's record is already one of a step). W&B, whose x is one increasing step per run, logs each row at its
+    ``step`` (an image epoch record without per-step records: at its epoch); MLflow and TensorBoard log each
+    value at :func:`value_step`, so an image run's epoch values keep the epoch as x."""
+    rows = {int(r["step"]): {"step": int(r["step"]), **{f"step/{k}": v for k, v in r.items()
+                                                         if k not in ("step", "epoch")}} for r in steps}
+    last_of_epoch = {int(r["epoch"]): int(r["step"]) for r in steps if "epoch" in r}
+    alone = []
+    for record in records:
+        at = int(record["step"]) if "step" in record else last_of_epoch.get(int(record["epoch"]))
+        if at is None:
+            alone.append(record)
+        else:
+            rows.setdefault(at, {"step": at}).update(record)
+    return alone + [rows[s] for s in sorted(rows)]
+
+
+def wandb_step(row: dict) -> int:
+    return int(row.get("step", row.get("epoch", 0)))
+
+
 def _numbers(record: dict) -> dict[str, float]:
     return {k: float(v) for k, v in record.items()
             if k not in ("epoch", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def numbers(record: dict) -> dict[str, float]:
+    """The numeric values of a tracked row, less its x (``step``, ``epoch``)."""
+    return _numbers(record)
 
 
 def _run_id(run_dir: Path) -> str:
@@ -46,7 +81,8 @@ class WandbTracker:
                               config=config)
 
     def log(self, record: dict) -> None:
-        self.run.log(_numbers(record), step=record_step(record))
+        epoch = {"epoch": float(record["epoch"])} if "epoch" in record and "step" in record else {}
+        self.run.log(_numbers(record) | epoch, step=wandb_step(record))
 
     def replay(self, records: list[dict]) -> None:
         """Log the committed ``records`` (a resumed run's) after the last step the run's earlier segments logged
@@ -65,7 +101,7 @@ class WandbTracker:
             warnings.warn(f"W&B: the committed epochs a crash kept from the run are not replayed ({e})", stacklevel=2)
             return
         for record in records:
-            if record_step(record) > last:
+            if wandb_step(record) > last:
                 self.log(record)
 
     def close(self, failed: bool = False) -> None:
@@ -146,17 +182,17 @@ class MlflowTracker:
 
     def log(self, record: dict) -> None:
         for key, value in _numbers(record).items():
-            self.client.log_metric(self.run_id, key, value, step=record_step(record))
+            self.client.log_metric(self.run_id, key, value, step=value_step(record, key))
 
     def replay(self, records: list[dict]) -> None:
         """Log the values of the committed ``records`` (a resumed run's) that the tracked run does not hold
-        (a crash after a commit and before its log), each (key, epoch) once: MLflow keeps every value logged."""
+        (a crash after a commit and before its log), each (key, x) once: MLflow keeps every value logged."""
         keys = sorted({k for record in records for k in _numbers(record)})
         held = {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
         for record in records:
             for key, value in _numbers(record).items():
-                if record_step(record) not in held[key]:
-                    self.client.log_metric(self.run_id, key, value, step=record_step(record))
+                if value_step(record, key) not in held[key]:
+                    self.client.log_metric(self.run_id, key, value, step=value_step(record, key))
 
     def close(self, failed: bool = False) -> None:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -330,6 +330,8 @@ class Trainer(TrainerChecks):
         bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
                    disable=not (cfg.train.progress and self.dist.is_main), dynamic_ncols=True)
         start = time.perf_counter()
+        k = cfg.optim.accumulate
+        first_step = epoch * -(-steps // k)  # optimizer steps before this epoch
         for i, (x, y) in enumerate(bar):
             index = loader.batch_index(i)
             if self.teacher is not None:
@@ -343,6 +345,7 @@ class Trainer(TrainerChecks):
             seen += y.numel()
             if (i + 1) % check_every == 0 or i + 1 == steps:
                 self.check_finite(sums["loss"], epoch, i)
+            self.log_step(out["loss"], lr, epoch, i, steps, first_step)
             if cfg.train.progress and self.dist.is_main and (i % 10 == 0 or i + 1 == steps):
                 elapsed = time.perf_counter() - start
                 bar.set_postfix(loss=f"{sums['loss'].item() / (i + 1):.3f}",
@@ -359,6 +362,21 @@ class Trainer(TrainerChecks):
         record |= {"train_acc": 100 * totals[-2] / totals[-1], "lr": lr,
                    "images_per_s": totals[-1] / elapsed, "epoch_time_s": elapsed}
         return record
+
+    def log_step(self, loss: torch.Tensor, lr: float, epoch: int, batch: int, batches: int, first_step: int) -> None:
+        """After the last batch of an optimizer step: every ``train.log_every`` steps (and at the epoch's end)
+        the step's scalars (its batches' mean loss on the main process, the learning rate) go to
+        :meth:`MetricsLog.write_step`, committed in ``steps.jsonl`` with the epoch and then sent to TensorBoard
+        and the trackers, as a language-model run's steps are."""
+        k = self.cfg.optim.accumulate
+        loss = loss.detach()
+        self._step_loss = loss if batch % k == 0 else self._step_loss + loss  # no host sync until it is written
+        if (batch + 1) % k and batch + 1 != batches:
+            return
+        step = first_step + batch // k + 1
+        if self.log.enabled and (step % self.cfg.train.log_every == 0 or batch + 1 == batches):
+            self.log.write_step({"step": step, "epoch": epoch + 1,
+                                 "train_loss": float(self._step_loss) / (batch % k + 1), "lr": lr})
 
     def step(self, x: torch.Tensor, y: torch.Tensor, batch: int = 0, batches: int = 1,
              index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

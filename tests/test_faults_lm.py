@@ -1,0 +1,78 @@
+"""The crash test of tests/test_faults.py on a language-model run (issue 38: the kill -9 tests cover LM runs as
+image runs): a distill-lm run (tiny teacher and student of tests/tiny_lm.py) stopped at every write point of its
+commits (the directory copied as kill -9 would leave it) resumes to a run identical, tensor for tensor and record
+for record, to one that never stopped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from kdcollapse import lm
+from kdcollapse.runs import load_tensors, read_metrics
+from kdcollapse.train import distill_lm, load_lm_config
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+from test_faults import Crash, crash_at  # noqa: E402
+from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_faults")
+    tokenizer = tiny_tokenizer()
+    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=32), tokenizer=tokenizer, seed=0)
+    teacher.model.save_pretrained(root / "teacher")
+    tokenizer.save_pretrained(root / "teacher")
+    write_corpus(root / "corpus", copies=6)
+    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=1).items() if k != "vocab_size"}
+    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
+                  f"student={json.dumps(student)}", "block_size=8", "train_blocks=20", "eval_blocks=2",
+                  "batch_size=2", "eval_every=2", "warmup=1", "log_every=1", "progress=false"]
+
+
+def run(options, run_dir, steps, resume=False):
+    cfg = (load_lm_config(run_dir / "config.yaml", [f"steps={steps}"]) if resume else
+           load_lm_config(None, [*options, f"run_dir={run_dir}", f"steps={steps}"]))
+    cfg.run_dir = str(run_dir)  # the directory may have been copied
+    return distill_lm(cfg, resume=resume, log=lambda *_: None)
+
+
+def assert_same_run(a, b, steps):
+    (ta, ma), (tb, mb) = load_tensors(a / "checkpoint.safetensors"), load_tensors(b / "checkpoint.safetensors")
+    assert mb["step"] == steps and ma["step"] == mb["step"]
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    strip = lambda records: [{k: v for k, v in r.items() if k != "step_seconds"} for r in records]  # noqa: E731
+    assert strip(read_metrics(b)) == strip(read_metrics(a)) and [r["step"] for r in read_metrics(b)] == [2, 4, 6]
+    assert (b / "steps.jsonl").read_text() == (a / "steps.jsonl").read_text()
+    assert not list(b.glob("*.tmp")) and not list(b.glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_a_crash_at_any_write_point_of_an_lm_commit_resumes_bit_identically(options, tmp_path, monkeypatch):
+    root, opts = options
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    run(opts, straight, 6)
+    run(opts, part, 2)
+    point, points, crashed = 0, None, 0
+    while points is None or point < points:
+        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
+        shutil.copytree(part, run_dir)
+        with monkeypatch.context() as m:
+            count = crash_at(m, run_dir, point, snapshot)
+            try:
+                run(opts, run_dir, 6, resume=True)  # the same run (its cosine schedule ends at step 6)
+                points = count["n"]  # no crash: every write point of the commits of steps 4 and 6 was tried
+            except Crash:
+                pass
+        point += 1
+        if not snapshot.exists():
+            continue
+        crashed += 1
+        run(opts, snapshot, 6, resume=True)
+        assert_same_run(straight, snapshot, 6)
+    assert crashed >= 6  # the checkpoint file, its renames and the metrics files, in two commits
