@@ -20,7 +20,7 @@ from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses.llm import token_divergences
-from kdcollapse.lm._lora import check_lora_targets, split_student
+from kdcollapse.lm import check_lora_targets, split_student
 
 SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,

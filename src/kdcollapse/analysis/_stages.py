@@ -25,7 +25,7 @@ def parse_stages(text: str | None) -> list[int] | None:
 
 def resolve_stages(model: nn.Module, stages: list[int] | None) -> list[int]:
     """The stage indices of ``model`` (every one for ``[]``), checked against its ``feature_info``."""
-    from kdcollapse.models._base import stage_indices
+    from kdcollapse.models import stage_indices
 
     info = getattr(model, "feature_info", None) or []
     if stages is None:

@@ -17,6 +17,7 @@ from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_exa
 from kdcollapse.lm._data import DataSpec, data_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
+from kdcollapse.lm._lora import LoraStudent, check_lora_targets, split_student
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
 from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary, language_model_config,
@@ -31,4 +32,5 @@ __all__ = [
     "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
     "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
     "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
+    "LoraStudent", "check_lora_targets", "split_student",
 ]

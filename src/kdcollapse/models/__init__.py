@@ -16,7 +16,7 @@ from torch.nn.parameter import UninitializedParameter
 from kdcollapse._registry import Registry
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.models._adapter import FeatureSpec, ModuleClassifier, adapt_state_dict, as_classifier
-from kdcollapse.models._base import Classifier, FeatureInfo, evaluating
+from kdcollapse.models._base import Classifier, FeatureInfo, evaluating, stage_indices
 from kdcollapse.models._layers import ConvClassifier, conv_bn
 from kdcollapse.models._convert import classifier_shape, convert_state_dict, input_channels, unwrap_state_dict
 
@@ -122,7 +122,7 @@ def count_parameters(model: nn.Module) -> int:
 from kdcollapse.models import _families  # noqa: E402,F401
 
 __all__ = [
-    "Classifier", "ConvClassifier", "conv_bn", "FeatureInfo", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
+    "Classifier", "ConvClassifier", "conv_bn", "FeatureInfo", "stage_indices", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
     "create_model", "list_models", "register_model", "model_info", "ModelInfo", "count_parameters",
     "convert_state_dict", "unwrap_state_dict", "classifier_shape", "input_channels",
 ]

@@ -31,7 +31,7 @@ from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig, load_lm_config
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
 from kdcollapse.errors import CheckpointError, ConfigError
-from kdcollapse.lm._lora import LoraStudent, split_student
+from kdcollapse.lm import LoraStudent, split_student
 from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_tensors, on_main_process,
                              read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
                              update_run_record)
