@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import test_feature_seam
 import test_models
@@ -56,6 +57,7 @@ def test_the_guides_have_their_examples():
     assert len(python_blocks("ARCHITECTURE.md", "Adding a loss")) == 1
     assert len(python_blocks("ARCHITECTURE.md", "Adding a method")) == 1
     assert len(python_blocks("models.md", "Adding a model")) == 1
+    assert len(python_blocks("ARCHITECTURE.md", "Adding a token divergence")) == 1
 
 
 def test_the_loss_and_method_guides_pass_their_contracts():
@@ -64,6 +66,18 @@ def test_the_loss_and_method_guides_pass_their_contracts():
         info = get_loss("cosine_hint")
         assert reference_failures(info) == []
         assert equality_failures("hint") == []
+
+
+def test_the_divergence_guide_passes_its_reference_and_reaches_the_lm_paths():
+    from kdcollapse.losses.llm import token_divergence
+
+    with scratch_registries():
+        module = run(python_blocks("ARCHITECTURE.md", "Adding a token divergence"))
+        assert reference_failures(get_loss("my_kl")) == []
+        g = torch.Generator().manual_seed(0)
+        s, t = torch.randn(2, 3, 5, generator=g, dtype=torch.float64).unbind()
+        assert torch.allclose(token_divergence(s, t, "my_kl", lam=0.3), module.my_kl_loss(s, t, lam=0.3))
+        assert torch.allclose(module.my_kl_loss(s, t, lam=0.0), module.my_kl_reference(s, t, lam=0.0))
 
 
 def test_the_model_guide_passes_the_model_contracts():

@@ -3,7 +3,7 @@ over samples (and pairs, classes), no vectorised trick, no shared helper with th
 names its reference (``register_loss(..., reference=...)``); the registry-driven contract test
 (tests/test_loss_references.py) compares value and the fitted side's gradient in float64 on random inputs.
 Each takes the loss's own arguments (what the declaration's ``example`` and ``variants`` pass), with its
-defaults.
+defaults. The token divergences' references are in :mod:`kdcollapse.losses._token_references`.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kdcollapse.losses import _token_references
 from kdcollapse.losses._catalog import get_loss, register_loss
 from kdcollapse.losses._divergence import Divergence, Parameter
 
@@ -44,7 +45,8 @@ ALPHA, BETA = 0.2, 0.7
                          "log-euclidean": lambda k, y: {"alpha": 0.0, "beta": 0.0}},
                divergence=Divergence(parameters={
                    "alpha": Parameter(ALPHA, -2.0, 2.0, "the teacher's exponent α (official GPT-2 scripts 0.2)"),
-                   "beta": Parameter(BETA, -2.0, 2.0, "the student's exponent β (official GPT-2 scripts 0.7)")}))
+                   "beta": Parameter(BETA, -2.0, 2.0, "the student's exponent β (official GPT-2 scripts 0.7)")}),
+               reference=_token_references.abkd)
 def abkd_rows(log_q: Tensor, log_p: Tensor, alpha: float = ALPHA, beta: float = BETA) -> Tensor:
     """D_AB(p ‖ q) per row (module doc) from the student's and the teacher's log-probabilities (…, V),
     formed in float32 at least (p^α / q^α overflows half precision where α + β = 0)."""

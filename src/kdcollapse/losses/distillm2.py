@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _token_references as _ref
 from kdcollapse.losses._catalog import get_loss, register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX, logit_samples
 from kdcollapse.losses._shapes import check_positive
@@ -45,7 +46,8 @@ def teacher_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tens
                "half)", equation="KL(q ‖ (1−α)p + α sg(q)): skew reverse KL's value, the student's share held fixed",
                temperature=True, sequences=True, ignore_index=False, chunked=True, example=lambda k, y: {"alpha": 0.1},
                divergence=Divergence(parameters={"alpha": Parameter(
-                   SKEW, meaning="the student's (fixed) weight in the skewed teacher (official 0.1)")}))
+                   SKEW, meaning="the student's (fixed) weight in the skewed teacher (official 0.1)")}),
+               reference=_ref.distillm2_student_kl)
 def student_side_rows(log_q: Tensor, log_p: Tensor, alpha: float = SKEW) -> Tensor:
     """KL(q ‖ (1 − α) p + α sg(q)) per row: the loss on the student's responses."""
     return _kl(log_q, _log_mixture(log_p, log_q.detach(), 1 - alpha))
@@ -86,7 +88,7 @@ def _response_rows(student_response: object, lead: tuple[int, ...]) -> Tensor:
                temperature=True, sequences=True, ignore_index=False, chunked=True,
                example=lambda k, y: {"student_response": y % 2 == 1},
                variants={"skew 0.3, τ 2": lambda k, y: {"student_response": y % 3 == 0, "alpha": 0.3,
-                                                        "temperature": 2.0}})
+                                                        "temperature": 2.0}}, reference=_ref.distillm2)
 def distillm2_loss(student: Tensor, teacher: Tensor, student_response: Tensor, alpha: float = SKEW,
                    temperature: float = 1.0, *, mask: Tensor | None = None, reduction: str = "mean",
                    vocab_size: int | None = None, chunk_size: int | None = None,
@@ -141,7 +143,8 @@ def _teacher_rows(teacher, index: Tensor):
                inputs=lambda: (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),
                                torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
                                TeacherLogits(torch.randn(6, 5, dtype=torch.float64)),
-                               torch.tensor([False, True, False, True, True, False])))
+                               torch.tensor([False, True, False, True, True, False])),
+               reference=_ref.distillm2_fused)
 def distillm2_fused_loss(hidden: Tensor, weight: Tensor, teacher: TeacherLogits | TeacherHead | TopKTeacher,
                          student_response: Tensor, alpha: float = SKEW, temperature: float = 1.0, *,
                          labels: Tensor | None = None, ce_weight: float = 0.0, distill_weight: float = 1.0,

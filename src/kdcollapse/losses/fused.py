@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError
+from kdcollapse.losses import _token_references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX
 from kdcollapse.losses._shapes import check_positive, check_tensor
@@ -107,7 +108,8 @@ Teacher = TeacherLogits | TeacherHead | TopKTeacher
                "z = h Wᵀ chunk by chunk", temperature=True, sequences=True, ignore_index=True, chunked=True, compiles=False,
                inputs=lambda: (torch.randn(6, 4, dtype=torch.float64, requires_grad=True),
                                torch.randn(5, 4, dtype=torch.float64, requires_grad=True),
-                               TeacherLogits(torch.randn(6, 5, dtype=torch.float64))))
+                               TeacherLogits(torch.randn(6, 5, dtype=torch.float64))),
+               reference=_token_references.fused_head)
 def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, divergence: str = "forward_kl",
                     temperature: float = 1.0, *, labels: Tensor | None = None, ce_weight: float = 0.0,
                     distill_weight: float = 1.0, mask: Tensor | None = None, ignore_index: int = IGNORE_INDEX,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
+from kdcollapse.losses import _token_references as _ref
 from kdcollapse.losses._catalog import LossInfo, get_loss, list_losses, register_loss
 from kdcollapse.losses._divergence import Divergence, Parameter
 from kdcollapse.losses._reduce import IGNORE_INDEX, check_mask, check_target, logit_samples
@@ -109,14 +110,14 @@ _UNIT = "in [0, 1]"
 
 @register_loss("forward_kl", paper="Hinton et al. 2015; Agarwal et al. 2024 (GKD) Sec. 3",
                equation="KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence())
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(), reference=_ref.forward_kl)
 def _forward_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_p, log_q)
 
 
 @register_loss("reverse_kl", paper="Agarwal et al. 2024 (GKD); Gu et al. 2024 (MiniLLM)",
                equation="KL(softmax(z_s/τ) ‖ softmax(z_t/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence())
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(), reference=_ref.reverse_kl)
 def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_q, log_p)
 
@@ -125,14 +126,14 @@ def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
                equation="β KL(p ‖ m) + (1−β) KL(q ‖ m), m = βp + (1−β)q (eq. 1)", **_OPTIONS,
                example=lambda k, y: {"beta": 0.3}, variants={"endpoint": lambda k, y: {"beta": 1.0}},
                divergence=Divergence(parameters={"beta": Parameter(
-                   0.5, meaning="the teacher's weight in the mixture m (TRL's default 0.5; 0: forward KL, 1: reverse KL)")}))
+                   0.5, meaning="the teacher's weight in the mixture m (TRL's default 0.5; 0: forward KL, 1: reverse KL)")}), reference=_ref.jsd)
 def _jsd_rows(log_q: Tensor, log_p: Tensor, beta: float) -> Tensor:
     return _jsd(log_q, log_p, beta)
 
 
 @register_loss("skew_forward_kl", paper="Ko et al. 2024, DistiLLM", equation="KL(p ‖ αp + (1−α)q) (eq. 3)",
                **_OPTIONS, example=lambda k, y: {"alpha": 0.1}, divergence=Divergence(parameters={"alpha": Parameter(
-                   0.1, meaning="the teacher's weight in the skewed student (official 0.1; 0: forward KL)")}))
+                   0.1, meaning="the teacher's weight in the skewed student (official 0.1; 0: forward KL)")}), reference=_ref.skew_forward_kl)
 def _skew_forward_kl(log_q: Tensor, log_p: Tensor, alpha: float) -> Tensor:
     return _kl(log_p, _log_mixture(log_p, log_q, alpha))
 
@@ -140,13 +141,14 @@ def _skew_forward_kl(log_q: Tensor, log_p: Tensor, alpha: float) -> Tensor:
 @register_loss("skew_reverse_kl", paper="Ko et al. 2024, DistiLLM", equation="KL(q ‖ αq + (1−α)p) (eq. 4)",
                **_OPTIONS, example=lambda k, y: {"alpha": 0.2, "temperature": 0.5},
                divergence=Divergence(parameters={"alpha": Parameter(
-                   0.1, meaning="the student's weight in the skewed teacher (official 0.1; 0: reverse KL)")}))
+                   0.1, meaning="the student's weight in the skewed teacher (official 0.1; 0: reverse KL)")}), reference=_ref.skew_reverse_kl)
 def _skew_reverse_kl(log_q: Tensor, log_p: Tensor, alpha: float) -> Tensor:
     return _kl(log_q, _log_mixture(log_q, log_p, alpha))
 
 
 @register_loss("tvd", paper="Ko et al. 2024, DistiLLM (tv_distance); Wen et al. 2023 (f-divergences)",
-               equation="½ Σ_v |p_v − q_v| per token", **_OPTIONS, example=lambda k, y: {}, divergence=Divergence())
+               equation="½ Σ_v |p_v − q_v| per token", **_OPTIONS, example=lambda k, y: {}, divergence=Divergence(),
+               reference=_ref.tvd)
 def _tvd(log_q: Tensor, log_p: Tensor) -> Tensor:
     return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
 
