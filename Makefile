@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[dev,all,llm]'
+	$(PY) -m pip install -q -e '.[dev,all,llm,peft]'
 	touch $@
 
 # On a slow or loaded machine: make demo DEMO_ARGS=--quick

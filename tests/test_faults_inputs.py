@@ -77,6 +77,7 @@ INVALID = {
     "train.deterministic": "maybe",
     "train.device": "tpu9",
     "train.progress": "maybe",
+    "train.log_every": "0",
     "train.tensorboard": "maybe",
     "train.trackers": "neptune",
     "train.group": "[1, 2]",

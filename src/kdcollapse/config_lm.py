@@ -199,17 +199,17 @@ class LMConfig:
                 raise ConfigError(f"student.{key} must be a positive int, got {value!r}")
         # the student's architecture (or its init from the teacher), checked before the teacher loads
         init = lm.check_student_section(model_config)
-        if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
-            check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
-        if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
-            raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
-                              f"one (data.source takes text folders too)")
         if self.distributed.strategy not in ("ddp", "fsdp"):
             raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
         if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
             raise ConfigError("distributed.strategy=fsdp does not take " + (
                 "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
                 + " in this version; use distributed.strategy=ddp")
+        if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
+            check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
+        if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
+            raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
+                              f"one (data.source takes text folders too)")
         self._check_generation()
 
     @property
