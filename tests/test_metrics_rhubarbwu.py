@@ -21,17 +21,10 @@ from scipy.sparse.linalg import svds
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.metrics import METRICS, FeatureMean, FeatureStatistics, collapse_metrics
 from kdcollapse.metrics._pairwise import class_mean_kernels, pair_moments
+from test_metrics_vocab import gaussian_classes
 
 RHUBARBWU = "rhubarbwu/neural-collapse@c05a0b80d6bc6e8e2e102f2180f1f33b2c9605fd"
 
-
-def gaussian_classes(counts, dim, *, seed, spread=2.0, offset=0.0):
-    g = torch.Generator().manual_seed(seed)
-    means = torch.randn(len(counts), dim, generator=g, dtype=torch.float64) * spread
-    labels = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-    labels = labels[torch.randperm(len(labels), generator=g)]
-    features = means[labels] + torch.randn(len(labels), dim, generator=g, dtype=torch.float64) + offset
-    return features, labels
 
 
 # ---------------------------------------------------------------------------------------------------
