@@ -2,6 +2,8 @@
 split by document and its token cache. Tiny random models only; the real SmolLM2 test is marked heavy."""
 
 import hashlib
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -205,3 +207,48 @@ def test_a_store_cut_to_a_smaller_k_equals_the_store_written_at_that_k(tmp_path,
     assert cut.temperature == 2.0 and lm.TeacherTokens.load(tmp_path / "k9").top(9).log_rest.shape == blocks.shape
     with pytest.raises(KdcollapseError, match=r"k must be an int in \[1, 9\]"):
         lm.TeacherTokens.load(tmp_path / "k9").top(10)
+
+
+def test_an_interrupted_store_resumes_from_its_last_shard_and_equals_an_uninterrupted_one(tmp_path, teacher_and_blocks):
+    """store_teacher_tokens after an interruption computes only the shards not yet written (progress.json), and
+    the store it finishes is the one an uninterrupted call writes, byte for byte."""
+    model, blocks = teacher_and_blocks
+    calls = []
+
+    class Interrupted(Exception):
+        pass
+
+    def counting(limit):
+        def forward(ids):
+            if len(calls) == limit:
+                raise Interrupted
+            calls.append(len(ids))
+            return model(ids)
+        forward.get_output_embeddings = model.get_output_embeddings
+        return forward
+
+    with pytest.raises(Interrupted):  # 10 blocks, shards of 3, batches of 2: stopped in the third shard
+        lm.store_teacher_tokens(counting(5), blocks, tmp_path / "a", k=4, batch_size=2, shard_blocks=3)
+    assert not (tmp_path / "a" / "manifest.json").exists() and (tmp_path / "a" / "progress.json").is_file()
+    with pytest.raises(DataError, match="no complete store"):
+        lm.TeacherTokens.load(tmp_path / "a")
+    calls.clear()
+    lm.store_teacher_tokens(counting(-1), blocks, tmp_path / "a", k=4, batch_size=2, shard_blocks=3)
+    assert calls == [2, 1, 1]  # shards 2 and 3 only (blocks 6-8 and 9)
+    lm.store_teacher_tokens(model, blocks, tmp_path / "b", k=4, batch_size=2, shard_blocks=3)
+    assert not (tmp_path / "a" / "progress.json").exists()
+    for name in ("manifest.json", *(f"shard-{i:05d}.safetensors" for i in range(4))):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    # a kept shard whose bytes differ from their SHA-256 is computed again; progress of another k is ignored
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    manifest = (tmp_path / "c" / "manifest.json").read_text()
+    (tmp_path / "c" / "manifest.json").rename(tmp_path / "c" / "progress.json")
+    (tmp_path / "c" / "shard-00001.safetensors").write_bytes(b"damaged")
+    calls.clear()
+    lm.store_teacher_tokens(counting(-1), blocks, tmp_path / "c", k=4, batch_size=2, shard_blocks=3)
+    assert calls == [2, 1] and (tmp_path / "c" / "manifest.json").read_text() == manifest
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "progress.json").write_text(json.dumps({**json.loads(manifest), "k": 5}))
+    calls.clear()
+    lm.store_teacher_tokens(counting(-1), blocks, tmp_path / "d", k=4, batch_size=2, shard_blocks=3)
+    assert calls == [2, 1] * 3 + [1]

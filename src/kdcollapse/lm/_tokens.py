@@ -7,6 +7,11 @@ SHA-256 of the blocks and each shard's file name, rows and SHA-256 of its bytes)
 ``shard-NNNNN.safetensors`` files holding ``log_probs`` (n, T, k) float32, ``indices`` (n, T, k) int32 and
 ``log_rest`` (n, T) float32 for blocks ``[start, stop)``. The manifest is written last, so a directory
 without one is an unfinished store. Reading checks every shard's checksum.
+
+An unfinished store resumes: after each shard, ``progress.json`` (the manifest's fields so far) is rewritten,
+so a store interrupted after shard j keeps shards 0 … j and a later call with the same blocks, k, τ and shard
+size computes only the rest (each kept shard's bytes checked against its SHA-256 first; one that differs is
+computed again).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from kdcollapse.losses import TopKTeacher
 
 _FORMAT = "kdcollapse.teacher_tokens"
 MANIFEST = "manifest.json"
+PROGRESS = "progress.json"  # an unfinished store's shards so far
 
 
 def blocks_digest(blocks: torch.Tensor) -> str:
@@ -51,23 +57,50 @@ def store_teacher_tokens(model: Any, blocks: torch.Tensor, directory: str | Path
         raise KdcollapseError(f"{directory} holds teacher tokens of other blocks, k or temperature; choose another "
                               f"directory")
     directory.mkdir(parents=True, exist_ok=True)
+    manifest = {"format": _FORMAT, "version": 1, "k": k, "vocab": vocab, "temperature": temperature,
+                "blocks": list(blocks.shape), "blocks_sha256": digest, "shard_blocks": shard_blocks}
+    done = _finished_shards(directory, manifest)
     shards = []
     for start in range(0, len(blocks), shard_blocks):
         part = blocks[start:start + shard_blocks]
+        name = f"shard-{len(shards):05d}.safetensors"
+        kept = done.get(name)
+        if kept is not None and (kept["start"], kept["stop"]) == (start, start + len(part)) \
+                and _sha256(directory / name) == kept["sha256"]:
+            shards.append(kept)
+            continue
         rows = [TopKTeacher.from_logits(model(batch).logits.to(dtype), k, temperature)
                 for batch in part.split(batch_size)]
         tensors = {"log_probs": torch.cat([r.log_probs_topk for r in rows]),
                    "indices": torch.cat([r.indices for r in rows]),
                    "log_rest": torch.cat([r.log_rest for r in rows])}
-        name = f"shard-{len(shards):05d}.safetensors"
         shards.append({"file": name, "start": start, "stop": start + len(part),
                        "sha256": _write(directory / name, tensors)})
-    manifest = {"format": _FORMAT, "version": 1, "k": k, "vocab": vocab, "temperature": temperature,
-                "blocks": list(blocks.shape), "blocks_sha256": digest, "shards": shards}
-    tmp = directory / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+        _write_json(directory / PROGRESS, {**manifest, "shards": shards})
+    _write_json(directory / MANIFEST, {**manifest, "shards": shards})
+    (directory / PROGRESS).unlink(missing_ok=True)
     return directory
+
+
+def _finished_shards(directory: Path, manifest: dict) -> dict[str, dict]:
+    """The shards an interrupted store of the same blocks, k, τ and shard size recorded (file name -> entry)."""
+    try:
+        progress = json.loads((directory / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(progress, dict) or any(progress.get(key) != value for key, value in manifest.items()):
+        return {}
+    return {shard["file"]: shard for shard in progress.get("shards", [])}
+
+
+def _sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def _write(path: Path, tensors: dict[str, torch.Tensor]) -> str:
