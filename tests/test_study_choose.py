@@ -94,6 +94,20 @@ def test_the_chosen_cells_join_the_source_run_of_the_chosen_value(tmp_path):
     assert (c["a"], c["b"], c["per_seed"]) == ("b", "a", [-60, -59])
 
 
+
+def test_a_page_of_partial_records_says_how_many_runs_finished_and_how_many_choices_wait(tmp_path):
+    """summarise names what a page of a running study shows: the runs recorded of those defined, and the choices
+    still waiting (more runs to come); a complete study's page has no such line."""
+    partial = {"a/t2/seed0": record(80, 70), "b/t2/seed0": record(50, 99), "b/t4/seed0": record(60, 10)}
+    text, _ = summarise(load_study(write(tmp_path, records=partial), runs_dir=tmp_path / "runs"), partial)
+    assert ("**Partial records**: 3 of the 5 runs defined so far have finished; 1 choice(s) on validation still "
+            "wait for the runs they read") in text and "`kdcollapse study status study.yaml`" in text
+    complete = {**partial, "a/t4/seed0": record(70, 90), "a/t2/seed1": record(81, 72), "b/t4/seed1": record(61, 13)}
+    study = load_study(write(tmp_path, records=complete), runs_dir=tmp_path / "runs")
+    assert study.waiting == () and "Partial records" not in summarise(study, complete)[0]
+    text, _ = summarise(study, {k: v for k, v in complete.items() if k != "b/t4/seed1"})
+    assert "**Partial records**: 5 of the 6 runs defined so far have finished. A cell" in text
+
 @pytest.mark.parametrize("change, message", [
     (("by: val_acc}", "by: test_acc}"), "validation metrics only"),
     (("choose: {group: grid,", "choose: {group: nowhere,"), "unknown group that group 'final' chooses from"),

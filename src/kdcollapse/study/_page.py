@@ -30,6 +30,13 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
     metric, sections = compare_sections(study, records, spec)
     comparisons = [c for _, _, section, _ in sections for c in section]
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
+    recorded = sum(name in records for name in study.runs)
+    if recorded < len(study.runs) or study.waiting:  # a study still running: say how much of it the page shows
+        text.append(f"**Partial records**: {recorded} of the {len(study.runs)} runs defined so far have finished"
+                    + (f"; {len(study.waiting)} choice(s) on validation still wait for the runs they read, and "
+                       "define more runs once made" if study.waiting else "")
+                    + ". A cell shows its finished seeds only, and a comparison the seeds both its cells have "
+                    f"(`kdcollapse study status {study.path.name}` lists what is left).\n")
     for (title, rows, section, correlations), part in zip(sections, spec.get("sections") or []):
         columns = measures(spec, part)
         diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
