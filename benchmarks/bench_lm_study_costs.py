@@ -10,6 +10,8 @@ study run spends. Ratios are within this process (bf16 / float32 of the same mod
 
     nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py \\
         --markdown results/lm_distillation_pruned/costs.md
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py --scan 15 10 \\
+        --markdown results/lm_distillation_pruned/block_scan.md
 """
 
 from __future__ import annotations
@@ -54,8 +56,14 @@ def main() -> None:
     parser.add_argument("--eval-blocks", type=int, default=16, help="validation blocks of the perplexities")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--scan", type=int, nargs="+", metavar="KEEP",
+                        help="instead: the perplexity on --scan-blocks training blocks of every student keeping KEEP "
+                             "layers by dropping one contiguous block (the LM-loss criterion of depth pruning)")
+    parser.add_argument("--scan-blocks", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.scan:
+        return scan(args)
     lines = [f"Machine: {cpu_model()}, CPU capability {cpu_capability()}, torch {torch.__version__}, "
              f"{torch.get_num_threads()} thread; load average {os.getloadavg()[0]:.1f} at the start. "
              f"Blocks of {args.block_size} tokens, {args.batch} per step; medians of {args.repeats} timed calls "
@@ -145,6 +153,37 @@ def main() -> None:
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text)
+
+
+@torch.no_grad()
+def scan(args) -> None:
+    """Every contiguous block of n - keep layers dropped in turn: the perplexity on the first ``--scan-blocks``
+    training blocks (calibration text, not the validation split), lowest first."""
+    cfg = LMConfig(block_size=args.block_size, train_blocks=None, progress=False)
+    model = _Teacher(cfg.teacher, cache_dir(cfg)).model
+    tokenizer = lm.load_tokenizer(cfg.teacher, cache_dir=cache_dir(cfg))
+    splits, _ = lm.data_blocks(tokenizer, cfg.data_spec, cfg.block_size, cache_dir=cache_dir(cfg))
+    blocks = splits["train"].ids[:args.scan_blocks]
+    n = model.config.num_hidden_layers
+    lines = [f"Machine: {cpu_model()}, CPU capability {cpu_capability()}, torch {torch.__version__}, 1 thread. "
+             f"Perplexity on the first {args.scan_blocks} training blocks of {args.block_size} tokens (float32) of "
+             "the teacher with one contiguous block of layers dropped.", ""]
+    for keep in args.scan:
+        size = n - keep
+        rows = []
+        for start in range(n - size + 1):
+            layers = [i for i in range(n) if not start <= i < start + size]
+            student = lm.student_from_teacher(model, layers)
+            logits = student(blocks).logits[:, :-1].float()
+            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
+            rows.append((math.exp(float(ce)), start, layers))
+            print(f"keep {keep}: drop {start}-{start + size - 1}: {rows[-1][0]:,.1f}", flush=True)
+        lines += [f"| keep {keep}: layers dropped | layers kept | calibration perplexity |", "| --- | --- | ---: |"]
+        lines += [f"| {s}-{s + size - 1} | {_ranges(kept)} | {p:,.1f} |" for p, s, kept in sorted(rows)] + [""]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.markdown:
         args.markdown.write_text(text)
 
 
