@@ -1,4 +1,4 @@
-"""What the pruned-student LM study (results/lm_distillation_pruned/) costs and where its students start, measured
+"""What the pruned-student LM study (studies/lm_distillation_pruned/) costs and where its students start, measured
 in one process on one thread: the teacher's forward (tokens per CPU-second, float32 and bf16 autocast), a training
 step of a 10- and a 15-layer student built from the teacher's layers (forward + backward + AdamW on stored top-64
 teacher tokens, the loss of ``distill-lm``; tokens per CPU-second, bf16 autocast and float32), and the validation
@@ -9,9 +9,9 @@ CPU time (``time.process_time``) rather than wall time: the machine is shared, a
 study run spends. Ratios are within this process (bf16 / float32 of the same model and batch).
 
     nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py \\
-        --markdown results/lm_distillation_pruned/costs.md
+        --markdown studies/lm_distillation_pruned/costs.md
     nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py --scan 15 10 \\
-        --markdown results/lm_distillation_pruned/block_scan.md
+        --markdown studies/lm_distillation_pruned/block_scan.md
 """
 
 from __future__ import annotations
