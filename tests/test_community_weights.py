@@ -156,23 +156,24 @@ class OfficialVGG(nn.Module):
 
 
 K = 10
-OFFICIAL = {  # zoo name -> (layout, the official module, input size)
-    "resnet32x4": ("mdistiller", lambda: OfficialResNet(Basic, [5] * 3, [64, 128, 256], 32, K), 32),
-    "resnet56": ("mdistiller", lambda: OfficialResNet(Basic, [9] * 3, [16, 32, 64], 16, K), 32),
-    "resnet110": ("mdistiller", lambda: OfficialResNet(Basic, [18] * 3, [16, 32, 64], 16, K), 32),
-    "resnet50_cifar": ("mdistiller", lambda: OfficialResNet(Bottle, [3, 4, 6, 3], [64, 128, 256, 512], 64, K,
-                                                            shortcut="shortcut", head="linear"), 32),
-    "wrn_40_2": ("mdistiller", lambda: OfficialWRN(40, 2, K), 32),
-    "vgg13": ("mdistiller", lambda: OfficialVGG([[64, 64], [128, 128], [256, 256], [512, 512], [512, 512]], K), 32),
-    "resnet18": ("timm", lambda: OfficialResNet(Basic, [2] * 4, [64, 128, 256, 512], 64, K, imagenet=True), 64),
+OFFICIAL = {  # zoo name -> (layout, the official module for k classes, input size)
+    "resnet32x4": ("mdistiller", lambda k=K: OfficialResNet(Basic, [5] * 3, [64, 128, 256], 32, k), 32),
+    "resnet56": ("mdistiller", lambda k=K: OfficialResNet(Basic, [9] * 3, [16, 32, 64], 16, k), 32),
+    "resnet110": ("mdistiller", lambda k=K: OfficialResNet(Basic, [18] * 3, [16, 32, 64], 16, k), 32),
+    "resnet50_cifar": ("mdistiller", lambda k=K: OfficialResNet(Bottle, [3, 4, 6, 3], [64, 128, 256, 512], 64, k,
+                                                                shortcut="shortcut", head="linear"), 32),
+    "wrn_40_2": ("mdistiller", lambda k=K: OfficialWRN(40, 2, k), 32),
+    "vgg13": ("mdistiller", lambda k=K: OfficialVGG([[64, 64], [128, 128], [256, 256], [512, 512], [512, 512]], k),
+              32),
+    "resnet18": ("timm", lambda k=K: OfficialResNet(Basic, [2] * 4, [64, 128, 256, 512], 64, k, imagenet=True), 64),
 }
 
 
-def official(name, seed=0):
+def official(name, seed=0, num_classes=K):
     """The official module with random weights and BN statistics, in eval mode."""
     torch.manual_seed(seed)
     layout, build, size = OFFICIAL[name]
-    net = build()
+    net = build(num_classes)
     for m in net.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.1, 0.1)
@@ -242,3 +243,88 @@ def test_plain_module_weights_load_with_their_own_keys(tmp_path, monkeypatch):
     torch.save(net.state_dict(), tmp_path / "wrn.pt")
     model, _ = load_model(tmp_path / "wrn.pt", model_name="byo_official_wrn", num_classes=K)
     assert torch.equal(model.module.fc.weight, net.fc.weight)
+
+
+# The folders of mdistiller's released cifar_teachers.tar (megvii-research/mdistiller, release "checkpoints":
+# cifar_teachers/<folder>/ckpt_epoch_240.pth, the paths of mdistiller/models/cifar/__init__.py's cifar_model_dict).
+RELEASE_FOLDERS = {"resnet56": "resnet56_vanilla", "resnet110": "resnet110_vanilla", "resnet32x4": "resnet32x4_vanilla",
+                   "resnet50_cifar": "ResNet50_vanilla", "wrn_40_2": "wrn_40_2_vanilla", "vgg13": "vgg13_vanilla"}
+
+
+def write_cifar_teachers_tar(path, names=tuple(RELEASE_FOLDERS)):
+    """A tar of the release's layout: per teacher a CRD training checkpoint (``{"epoch", "model", "accuracy",
+    "optimizer"}``, as CRD's train_teacher.py saves it) of the official 100-class module; returns name -> (module,
+    input)."""
+    import io
+    import tarfile
+
+    nets = {}
+    with tarfile.open(path, "w") as tar:
+        for i, name in enumerate(names):
+            net, _, x = official(name, seed=i, num_classes=100)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+            buffer = io.BytesIO()
+            torch.save({"epoch": 240, "model": net.state_dict(), "accuracy": torch.tensor(72.34),
+                        "optimizer": optimizer.state_dict()}, buffer)
+            for member in [f"cifar_teachers/{RELEASE_FOLDERS[name]}/ckpt_epoch_240.pth"]:
+                info = tarfile.TarInfo(member)
+                info.size = len(buffer.getvalue())
+                tar.addfile(info, io.BytesIO(buffer.getvalue()))
+            nets[name] = (net, x)
+    return nets
+
+
+@pytest.mark.parametrize("names", [
+    ("resnet56", "wrn_40_2"),
+    pytest.param(tuple(RELEASE_FOLDERS), marks=pytest.mark.heavy, id="all-six"),  # 12 s on 2 loaded cores
+])
+def test_cli_converts_every_teacher_of_mdistillers_cifar_teachers_tar(tmp_path, capsys, names):
+    nets = write_cifar_teachers_tar(tmp_path / "cifar_teachers.tar", names)
+    out = tmp_path / "runs" / "cifar100"
+    assert main(["models", "convert", "--from", "mdistiller", str(tmp_path / "cifar_teachers.tar"), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"teacher_{n}" for n in names)
+    for name, (net, x) in nets.items():
+        assert f"teacher_{name}: {name}, 100 classes" in printed
+        model, meta = load_model(out / f"teacher_{name}")  # what the recipes' teacher.checkpoint reads
+        assert (meta["model"], meta["num_classes"], meta["converted_from"]) == (name, 100, "mdistiller")
+        assert meta["source_file"] == f"cifar_teachers.tar:cifar_teachers/{RELEASE_FOLDERS[name]}/ckpt_epoch_240.pth"
+        with torch.no_grad():  # the same tensors: the logits of the official module, to float32 rounding
+            torch.testing.assert_close(model.eval()(x), net(x), rtol=1e-5, atol=1e-5)
+
+
+def test_one_teacher_of_the_tar_and_bad_archives(tmp_path, capsys):
+    tar = tmp_path / "cifar_teachers.tar"
+    write_cifar_teachers_tar(tar, names=("resnet56",))
+    out = tmp_path / "teachers"
+    assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet32x4", str(tar), str(out)]) == 2
+    assert "holds no teacher resnet32x4; it holds resnet56" in capsys.readouterr().err
+    assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet8", str(tar), str(out)]) == 2
+    assert "unknown --model (a teacher of cifar_teachers.tar) 'resnet8'" in capsys.readouterr().err
+    assert main(["models", "convert", "--from", "timm", str(tar), str(out)]) == 2
+    assert "give --from mdistiller" in capsys.readouterr().err
+    assert not out.exists()  # nothing written before every check passed
+    assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet56", str(tar), str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["teacher_resnet56"]
+    other = tmp_path / "other.tar"
+    write_cifar_teachers_tar(other, names=())
+    assert main(["models", "convert", "--from", "mdistiller", str(other), str(tmp_path / "o")]) == 2
+    assert "holds no teacher of mdistiller's cifar_teachers.tar" in capsys.readouterr().err
+    assert main(["models", "convert", "--from", "mdistiller", "--model", "resnet56", str(tmp_path / "x.pth"),
+                 str(tmp_path / "x.safetensors")]) == 2
+
+
+def test_a_pickled_object_in_the_tar_is_refused_unread(tmp_path, capsys):
+    import io
+    import tarfile
+
+    tar = tmp_path / "cifar_teachers.tar"
+    buffer = io.BytesIO()
+    torch.save({"model": official("resnet56")[0]}, buffer)  # a whole module: never unpickled
+    with tarfile.open(tar, "w") as archive:
+        info = tarfile.TarInfo("cifar_teachers/resnet56_vanilla/ckpt_epoch_240.pth")
+        info.size = len(buffer.getvalue())
+        archive.addfile(info, io.BytesIO(buffer.getvalue()))
+    assert main(["models", "convert", "--from", "mdistiller", str(tar), str(tmp_path / "out")]) == 2
+    assert "loads with weights_only=True" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

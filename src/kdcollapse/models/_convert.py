@@ -22,6 +22,12 @@ CLASSIFIERS = {
     "mdistiller": ("fc", "linear", "classifier"),
     "timm": ("fc", "head.fc", "head", "classifier"),
 }
+# mdistiller's released ``cifar_teachers.tar`` (megvii-research/mdistiller, release "checkpoints"; CRD's teachers):
+# ``cifar_teachers/<folder>/ckpt_epoch_240.pth`` per teacher, the folders of ``mdistiller/models/cifar/__init__.py``'s
+# ``cifar_model_dict`` -> the zoo's name of that architecture.
+MDISTILLER_TEACHERS = {"resnet56_vanilla": "resnet56", "resnet110_vanilla": "resnet110",
+                       "resnet32x4_vanilla": "resnet32x4", "ResNet50_vanilla": "resnet50_cifar",
+                       "wrn_40_2_vanilla": "wrn_40_2", "vgg13_vanilla": "vgg13"}
 _COUNTER = "num_batches_tracked"  # BN's step counter: absent from old checkpoints, unused in eval
 
 
