@@ -11,9 +11,9 @@ official hyperparameters) on one GPU: every group asks SLURM for ``resources: {g
 one task of a job array with its own GPU (submitit's ``gpus_per_node``), as many at a time as the cluster has GPUs.
 
 tests/test_paper_studies.py checks that the committed files are this script's output, reads every run's config
-as it would train, and runs a tiny variant of the same files (:func:`studies` with ``protocol``) end to end on
-fake CIFAR-format data through the one-node SLURM cluster, with teachers converted from a tar of the format of
-mdistiller's ``cifar_teachers.tar``.
+as it would train, and runs a tiny variant of the same files (:func:`cifar100` with ``protocol`` and ``pairs``) end
+to end on fake CIFAR-format data, with teachers converted from a tar of the format of mdistiller's
+``cifar_teachers.tar``: one row in-process, and (heavy) every row through the one-node SLURM cluster into a page.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent
 CONFIGS = ROOT.parents[1] / "configs"
-GPU = {"gpus": 1, "cpus": 8, "mem_gb": 32, "minutes": 720}  # one run per GPU; a timed-out job requeues and resumes
+# One run per GPU; a job that times out is requeued and resumes from its last epoch.
+GPU = {"gpus": 1, "cpus": 8, "mem_gb": 32, "minutes": 720}
 TEACHERS = "runs/cifar100"  # where `kdcollapse models convert --from mdistiller cifar_teachers.tar runs/cifar100` writes
 
 
