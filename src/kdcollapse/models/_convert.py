@@ -5,9 +5,9 @@ The zoo's models are the same networks as mdistiller's ``mdistiller/models/cifar
 ``wrn_16_1..40_2``, ``vgg8..19``; the students ``MobileNetV2`` = ``mobilenetv2`` (their ``mobile_half``),
 ``ShuffleV1`` = ``shufflev1``, ``ShuffleV2`` = ``shufflev2``) and timm's ``resnet18/34/50``, with other key names
 (``conv1``, ``bn1``, ``layer1.0.conv1``, ``downsample``, ``fc`` there; ``body.N…`` and ``head`` here).
-Both define every layer in the order of its forward pass, so the conversion pairs the tensors in order:
-the classifier (``fc``, ``linear``, ``classifier``, ``classifier.0`` or ``head``) with ``head``, every other tensor with the
-zoo's next one, and checks each pair's kind (``weight``, ``bias``, ``running_mean``...) and shape, so a
+Both define every layer in the order of its forward pass, so the conversion pairs the tensors in order: the
+classifier (``fc``, ``linear``, ``classifier``, ``classifier.0`` or ``head``) with ``head``, every other tensor with
+the zoo's next one, and checks each pair's kind (``weight``, ``bias``, ``running_mean``...) and shape, so a
 state dict of another architecture is refused rather than loaded wrongly.
 """
 
