@@ -1,8 +1,8 @@
 """Community teachers: .pth state dicts read safely, mdistiller/CRD and timm layouts converted into the zoo.
 
 The official modules are re-stated here from their published definitions (mdistiller
-``mdistiller/models/cifar/{resnet,resnetv2,wrn,vgg,mobilenetv2,ShuffleNetv1,ShuffleNetv2}.py``, timm's ``resnet.py``) with their exact key
-names; a converted zoo model must give the same logits as the official module with the same weights.
+``mdistiller/models/cifar/{resnet,resnetv2,wrn,vgg,mobilenetv2,ShuffleNetv1,ShuffleNetv2}.py``, timm's
+``resnet.py``) with their exact key names; a converted zoo model must give the same logits as the official module with the same weights.
 """
 
 import pytest
