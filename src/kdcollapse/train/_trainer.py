@@ -1,10 +1,11 @@
 """The training loop behind ``kdcollapse train`` and ``kdcollapse distill``.
 
 One loop serves every method: the method computes its losses (``forward``) and fills gradients
-(``backward``); the trainer owns data, schedule, precision, DDP, evaluation and logging, and hands
-checkpoints to its :class:`~kdcollapse.train._checkpointer.Checkpointer`. It reads top to bottom: the
-``setup_*`` steps in the order they run, then :meth:`Trainer.train` (epochs), ``train_epoch`` (batches),
-``step`` (one batch), and evaluation.
+(``backward``); the trainer owns data, schedule, precision, DDP, evaluation and logging, and commits the
+files of its :class:`~kdcollapse.train._checkpointer.Checkpointer` through the run lifecycle it shares with
+the LM trainer (:class:`~kdcollapse.train._engine.RunEngine`). It reads top to bottom: the ``setup_*`` steps
+in the order they run, then :meth:`Trainer.train` (epochs), ``train_epoch`` (batches), ``step`` (one batch),
+and evaluation.
 
 Exact resume: the data order, the augmentation and the global RNGs are reseeded at every epoch start
 from ``(seed, epoch, rank)``, so an epoch is a pure function of the weights, optimizer state and method
