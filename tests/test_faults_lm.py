@@ -16,6 +16,8 @@ import torch
 import kdcollapse.runs._checkpoint as checkpoint_module
 from kdcollapse import lm
 from kdcollapse.errors import CheckpointError
+from kdcollapse.train import TrainingDiverged
+from kdcollapse.train._lm_task import LMTask
 from kdcollapse.runs import load_tensors, read_metrics
 from kdcollapse.train import distill_lm, load_lm_config
 
@@ -103,3 +105,19 @@ def test_a_full_disk_at_an_lm_commit_says_what_the_run_directory_still_holds(opt
         run(opts, tmp_path / "run", 4, resume=True)
     monkeypatch.undo()
     assert json.loads((tmp_path / "run" / "state.json").read_text())["epoch"] == 2
+
+
+@pytest.mark.slow
+def test_a_diverged_lm_run_says_what_it_kept_as_an_image_run_does(options, tmp_path, monkeypatch):
+    """The loss made NaN (a fault injected into the task's loss): ``TrainingDiverged`` with the run engine's
+    account of the last commit, before any commit and after a resume."""
+    _, opts = options
+    real = LMTask.loss
+    monkeypatch.setattr(LMTask, "loss", lambda self, *args: real(self, *args) * float("nan"))
+    with raises_naming(TrainingDiverged, "nan", "step 1", "no step had been committed", "without --resume"):
+        run(opts, tmp_path / "run", 2)
+    monkeypatch.undo()
+    run(opts, tmp_path / "run", 2)  # the corrected command starts it again
+    monkeypatch.setattr(LMTask, "loss", lambda self, *args: real(self, *args) * float("nan"))
+    with raises_naming(TrainingDiverged, "step 3", "after step 2", str(tmp_path / "run")):
+        run(opts, tmp_path / "run", 4, resume=True)

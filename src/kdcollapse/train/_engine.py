@@ -35,8 +35,12 @@ from typing import Any
 from tqdm import tqdm
 
 from kdcollapse.distributed import DistEnv
-from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs import MetricsLog, RunDir, claim_run_dir, on_main_process, start_run_dir, update_run_record
+
+
+class TrainingDiverged(KdcollapseError):
+    """The loss, the weights or the evaluation became NaN or infinite."""
 
 
 class RunEngine:
@@ -57,6 +61,7 @@ class RunEngine:
             self.setup_environment()
             self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
             start = self.setup(resume)
+            self.committed = start  # the last committed unit, on every process
             start_run_dir(cfg, self.run_files)
             self.log = MetricsLog(self.run_dir, start_epoch=start, enabled=self.dist.is_main,
                                   tensorboard=self.tensorboard)
@@ -120,7 +125,14 @@ class RunEngine:
                                       f"holds {self.unit} {held}: free space and resume it") from None
 
         on_main_process(self.dist.is_main, write, f"the main process could not save {self.unit} {unit}")
+        self.committed = unit
         self.log.committed()  # TensorBoard and the trackers see only committed units
+
+    def kept(self) -> str:
+        """What the run directory holds after a failure now, and how to go on (for :class:`TrainingDiverged`)."""
+        if self.committed:
+            return f"the last good checkpoint (after {self.unit} {self.committed}) is kept in {self.run_dir}"
+        return f"no {self.unit} had been committed, so the corrected command starts it again (without --resume)"
 
     def progress_bar(self, enabled: bool, **options: Any) -> tqdm:
         """A tqdm bar on the main process when ``enabled`` (``train.progress`` / ``progress``)."""

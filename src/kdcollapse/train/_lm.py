@@ -33,7 +33,7 @@ from kdcollapse.errors import CheckpointError
 from kdcollapse.lm import LoraStudent, split_student
 from kdcollapse.runs import (flatten_optimizer, load_tensors, on_main_process, read_header, read_metrics,
                              split_prefix, unflatten_optimizer)
-from kdcollapse.train._engine import RunEngine
+from kdcollapse.train._engine import RunEngine, TrainingDiverged
 from kdcollapse.train._fsdp import Sharded, decoder_layers
 from kdcollapse.train._lm_task import LMTask
 
@@ -195,8 +195,8 @@ class LMTrainer(RunEngine):
                 seconds = time.perf_counter() - began
                 lr = self.optimizer.param_groups[0]["lr"]
                 if not math.isfinite(loss):
-                    raise CheckpointError(f"the training loss became {loss} at step {step + 1}; the last committed "
-                                          f"step is kept in {self.run_dir}. Lower lr or check the data")
+                    raise TrainingDiverged(f"the training loss became {loss} at step {step + 1}; {self.kept()}. "
+                                           "Lower lr or check the data")
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / seconds:.0f}")
                 if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:

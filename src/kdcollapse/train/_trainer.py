@@ -35,9 +35,9 @@ from kdcollapse.methods import FrozenTeacher, build_method, check_stored_logits,
 from kdcollapse.models import create_model
 from kdcollapse.runs import UserData, load_teacher, on_main_process, run_splits
 from kdcollapse.train._checkpointer import Checkpointer, Progress
-from kdcollapse.train._checks import TrainerChecks, TrainingDiverged  # noqa: F401 (TrainingDiverged: its face)
+from kdcollapse.train._checks import TrainerChecks
+from kdcollapse.train._engine import RunEngine, TrainingDiverged  # noqa: F401 (TrainingDiverged: its face)
 from kdcollapse.train._console import log_epoch, logger
-from kdcollapse.train._engine import RunEngine
 from kdcollapse.train._optim import build_optimizer, build_schedule, build_weight_average, schedule_steps_per
 
 
