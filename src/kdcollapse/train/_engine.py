@@ -34,6 +34,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kdcollapse.config import RunConfig
+from kdcollapse.config_lm import LMConfig
 from kdcollapse.distributed import DistEnv
 from kdcollapse.errors import CheckpointError, ConfigError, KdcollapseError
 from kdcollapse.runs import MetricsLog, RunDir, claim_run_dir, on_main_process, start_run_dir, update_run_record
@@ -53,7 +55,7 @@ class RunEngine:
     log: MetricsLog
     run_files: RunDir | None
 
-    def __init__(self, cfg: Any, *, resume: bool = False, overwrite: bool = False):
+    def __init__(self, cfg: RunConfig | LMConfig, *, resume: bool = False, overwrite: bool = False):
         self.cfg, self.run_files, self.run_dir = cfg, None, Path(cfg.run_dir)
         if resume and overwrite:
             raise ConfigError("resume continues the run in run_dir and overwrite replaces it; give one of them")
@@ -65,8 +67,7 @@ class RunEngine:
             start_run_dir(cfg, self.run_files)
             self.log = MetricsLog(self.run_dir, start_epoch=start, enabled=self.dist.is_main,
                                   tensorboard=self.tensorboard)
-            facts = self.execution()
-            if self.dist.is_main and facts:
+            if self.dist.is_main and (facts := self.execution()):
                 update_run_record(self.run_dir, facts)
         except BaseException:
             self.release_run_dir()
@@ -84,7 +85,7 @@ class RunEngine:
         raise NotImplementedError
 
     def execution(self) -> dict:
-        """Facts of what actually runs, added to ``run.json`` (nothing when empty)."""
+        """Facts of what actually runs, added to ``run.json`` by the main process (nothing when empty)."""
         return {}
 
     @property

@@ -7,8 +7,9 @@ blocks) → :meth:`~LMTrainer.optimizer_step`; the run's lifecycle is the image 
 :class:`~kdcollapse.train._engine.RunEngine` (the claim, the run lock, ``run.json`` provenance, one
 ``state.json`` commit per evaluation with ``checkpoint.safetensors`` and ``metrics.jsonl``/``.csv``,
 ``MetricsLog`` with TensorBoard and the trackers, the release), so ``Run(run_dir)``, ``run_state``,
-``kdcollapse plot`` and ``study`` read an LM run as they read an image run. The task-specific part (token blocks, the
-teacher-token cache, on-policy sampling, the fused loss, evaluation) is :class:`~kdcollapse.train._lm_task.LMTask`.
+``kdcollapse plot`` and ``study`` read an LM run as they read an image run. The task-specific part (token
+blocks, the teacher-token cache, on-policy sampling, the fused loss, evaluation) is
+:class:`~kdcollapse.train._lm_task.LMTask`.
 
 A commit's unit is the optimizer step (an image run's is the epoch): ``state.json``'s ``epoch`` field and the
 metrics records' ``step`` hold it. The batch of step s is drawn from a generator seeded by (seed, s), so a
