@@ -8,8 +8,9 @@ issue's 0–7 + 23–29, a random initialisation of the same shape).
 CPU time (``time.process_time``) rather than wall time: the machine is shared, and one thread's CPU time is what a
 study run spends. Ratios are within this process (bf16 / float32 of the same model and batch).
 
-    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py \\
-        --markdown studies/lm_distillation_pruned/costs.md
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py --steps-only \\
+        --step-keeps 10
     nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_study_costs.py --scan 15 10 \\
         --markdown studies/lm_distillation_pruned/block_scan.md
 """
@@ -32,6 +33,57 @@ from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig
 from kdcollapse.distributed import cpu_capability
 from kdcollapse.train._lm_task import _loss, _Teacher, cache_dir, evaluate, select, teacher_tokens
+
+
+def perplexities_and_forward(args, cfg, teacher, model, train, val, key, batch, rows):
+    """The teacher's forward (a row of ``rows``) and the validation perplexity before training of every candidate
+    student (the table's rows, returned with the forward's CPU seconds by precision)."""
+    tokens = batch.numel()
+    # ---- the teacher's forward
+    with torch.no_grad():
+        fwd = {bf16: cpu_seconds(lambda: [model(batch).logits.float().topk(64)] if not bf16 else
+                                 _bf16_forward(model, batch), args.repeats) for bf16 in (False, True)}
+    rows.append(f"| teacher forward + top-64 (30 layers) | {tokens / fwd[False]:.0f} | {tokens / fwd[True]:.0f} | "
+                f"{fwd[True] / fwd[False]:.2f} |")
+    print(rows[-1])
+
+    # ---- students: perplexity before training, train step cost
+    val_ref = teacher_tokens(cfg, teacher, key, "validation", val, 64)
+    n = model.config.num_hidden_layers
+    calibration = train[:32]
+    candidates = {}
+    for keep in (15, 10):
+        candidates[f"minitron, keep {keep}"] = lm.minitron_layers(model, calibration, keep)
+        candidates[f"distilbert, keep {keep}"] = lm.distilbert_layers(n, keep)
+    candidates["first 8 + last 7 (issue 40: 0-7, 23-29)"] = list(range(8)) + list(range(23, 30))
+    candidates["first 5 + last 5 (0-4, 25-29)"] = list(range(5)) + list(range(25, 30))
+    # the lowest calibration perplexity of --scan (the study's students)
+    candidates["scan, keep 15 (drop 5-19)"] = list(range(5)) + list(range(20, 30))
+    candidates["scan, keep 10 (drop 4-23)"] = list(range(4)) + list(range(24, 30))
+    ppl = ["| student | layers kept | parameters | validation perplexity before training |",
+           "| --- | --- | ---: | ---: |"]
+    teacher_eval = evaluate(model, val, val_ref, cfg)
+    ppl.append(f"| teacher (SmolLM2-135M) | all {n} | {sum(p.numel() for p in model.parameters()):,} | "
+               f"{teacher_eval['perplexity']:.2f} |")
+    print(ppl[-1])
+    for name, layers in candidates.items():
+        student = lm.student_from_teacher(model, layers)
+        result = evaluate(student, val, val_ref, cfg)
+        ppl.append(f"| {name} | {_ranges(layers)} | {sum(p.numel() for p in student.parameters()):,} | "
+                   f"{result['perplexity']:,.1f} |")
+        print(ppl[-1])
+    for keep in (15, 10):
+        config = model.config.__class__.from_dict(model.config.to_dict())
+        config.num_hidden_layers = keep
+        torch.manual_seed(0)
+        import transformers
+        student = transformers.AutoModelForCausalLM.from_config(config).eval()
+        result = evaluate(student, val, val_ref, cfg)
+        ppl.append(f"| random initialisation, {keep} layers (seed 0) | none | "
+                   f"{sum(p.numel() for p in student.parameters()):,} | {result['perplexity']:,.1f} |")
+        print(ppl[-1])
+
+    return ppl, fwd
 
 
 def cpu_seconds(fn, repeats: int) -> float:
@@ -60,6 +112,10 @@ def main() -> None:
                         help="instead: the perplexity on --scan-blocks training blocks of every student keeping KEEP "
                              "layers by dropping one contiguous block (the LM-loss criterion of depth pruning)")
     parser.add_argument("--scan-blocks", type=int, default=4)
+    parser.add_argument("--step-keeps", type=int, nargs="+", default=[15, 10], metavar="KEEP",
+                        help="the students (layer counts) whose training step is timed")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="time the training steps only (no teacher forward, no perplexities: less memory)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.scan:
@@ -85,52 +141,14 @@ def main() -> None:
     batch = train[:args.batch]
     tokens = batch.numel()
 
-    # ---- the teacher's forward
     rows = ["| what | float32 tokens/CPU-s | bf16 tokens/CPU-s | bf16 / float32 time |", "| --- | ---: | ---: | ---: |"]
-    with torch.no_grad():
-        fwd = {bf16: cpu_seconds(lambda: [model(batch).logits.float().topk(64)] if not bf16 else
-                                 _bf16_forward(model, batch), args.repeats) for bf16 in (False, True)}
-    rows.append(f"| teacher forward + top-64 (30 layers) | {tokens / fwd[False]:.0f} | {tokens / fwd[True]:.0f} | "
-                f"{fwd[True] / fwd[False]:.2f} |")
-    print(rows[-1])
-
-    # ---- students: perplexity before training, train step cost
+    ppl, fwd = [], {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-lm-study-"))
     stored = lm.TeacherTokens.load(lm.store_teacher_tokens(model, batch, tmp / "train", k=64))
-    val_ref = teacher_tokens(cfg, teacher, key, "validation", val, 64)
-    n = model.config.num_hidden_layers
-    calibration = train[:32]
-    candidates = {}
-    for keep in (15, 10):
-        candidates[f"minitron, keep {keep}"] = lm.minitron_layers(model, calibration, keep)
-        candidates[f"distilbert, keep {keep}"] = lm.distilbert_layers(n, keep)
-    candidates["first 8 + last 7 (issue 40: 0-7, 23-29)"] = list(range(8)) + list(range(23, 30))
-    candidates["first 5 + last 5 (0-4, 25-29)"] = list(range(5)) + list(range(25, 30))
-    ppl = ["| student | layers kept | parameters | validation perplexity before training |",
-           "| --- | --- | ---: | ---: |"]
-    teacher_eval = evaluate(model, val, val_ref, cfg)
-    ppl.append(f"| teacher (SmolLM2-135M) | all {n} | {sum(p.numel() for p in model.parameters()):,} | "
-               f"{teacher_eval['perplexity']:.2f} |")
-    print(ppl[-1])
-    for name, layers in candidates.items():
-        student = lm.student_from_teacher(model, layers)
-        result = evaluate(student, val, val_ref, cfg)
-        ppl.append(f"| {name} | {_ranges(layers)} | {sum(p.numel() for p in student.parameters()):,} | "
-                   f"{result['perplexity']:,.1f} |")
-        print(ppl[-1])
-    for keep in (15, 10):
-        config = model.config.__class__.from_dict(model.config.to_dict())
-        config.num_hidden_layers = keep
-        torch.manual_seed(0)
-        import transformers
-        student = transformers.AutoModelForCausalLM.from_config(config).eval()
-        result = evaluate(student, val, val_ref, cfg)
-        ppl.append(f"| random initialisation, {keep} layers (seed 0) | none | "
-                   f"{sum(p.numel() for p in student.parameters()):,} | {result['perplexity']:,.1f} |")
-        print(ppl[-1])
-
-    for keep in (15, 10):
-        student = lm.student_from_teacher(model, candidates[f"minitron, keep {keep}"]).train()
+    if not args.steps_only:
+        ppl, fwd = perplexities_and_forward(args, cfg, teacher, model, train, val, key, batch, rows)
+    for keep in args.step_keeps:  # the step's cost depends on the number of layers, not on which
+        student = lm.student_from_teacher(model, lm.distilbert_layers(model.config.num_hidden_layers, keep)).train()
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-5)
         micro = torch.arange(args.batch)
         for bf16 in (False, True):
@@ -148,6 +166,7 @@ def main() -> None:
                     f"{tokens / fwd[(keep, False)]:.0f} | {tokens / fwd[(keep, True)]:.0f} | "
                     f"{fwd[(keep, True)] / fwd[(keep, False)]:.2f} |")
         print(rows[-1])
+        del student, optimizer  # one student in memory at a time
     lines += rows + [""] + ppl + [""]
     text = "\n".join(lines) + "\n"
     print(text)
