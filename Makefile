@@ -32,6 +32,7 @@ test: $(VENV)/.dev
 pages: $(VENV)/.dev
 	$(VENV)/bin/kdcollapse study report --check --runs-dir .no-runs-here $$(find results -name study.yaml | sort)
 	$(VENV)/bin/kdcollapse token-report --check results/lm_collapse/distilled.yaml
+	$(VENV)/bin/kdcollapse token-report --check results/lm_collapse_pruned/collapse.yaml
 	$(VENV)/bin/kdcollapse geometry ufm --check --out results/geometry
 	$(PY) -m kdcollapse.experiments.intra_class_theory --check results/intra_class/theorems
 
