@@ -653,11 +653,34 @@ def with_provenance(rel: Path, text: str) -> str:
     return "\n".join([first, *(f"# {line}" for line in lines), rest])
 
 
+# Where the teacher a student recipe names comes from, for a reader without it (issue 42): its second line.
+TEACHER_SOURCES = {
+    "runs/fmnist_teacher": "`kdcollapse train --config fashion_mnist/teacher` (or, in a checkout, "
+                           "teacher.checkpoint=results/teachers/fashion_mnist_convnet)",
+    "runs/fmnist_pairs_teacher": "`kdcollapse train --config fashion_mnist_pairs/teacher` (or, in a checkout, "
+                                 "teacher.checkpoint=results/teachers/fashion_mnist_pairs_convnet)",
+}
+
+
+def with_teacher_source(text: str) -> str:
+    """A student recipe with how to get its teacher after its first line."""
+    checkpoint = yaml.safe_load(text).get("teacher", {}).get("checkpoint")
+    if checkpoint in TEACHER_SOURCES:
+        line = f"# Needs the teacher {checkpoint}: {TEACHER_SOURCES[checkpoint]}."
+    elif checkpoint and checkpoint.startswith(("runs/cifar100/", "runs/imagenet/")):
+        line = (f"# Needs the teacher {checkpoint}: a run of its own, or community weights converted there "
+                "(`kdcollapse models convert`, docs/distillation.md).")
+    else:
+        return text
+    first, rest = text.split("\n", 1)
+    return "\n".join([first, line, rest])
+
+
 def recipes() -> dict[Path, str]:
     """Every generated recipe: path relative to configs/ -> file text."""
     out = (cifar_recipes() | imagenet_recipes() | fmnist_recipes() | pairs_recipes() | logit_recipes()
            | feature_recipes() | fmnist_feature_recipes())
-    return {rel: with_provenance(rel, text) for rel, text in out.items()}
+    return {rel: with_teacher_source(with_provenance(rel, text)) for rel, text in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
