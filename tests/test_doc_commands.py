@@ -243,10 +243,12 @@ def _committed_results() -> str:
 
 
 def _mdistiller_checkpoint(root: Path) -> None:
-    from test_community_weights import Basic, OfficialResNet
+    """The files of mdistiller's release the page converts, in its layout, with random weights."""
+    from test_community_weights import Basic, OfficialResNet, write_cifar_teachers_tar
 
     net = OfficialResNet(Basic, [5] * 3, [64, 128, 256], 32, 100)
     torch.save({"model": net.state_dict(), "epoch": 240, "best_acc": 79.4}, root / "ckpt_epoch_240.pth")
+    write_cifar_teachers_tar(root / "cifar_teachers.tar")
 
 
 @pytest.mark.heavy
