@@ -34,6 +34,13 @@ METHODS = {"crd": ["method.name=crd", "method.num_negatives=16", "method.feat_di
            "mlkd": ["method.name=mlkd", "data.crop_padding=1"],  # its views need an augmentation
            "ctkd": ["method.name=ctkd"]}
 TIMING = {"images_per_s", "epoch_time_s"}
+NOTE = ("What this shows: that a SIGKILL at these instants of these three methods' runs (digits, a tiny MLP, "
+        "a few epochs) left a run directory that `--resume` finished bit-identically (checkpoint tensors, "
+        "metrics without timings), or refused in one line. What it cannot show: instants not drawn (a handful "
+        "per method; the in-suite tests of tests/test_faults.py crash at every write point of an epoch), other "
+        "methods, multi-process (DDP) runs, `analyze --lm` and the teacher-token cache (not in this campaign). "
+        "'finished before the kill': the drawn instant fell after the run's end (its wall time varies with "
+        "the machine's load).")
 
 
 def kdcollapse(args: list[str], log: Path) -> subprocess.Popen:
@@ -94,6 +101,13 @@ def trial(method: str, args: list[str], reference: Path, delay: float, folder: P
     return "FAILED", "resume never finished"
 
 
+def cpu_model() -> str:
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else "unknown CPU"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8, help="kills per method")
@@ -132,11 +146,12 @@ def main() -> None:
 
         table = ["| method | kill at (s after config.yaml, of the uninterrupted run's) | outcome | detail |", "|---|---|---|---|"]
         table += [f"| {m} | {d} | {o} | {x.replace('|', '/')} |" for m, d, o, x in rows]
-        header = [f"# Fault campaign: kill -9 at random instants of crd, mlkd and ctkd distillation",
+        header = ["# Fault campaign: kill -9 at random instants of crd, mlkd and ctkd distillation",
                   "", f"`PYTHONPATH=src python benchmarks/fault_campaign.py --trials {args.trials} --epochs "
                   f"{args.epochs} --seed {args.seed} --markdown {args.markdown}`; "
-                  f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores; "
-                  f"outcomes {json.dumps(dict(outcomes))}.", ""]
+                  f"{cpu_model()}, CPU capability {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} "
+                  "cores (shared, under load); "
+                  f"outcomes {json.dumps(dict(outcomes))}.", "", NOTE, ""]
         args.markdown.write_text("\n".join([*header, *table]) + "\n")
 
 

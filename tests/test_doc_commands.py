@@ -12,7 +12,6 @@ tests below (``pytest -m heavy``). A new command on a page is run, or this test 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import subprocess
