@@ -145,12 +145,14 @@ def test_the_python_blocks_of_a_page_run(page, folder):
     assert names  # the checks are the blocks' own: each ran to its end
 
 
+HEAVY_PAGES = sorted({p for p, _, b in BLOCKS if where(p, b) == "heavy"})
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("block", [b for b in BLOCKS if where(b[0], b[2]) == "heavy"], ids=lambda b: f"{b[0]}:{b[1]}")
-def test_a_heavy_python_block_runs(block, folder):
-    """As written, on the installed datasets (the tiny files moved out of the way)."""
+@pytest.mark.parametrize("page", HEAVY_PAGES)
+def test_the_heavy_python_blocks_of_a_page_run(page, folder):
+    """In page order, as written, on the installed datasets (the tiny files moved out of the way)."""
     import shutil
 
-    page, _, text = block
     shutil.rmtree(folder / "data")
-    run_page(page, [text])
+    run_page(page, [b for p, _, b in BLOCKS if p == page and where(p, b) == "heavy"])
