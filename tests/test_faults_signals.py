@@ -42,3 +42,35 @@ def test_sigint_ends_in_one_line_and_the_run_resumes_exactly(tmp_path, instant):
     assert_consistent(run_dir)
     reference = fit(tiny(tmp_path / "reference", f"train.epochs={reached + 1}")).run_dir
     assert_same_run(reference, run_dir, reached + 1)
+
+
+def test_an_interrupt_just_after_the_commit_point_keeps_the_committed_epoch(tmp_path, monkeypatch):
+    """The window the test above can land in: Ctrl-C in the directory fsync right after ``state.json`` was
+    replaced. The epoch is committed then; its staged files must survive the interruption for ``--resume`` to
+    put in place (they used to be removed with the uncommitted ones, leaving state.json naming nothing)."""
+    import os
+
+    import kdcollapse.runs._atomic as atomic
+
+    straight = fit(tiny(tmp_path / "straight", "train.epochs=2")).run_dir
+    run_dir = fit(tiny(tmp_path / "run", "train.epochs=1")).run_dir
+    real_replace, real_fsync, last = os.replace, atomic.fsync_dir, {}
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        last["name"] = Path(dst).name
+
+    def fsync_dir(path):
+        if last.pop("name", None) == "state.json":
+            raise KeyboardInterrupt
+        real_fsync(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", replace)
+        m.setattr(atomic, "fsync_dir", fsync_dir)
+        with pytest.raises(KeyboardInterrupt):
+            resume(run_dir, 2)
+    assert weights(run_dir, "checkpoint.safetensors")[1]["epoch"] == 1  # not yet renamed into place
+    resume(run_dir, 2)  # puts the committed epoch in place; trains nothing more
+    assert_consistent(run_dir)
+    assert_same_run(straight, run_dir, 2)
