@@ -44,7 +44,7 @@ class TeacherLogits:
     logits: Tensor
 
     def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
-        return F.log_softmax(_upcast(self.logits[rows, :vocab]) / temperature, -1)
+        return F.log_softmax(_scaled(_upcast(self.logits[rows, :vocab]), temperature), -1)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class TeacherHead:
 
     def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
         logits = self.hidden[rows] @ self.weight[:vocab].T
-        return F.log_softmax(_upcast(logits) / temperature, -1)
+        return F.log_softmax(_scaled(_upcast(logits), temperature), -1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,12 @@ class TopKTeacher:
 def _upcast(x: Tensor) -> Tensor:
     """float32 for half precision, float64 kept."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _scaled(z: Tensor, temperature: float) -> Tensor:
+    """``z / temperature``; at τ = 1 ``z`` itself (the same values: no pass over an (N, V) chunk, forward or
+    backward)."""
+    return z if temperature == 1 else z / temperature
 
 
 Teacher = TeacherLogits | TeacherHead | TopKTeacher
@@ -191,7 +197,7 @@ class _FusedHead(torch.autograd.Function):
             h = hidden[span]
             with torch.enable_grad():
                 z = _upcast(h @ weight.T).detach().requires_grad_()
-                log_q = F.log_softmax(z / temperature, -1)
+                log_q = F.log_softmax(_scaled(z, temperature), -1)
                 values = torch.zeros(len(z), dtype=z.dtype)
                 target = None if labels is None else torch.where(kept, labels[span], 0).long()
                 if distill_weight:
