@@ -123,7 +123,10 @@ class LMTrainer:
         else:
             teacher = self.task.teacher.model
             self.student_layers = lm.select_layers(teacher, init, self.task.train)
-            model = lm.student_from_teacher(teacher, self.student_layers).train()
+            model = lm.student_from_teacher(teacher, self.student_layers)
+            if init.width is not None:  # Minitron's width pruning of the kept layers, on the same calibration blocks
+                model = lm.prune_width(model, dict(init.width), self.task.train[:init.calibration_blocks])[0]
+            model = model.train()
         self.lora = LoraStudent(model, lora_section) if lora_section is not None else None
         return self.lora.model.train() if self.lora else model
 
@@ -179,7 +182,9 @@ class LMTrainer:
                                     "parameters_per_process": self.sharded.local_parameters()}
                                    if self.sharded else {})},
                 "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
-                **({"student_layers": self.student_layers} if self.student_layers is not None else {})})
+                **({"student_layers": self.student_layers} if self.student_layers is not None else {}),
+                **({"student_width": dict(self.cfg.student_init.width)}
+                   if self.cfg.student_init is not None and self.cfg.student_init.width else {})})
 
     def release_run_dir(self) -> None:
         if self.run_files is not None:
