@@ -19,6 +19,7 @@ from typing import Literal
 from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.losses.cross_tokenizer import LOSSES as CROSS_TOKENIZER_LOSSES
 from kdcollapse.losses.llm import token_divergences
 from kdcollapse.lm import check_lora_targets, split_student
 
@@ -61,19 +62,28 @@ class _LossBase:
         """The set (non-null) divergence parameters, by name (the declaration's defaults fill the rest)."""
         return {key: getattr(self, key) for key in divergence_parameters() if getattr(self, key) is not None}
 
+    @property
+    def cross_tokenizer(self) -> bool:
+        """Whether the divergence compares two tokenizers' distributions (ULD, GOLD: ``student_tokenizer``)."""
+        return self.divergence in CROSS_TOKENIZER_LOSSES
+
     def __post_init__(self):
         divergences = token_divergences()
-        if self.divergence != "none" and self.divergence not in divergences:
-            raise ConfigError(f"loss.divergence must be one of none, {', '.join(sorted(divergences, key=_plain_first))}; "
-                              f"got {self.divergence!r}")
+        if self.divergence != "none" and self.divergence not in divergences and not self.cross_tokenizer:
+            raise ConfigError(f"loss.divergence must be one of none, {', '.join(sorted(divergences, key=_plain_first))}, "
+                              f"{', '.join(CROSS_TOKENIZER_LOSSES)} (across tokenizers); got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
         for key, value in self.parameters().items():
-            takes = divergence_parameters()[key]
+            takes = [*divergence_parameters()[key], *(["gold"] if key == "beta" else [])]
             if self.divergence not in takes:
                 raise ConfigError(f"loss.{key}={value!r}: loss.divergence={self.divergence} takes no {key} (only "
                                   f"{', '.join(takes)} do); remove loss.{key}")
-        if self.divergence != "none":
+        if self.divergence == "gold" and self.beta is not None and not (
+                isinstance(self.beta, (int, float)) and 0 <= self.beta <= 1):
+            raise ConfigError(f"loss.beta of gold (its JSD on the shared tokens) must be a number in [0, 1], got "
+                              f"{self.beta!r}")
+        if self.divergence != "none" and not self.cross_tokenizer:
             try:  # its parameters' ranges, before the teacher loads
                 divergences[self.divergence].divergence.bind(self.divergence, self.parameters())
             except KdcollapseError as err:
@@ -123,6 +133,23 @@ class GenerationSection:
 
 
 @dataclass
+class CrossTokenizerSection:
+    """How ULD and GOLD (``loss.divergence=uld | gold`` with ``student_tokenizer``) compare the two tokenizations
+    of one text (:mod:`kdcollapse.losses.cross_tokenizer`): ``merge`` turns a group of tokens covering the same
+    bytes into one distribution (bayesian: at the group's last token, times the probabilities of its earlier
+    tokens; observed: TRL's default); GOLD's weights of its matched (JSD) and unmatched (ULD) parts, null: the
+    shared tokens' share of the teacher's vocabulary and the rest."""
+
+    merge: Literal["bayesian", "observed"] = "bayesian"
+    matched_weight: float | None = None
+    unmatched_weight: float | None = None
+
+    @property
+    def weights(self) -> tuple[float, float] | None:
+        return None if self.matched_weight is None else (self.matched_weight, self.unmatched_weight)
+
+
+@dataclass
 class DistributedSection:
     """How ``torchrun`` processes share the student: ``ddp`` (each holds all of it; gradients all-reduced)
     or ``fsdp`` (FSDP2, ``fully_shard`` of each decoder layer: parameters, gradients and AdamW state split)."""
@@ -156,6 +183,9 @@ class LMConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
+    student_tokenizer: str | None = None  # null: the teacher's; a tokenizer or model directory, or a .gguf file:
+    # distillation across tokenizers (loss.divergence=uld | gold, the teacher online)
+    cross_tokenizer: CrossTokenizerSection = field(default_factory=CrossTokenizerSection)
     eval_every: int = 50  # steps between evaluations and checkpoints (commits)
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
     precision: Literal["float32", "bf16"] = "float32"  # bf16: autocast of the student's body
@@ -211,6 +241,50 @@ class LMConfig:
             raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
                               f"one (data.source takes text folders too)")
         self._check_generation()
+        self._check_cross_tokenizer(init)
+
+    def _check_cross_tokenizer(self, init) -> None:
+        """``student_tokenizer`` and the ULD / GOLD divergences come together; what they cannot take is refused."""
+        cross, divergence = self.cross_tokenizer, self.loss.divergence
+        if cross.merge not in ("bayesian", "observed"):
+            raise ConfigError(f"cross_tokenizer.merge must be bayesian or observed, got {cross.merge!r}")
+        if (cross.matched_weight is None) != (cross.unmatched_weight is None):
+            raise ConfigError("cross_tokenizer.matched_weight and cross_tokenizer.unmatched_weight come together: "
+                              "give both or neither (null: the shared tokens' share of the teacher's vocabulary)")
+        for key in ("matched_weight", "unmatched_weight"):
+            if getattr(cross, key) is not None:
+                check_number(f"cross_tokenizer.{key}", getattr(cross, key))
+        if self.student_tokenizer is None:
+            if self.loss.cross_tokenizer:
+                raise ConfigError(f"loss.divergence={divergence} compares two tokenizers' distributions: set "
+                                  f"student_tokenizer (a tokenizer directory or .gguf), or choose a divergence of one "
+                                  f"vocabulary")
+            if cross != CrossTokenizerSection():
+                raise ConfigError("the cross_tokenizer section applies only with student_tokenizer (distillation "
+                                  "across tokenizers); remove it")
+            return
+        if not isinstance(self.student_tokenizer, str) or not self.student_tokenizer:
+            raise ConfigError(f"student_tokenizer must be a path or null (the teacher's), got {self.student_tokenizer!r}")
+        if divergence != "none" and not self.loss.cross_tokenizer:
+            raise ConfigError(f"loss.divergence={divergence} compares distributions over one vocabulary; the "
+                              f"student_tokenizer's differs from the teacher's: choose loss.divergence="
+                              f"{' or '.join(CROSS_TOKENIZER_LOSSES)} (or none)")
+        if divergence != "gold" and cross.matched_weight is not None:
+            raise ConfigError("cross_tokenizer.matched_weight and unmatched_weight weigh GOLD's parts: set "
+                              "loss.divergence=gold or remove them")
+        refused = (("teacher_k", self.teacher_k is not None, f"teacher_k={self.teacher_k}: stored teacher tokens "
+                    "are the teacher's positions of its own tokenization; set teacher_k=null (the teacher runs online)"),
+                   ("init", init is not None, "student.init copies the teacher's embeddings and head, which are of the "
+                    "teacher's vocabulary; build the student from a transformers config"),
+                   ("generation", self.generation.enabled, "generation.lmbda and generation.seq_kd (sampled blocks)"
+                    " are not in this version's distillation across tokenizers; remove them"),
+                   ("fsdp", self.distributed.strategy == "fsdp", "distributed.strategy=fsdp is not in this version's"
+                    " distillation across tokenizers; use distributed.strategy=ddp"),
+                   ("chat", self.data.format == "chat", "data.format=chat: each tokenizer renders a conversation "
+                    "with its own chat template, so the texts differ; give prompt/completion strings"))
+        for _, bad, message in refused:
+            if bad:
+                raise ConfigError(f"with student_tokenizer ({self.student_tokenizer}), {message}")
 
     @property
     def student_init(self) -> lm.StudentInit | None:

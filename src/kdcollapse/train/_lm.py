@@ -36,9 +36,10 @@ from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_
                              read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
                              update_run_record)
 from kdcollapse.train._fsdp import Sharded, decoder_layers
+from kdcollapse.train._lm_cross import lm_task
 from kdcollapse.train._lm_task import LMTask
 
-__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format"]
+__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format", "teacher_comparison"]
 
 OLD_FORMAT = "kdcollapse.lm_checkpoint"
 
@@ -104,7 +105,7 @@ class LMTrainer:
 
     def setup_data(self) -> LMTask:
         """The task's blocks and teacher tokens: caches filled once, by the main process, then read by all."""
-        task = LMTask(self.cfg, self.dist.rank, self.dist.world_size)
+        task = lm_task(self.cfg, self.dist.rank, self.dist.world_size)
         on_main_process(self.dist.is_main, task.prepare, "the main process could not prepare the corpus or the "
                         "teacher tokens")
         if not self.dist.is_main:
@@ -293,10 +294,18 @@ class LMTrainer:
             self.run_files.commit(step, {"checkpoint.safetensors": (tensors, meta)}, self.metrics.files())
             self.metrics.committed()
             self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "
-                          f"perplexity {record['validation_perplexity']:.2f}, agreement "
-                          f"{record['validation_agreement']:.3f}")
+                          f"perplexity {record['validation_perplexity']:.2f}, {teacher_comparison(record, 'validation')}")
 
         on_main_process(self.dist.is_main, write, f"the main process could not evaluate or save step {step}")
+
+
+def teacher_comparison(record: dict, split: str) -> str:
+    """How a record compares the student with the teacher: agreement (one tokenizer) or, across tokenizers,
+    perplexity per byte beside the teacher's (token perplexities of two tokenizers do not compare)."""
+    if f"{split}_agreement" in record:
+        return f"agreement with the teacher {record[f'{split}_agreement']:.3f}"
+    return (f"perplexity per byte {record[f'{split}_byte_perplexity']:.4f} (teacher "
+            f"{record[f'{split}_teacher_byte_perplexity']:.4f})")
 
 
 def save_student(student, tokenizer, directory: Path) -> None:
