@@ -141,10 +141,10 @@ def paired_blocks(student_tokenizer: Any, teacher_tokenizer: Any, examples: Sequ
             segments = _segments(example, loss_on)
             student, teacher = _tokenize(student_tokenizer, segments), _tokenize(teacher_tokenizer, segments)
             cuts = _rows(*align_offsets(student[2], teacher[2]), block_size)
+            if layout == "pad":  # the example's first row, where it starts
+                truncated += len(cuts) > 1
+                cuts = cuts[:1]
             kept = [c for c in cuts if any(student[1][c[0] + 1:c[1]]) and any(teacher[1][c[2] + 1:c[3]])]
-            if layout == "pad" and kept:
-                truncated += len(cuts) > 1 or kept[0] != cuts[0]
-                kept = kept[:1]
             chosen += bool(kept)
             for s_lo, s_hi, t_lo, t_hi in kept:
                 for role, tokens, lo, hi in (("student", student, s_lo, s_hi), ("teacher", teacher, t_lo, t_hi)):
