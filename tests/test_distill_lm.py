@@ -121,8 +121,10 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
 
 
 @pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.beta=0.5", "generation.lmbda=0.5"],
-                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
-                         ids=["on_policy", "seq_kd"])
+                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"],
+                                       ["loss.divergence=distillm2", "generation.seq_kd=true", "generation.lmbda=0.5",
+                                        "teacher_k=null", "loss.alpha=0.2"]],
+                         ids=["on_policy", "seq_kd", "distillm2"])
 def test_sampled_runs_resume_bit_for_bit(setup, overrides):
     root, options = setup
     name = overrides[-1].split(".")[1].split("=")[0]

@@ -20,6 +20,7 @@ from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses.cross_tokenizer import LOSSES as CROSS_TOKENIZER_LOSSES
+from kdcollapse.losses.distillm2 import check_skew
 from kdcollapse.losses.llm import token_divergences
 from kdcollapse.lm import check_lora_targets, split_student
 
@@ -28,6 +29,7 @@ SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 7
                "tie_word_embeddings": True}  # 15,730,944 parameters with SmolLM2's 49,152 tokens (12.6 M of them embeddings)
 
 LM_TASK = "lm"
+DISTILLM2 = "distillm2"  # DistiLLM-2's objective: a loss of two divergences over paired responses
 
 
 def check_number(key: str, value, *, positive: bool = False) -> None:
@@ -63,19 +65,26 @@ class _LossBase:
         return {key: getattr(self, key) for key in divergence_parameters() if getattr(self, key) is not None}
 
     @property
+    def pairs_responses(self) -> bool:
+        """DistiLLM-2's objective: the teacher's and the student's responses to the same prompts, each half with
+        its own divergence (``generation.seq_kd`` and ``generation.lmbda=0.5``; ``train/_lm_task.py``)."""
+        return self.divergence == DISTILLM2
+
+    @property
     def cross_tokenizer(self) -> bool:
         """Whether the divergence compares two tokenizers' distributions (ULD, GOLD: ``student_tokenizer``)."""
         return self.divergence in CROSS_TOKENIZER_LOSSES
 
     def __post_init__(self):
         divergences = token_divergences()
-        if self.divergence != "none" and self.divergence not in divergences and not self.cross_tokenizer:
+        if self.divergence not in ("none", DISTILLM2) and self.divergence not in divergences and not self.cross_tokenizer:
             raise ConfigError(f"loss.divergence must be one of none, {', '.join(sorted(divergences, key=_plain_first))}, "
-                              f"{', '.join(CROSS_TOKENIZER_LOSSES)} (across tokenizers); got {self.divergence!r}")
+                              f"{DISTILLM2} (teacher and student responses), {', '.join(CROSS_TOKENIZER_LOSSES)} "
+                              f"(across tokenizers); got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
         for key, value in self.parameters().items():
-            takes = [*divergence_parameters()[key], *(["gold"] if key == "beta" else [])]
+            takes = [*divergence_parameters()[key], *{"beta": ["gold"], "alpha": [DISTILLM2]}.get(key, [])]
             if self.divergence not in takes:
                 raise ConfigError(f"loss.{key}={value!r}: loss.divergence={self.divergence} takes no {key} (only "
                                   f"{', '.join(takes)} do); remove loss.{key}")
@@ -83,7 +92,12 @@ class _LossBase:
                 isinstance(self.beta, (int, float)) and 0 <= self.beta <= 1):
             raise ConfigError(f"loss.beta of gold (its JSD on the shared tokens) must be a number in [0, 1], got "
                               f"{self.beta!r}")
-        if self.divergence != "none" and not self.cross_tokenizer:
+        if self.pairs_responses:
+            try:
+                check_skew(self.alpha)
+            except KdcollapseError as err:
+                raise ConfigError(f"loss.{err}") from None
+        elif self.divergence != "none" and not self.cross_tokenizer:
             try:  # its parameters' ranges, before the teacher loads
                 divergences[self.divergence].divergence.bind(self.divergence, self.parameters())
             except KdcollapseError as err:
@@ -306,6 +320,10 @@ class LMConfig:
         if abs(on_policy - round(on_policy)) > 1e-9:
             raise ConfigError(f"generation.lmbda x batch_size must be a whole number of blocks, got "
                               f"{gen.lmbda} x {self.batch_size} = {on_policy:g}")
+        if self.loss.pairs_responses and not (gen.seq_kd and gen.lmbda == 0.5):
+            raise ConfigError(f"loss.divergence={DISTILLM2} scores the teacher's and the student's responses to the "
+                              f"same prompts: set generation.seq_kd=true and generation.lmbda=0.5 (got seq_kd="
+                              f"{gen.seq_kd}, lmbda={gen.lmbda})")
         if gen.lmbda and self.loss.divergence == "none":
             raise ConfigError("generation.lmbda > 0 scores the student's samples with the teacher: choose a "
                               "loss.divergence (not none)")
