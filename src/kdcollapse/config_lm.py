@@ -245,10 +245,9 @@ class LMConfig:
         init = lm.check_student_section(model_config)
         if self.distributed.strategy not in ("ddp", "fsdp"):
             raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
-        if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
-            raise ConfigError("distributed.strategy=fsdp does not take " + (
-                "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
-                + " in this version; use distributed.strategy=ddp")
+        if self.distributed.strategy == "fsdp" and self.generation.enabled:
+            raise ConfigError("distributed.strategy=fsdp does not take generation.lmbda or generation.seq_kd "
+                              "(sampled blocks) in this version; use distributed.strategy=ddp")
         if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
             check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
         if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:

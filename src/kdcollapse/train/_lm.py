@@ -18,6 +18,7 @@ so :func:`kdcollapse.lm.load_language_model` opens it).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -132,7 +133,10 @@ class LMTrainer:
         """FSDP2 (``distributed.strategy=fsdp`` under torchrun): the student sharded layer by layer."""
         if self.cfg.distributed.strategy != "fsdp" or not self.dist.enabled:
             return None
-        return Sharded(self.student, self.dist.world_size, self.dist.is_main)
+        # a LoRA student's whole copy keeps its peft wrapper, so the export can merge the adapter
+        self.whole_lora = copy.deepcopy(self.lora.peft_model) if self.lora and self.dist.is_main else None
+        return Sharded(self.student, self.dist.world_size, self.dist.is_main,
+                       whole=self.whole_lora.get_base_model() if self.whole_lora is not None else None)
 
     def setup_optimizer(self) -> torch.optim.Optimizer:
         """AdamW on the trained parameters (a LoRA student's adapter); its learning rate is set every step by
@@ -142,6 +146,8 @@ class LMTrainer:
 
     def exported(self) -> torch.nn.Module:
         """The student saved as ``student/``: a LoRA student merged, an FSDP student's whole copy."""
+        if self.lora and self.sharded:
+            return copy.deepcopy(self.whole_lora).merge_and_unload()
         return self.lora.merged() if self.lora else self.sharded.whole if self.sharded else self.student
 
     def student_state(self) -> dict[str, torch.Tensor]:
@@ -155,7 +161,11 @@ class LMTrainer:
         if meta.get("format") != "kdcollapse.checkpoint" or meta.get("task") != "lm":
             raise CheckpointError(f"{path} is not a distill-lm checkpoint of this version")
         if self.lora:
-            self.lora.load_state_dict(split_prefix(tensors, "student."), meta, str(path))
+            trained = split_prefix(tensors, "student.")
+            if self.sharded:  # each process keeps its shard of the adapter; the whole copy all of it
+                self.sharded.load_whole(trained)
+                trained = self.sharded.shards(trained)
+            self.lora.load_state_dict(trained, meta, str(path))
         elif meta.get("student_base") is not None:
             raise CheckpointError(f"cannot resume: {path} holds a LoRA adapter but the config's student has no lora")
         elif self.sharded:
@@ -279,6 +289,8 @@ class LMTrainer:
         if self.sharded:  # a collective: the whole student and optimizer state, in the one-process format
             student, optimizer, evaluated = self.sharded.gather(), self.sharded.gather_optimizer(self.optimizer), \
                 self.sharded.whole
+            if self.lora:  # the adapter's tensors, as one process commits them
+                student = {name: student[name] for name in self.lora.trained()}
         else:
             student, optimizer, evaluated = self.student_state(), self.optimizer.state_dict(), self.student
 
