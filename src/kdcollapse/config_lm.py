@@ -291,8 +291,6 @@ class LMConfig:
                     "teacher's vocabulary; build the student from a transformers config"),
                    ("generation", self.generation.enabled, "generation.lmbda and generation.seq_kd (sampled blocks)"
                     " are not in this version's distillation across tokenizers; remove them"),
-                   ("fsdp", self.distributed.strategy == "fsdp", "distributed.strategy=fsdp is not in this version's"
-                    " distillation across tokenizers; use distributed.strategy=ddp"),
                    ("chat", self.data.format == "chat", "data.format=chat: each tokenizer renders a conversation "
                     "with its own chat template, so the texts differ; give prompt/completion strings"))
         for _, bad, message in refused:
