@@ -98,6 +98,38 @@ def test_a_tokenizer_without_byte_pieces_aligns_by_character_offsets(pair):
         assert s_last == int(t_counted.max())
 
 
+def with_bos(tokenizer):
+    """``tokenizer`` putting a ``<bos>`` token before every text, as Gemma's and Llama's do."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    bos = tokenizer.convert_tokens_to_ids("<bos>")
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return tokenizer, bos
+
+
+def test_a_teachers_beginning_of_text_token_starts_each_of_its_rows_uncounted(pair):
+    """A teacher tokenizer that puts <bos> before a text gets it at the start of every row (not counted, empty
+    span, inside block_size); the rows still hold the same bytes, and the loss runs on them."""
+    from kdcollapse.train._lm_cross import cross_tokenizer_loss
+
+    student_tok = pair[0]
+    teacher_tok, bos = with_bos(tiny_tokenizer(300))
+    assert lm.leading_specials(teacher_tok) == [bos] and lm.leading_specials(student_tok) == []
+    rows = paired(student_tok, teacher_tok, 12)
+    assert (rows.teacher.ids[:, 0] == bos).all() and not rows.teacher.targets[:, 0].any()
+    assert (rows.teacher.ids == bos).sum() == len(rows) and (rows.student.ids != bos).all()
+    for i in range(len(rows)):
+        (s_text, s_end), (t_text, t_end) = row_text(student_tok, rows.student, i), row_text(teacher_tok, rows.teacher, i)
+        assert s_text == t_text and s_end == t_end, i
+    cfg = load_lm_config(None, ["student_tokenizer=unused", "teacher_k=null", "loss.divergence=uld"])
+    student = lm.load_language_model(llama_config(len(student_tok)), tokenizer=student_tok, seed=0).model
+    teacher = lm.load_language_model(llama_config(len(teacher_tok)), tokenizer=teacher_tok, seed=1).model
+    loss = cross_tokenizer_loss(cfg, student, teacher, rows.select(torch.arange(4)), (len(student_tok), len(teacher_tok)),
+                                None)
+    assert torch.isfinite(loss) and loss > 0
+
+
 def test_chat_examples_are_refused():
     tok = tiny_tokenizer(300)
     chat = lm.Example("n1", "chat", messages=({"role": "user", "content": "hi"},))

@@ -16,7 +16,7 @@ from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example,
                                      tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
 from kdcollapse.lm._data import DataSpec, data_blocks
-from kdcollapse.lm._paired import PairedBlocks, PairedSide, paired_blocks
+from kdcollapse.lm._paired import PairedBlocks, PairedSide, leading_specials, paired_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._lora import LoraStudent, check_lora_targets, split_student
@@ -34,5 +34,5 @@ __all__ = [
     "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",
     "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
     "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
-    "LoraStudent", "check_lora_targets", "split_student", "PairedBlocks", "PairedSide", "paired_blocks",
+    "LoraStudent", "check_lora_targets", "split_student", "PairedBlocks", "PairedSide", "paired_blocks", "leading_specials",
 ]

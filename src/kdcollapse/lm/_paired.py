@@ -10,7 +10,9 @@ each side, so the student's row and the teacher's row hold the same text. Rows n
 one answer span, as the losses need). ``layout``: ``pack`` keeps every row of an example (a long document gives
 several), ``pad`` its first row only (a longer example is counted as truncated). A group longer than
 ``block_size`` on one side is dropped and the row cut there. Each side is padded on the right to ``block_size``
-with its pad token (else end-of-text), never counted; offsets are relative to the row's first byte.
+with its pad token (else end-of-text), never counted; offsets are relative to the row's first byte. A tokenizer
+that puts special tokens before a text (a beginning-of-text token: Gemma, Llama) gets them at the start of each
+of its rows, not counted and of empty span (:func:`leading_specials`; as TRL's GOLD tokenizes its prompts).
 
 A token counts (``targets``) as in the one-tokenizer data: every token of a text document, the completion and the
 end-of-text token of a prompt/completion pair (``loss_on=all``: the prompt too). Chat conversations are refused:
@@ -95,18 +97,26 @@ def _tokenize(tokenizer: Any, segments: Sequence[tuple[str, bool]]) -> tuple[lis
     return ids, counted, spans
 
 
-def _rows(s_groups: list[list[int]], t_groups: list[list[int]], block_size: int) -> list[tuple[int, int, int, int]]:
-    """(student start, stop, teacher start, stop) of each row: runs of whole groups, at most ``block_size``
-    tokens on each side (module doc)."""
+def leading_specials(tokenizer: Any) -> list[int]:
+    """The special tokens the tokenizer puts before a text (a beginning-of-text token: Gemma's, Llama's; none for
+    SmolLM's or GPT-2's), as ``tokenize_completion`` gives the prompt; a trailing end-of-text token left out."""
+    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    return ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
+
+
+def _rows(s_groups: list[list[int]], t_groups: list[list[int]], limits: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """(student start, stop, teacher start, stop) of each row: runs of whole groups, at most ``limits`` tokens
+    on each side (module doc)."""
     rows, start = [], None
     s_count = t_count = 0
+    s_limit, t_limit = limits
     for s, t in zip(s_groups, t_groups):
-        if not s or not t or len(s) > block_size or len(t) > block_size:  # no shared cut inside: drop it
+        if not s or not t or len(s) > s_limit or len(t) > t_limit:  # no shared cut inside: drop it
             if start is not None:
                 rows.append((start[0], s_end, start[1], t_end))
             start = None
             continue
-        if start is not None and (s_count + len(s) > block_size or t_count + len(t) > block_size):
+        if start is not None and (s_count + len(s) > s_limit or t_count + len(t) > t_limit):
             rows.append((start[0], s_end, start[1], t_end))
             start = None
         if start is None:
@@ -133,24 +143,36 @@ def paired_blocks(student_tokenizer: Any, teacher_tokenizer: Any, examples: Sequ
         if tokenizer.eos_token_id is None:
             raise KdcollapseError(f"the {role}'s tokenizer has no end-of-text token (eos_token_id) to end examples")
         pads[role] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prefix = {role: leading_specials(tokenizer) for role, tokenizer in sides.items()}
+    limits = (block_size - len(prefix["student"]), block_size - len(prefix["teacher"]))
+    if min(limits) < 1:
+        raise KdcollapseError(f"block_size {block_size} leaves no room after the tokenizers' leading special tokens")
     out = {}
     for split in SPLITS:
         rows = {"student": [], "teacher": []}
         chosen = truncated = 0
         for example in (e for e in examples if e.split == split):
             segments = _segments(example, loss_on)
-            student, teacher = _tokenize(student_tokenizer, segments), _tokenize(teacher_tokenizer, segments)
-            cuts = _rows(*align_offsets(student[2], teacher[2]), block_size)
+            tokens = {"student": _tokenize(student_tokenizer, segments), "teacher": _tokenize(teacher_tokenizer, segments)}
+            cuts = _rows(*align_offsets(tokens["student"][2], tokens["teacher"][2]), limits)
             if layout == "pad":  # the example's first row, where it starts
                 truncated += len(cuts) > 1
                 cuts = cuts[:1]
-            kept = [c for c in cuts if any(student[1][c[0] + 1:c[1]]) and any(teacher[1][c[2] + 1:c[3]])]
-            chosen += bool(kept)
-            for s_lo, s_hi, t_lo, t_hi in kept:
-                for role, tokens, lo, hi in (("student", student, s_lo, s_hi), ("teacher", teacher, t_lo, t_hi)):
-                    first = tokens[2][lo - 1][1] if lo else 0  # the row starts where the previous group ended
-                    rows[role].append((tokens[0][lo:hi], tokens[1][lo:hi],
-                                       [(a - first, b - first) for a, b in tokens[2][lo:hi]]))
+            made = []
+            for cut in cuts:  # each side's row: its leading special tokens (not counted), then the row's tokens
+                row = {}
+                for role, (lo, hi) in (("student", cut[:2]), ("teacher", cut[2:])):
+                    ids, counted, spans = tokens[role]
+                    first = spans[lo - 1][1] if lo else 0  # the row starts where the previous group ended
+                    head = prefix[role]
+                    row[role] = (head + ids[lo:hi], [False] * len(head) + counted[lo:hi],
+                                 [(0, 0)] * len(head) + [(a - first, b - first) for a, b in spans[lo:hi]])
+                if all(any(row[role][1][1:]) for role in sides):  # a prediction counts on both sides
+                    made.append(row)
+            chosen += bool(made)
+            for row in made:
+                for role in sides:
+                    rows[role].append(row[role])
         if rows["student"]:
             out[split] = PairedBlocks(*(_pad(rows[role], block_size, pads[role]) for role in sides), chosen, truncated)
     if "train" not in out:
