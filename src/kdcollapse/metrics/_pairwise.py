@@ -8,11 +8,12 @@ Two ways to avoid the K x K matrix, chosen per metric:
 - **Tiles** (O(K^2 d) time, O(tile^2) memory) where an entry-wise non-linearity (|.|, a quotient) forbids
   that: NC2's equiangularity (mean |cos + 1/(K-1)|) and CDNV, of the class means from one pass over their Gram
   tiles (``equiangle_and_cdnv``). Only the upper triangle of tiles is visited
-  (both kernels are symmetric), each tile is a ``tile x tile`` block in the dtype of the inputs (float64 in
-  ``collapse_metrics``), and tile sums are accumulated in float64.
+  (both kernels are symmetric), a diagonal tile halved down to ``LEAF``-row blocks (``_triangle``), each tile
+  is a ``tile x tile`` block in the dtype of the inputs (float64 in ``collapse_metrics``), and tile sums are
+  accumulated in float64.
 
-With ``tile = TILE`` = 2048 a float64 tile is 32 MiB and the few temporaries of one kernel stay under
-about 150 MiB, whatever K.
+With ``tile = TILE`` = 2048 a float64 tile is 32 MiB; ``class_mean_kernels`` keeps six tile-sized buffers
+(``_Workspace``, about 200 MiB) and reuses them for every block, whatever K.
 """
 
 from __future__ import annotations
