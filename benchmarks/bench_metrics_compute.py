@@ -92,8 +92,8 @@ def main() -> None:
           f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}; "
           f"{args.rounds} interleaved rounds, median CPU s of compute()")
     names = list(variants)
-    print("| K | d | " + " | ".join(names) + " | " + " | ".join(f"{n} / this tree" for n in names[1:])
-          + " | largest relative difference | resident with the statistics, GiB | compute()'s peak above it, GiB |")
+    print("| K | d | " + " | ".join(names) + " | " + "".join(f"{n} / this tree | " for n in names[1:])
+          + "largest relative difference | resident with the statistics, GiB | compute()'s peak above it, GiB |")
     print("|---:|---:|" + "---:|" * (2 * len(names) - 1) + "---:|---:|---:|")
     for size in args.sizes.split(","):
         num_classes, dim = (int(v) for v in size.lower().split("x"))
