@@ -1,6 +1,6 @@
 """Benchmark: ``analyze --lm`` (``analyze_tokens``) against a bare forward of the same model over the same tokens.
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_lm_analyze.py --tokens 2048 --layers all --rounds 2
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 1024 --layers all --rounds 1
     # results/benchmarks/lm_analyze.md
 
 The model is SmolLM2-135M (``kdcollapse.lm.load_language_model("smollm2-135m")``, the GGUF of the Debian-free
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--corpus", default=None, help="text folder (default: python-docs)")
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from kdcollapse.analysis import analyze_tokens, ncc_pass, token_batches, token_classes, token_pass
     from kdcollapse.analysis._tokens import resolve_layers
     from kdcollapse.lm import load_language_model, tokenize_corpus
@@ -76,11 +76,11 @@ def main() -> None:
         for layer, s in state["stats"].items():
             collapse_metrics(s, weight if layer == last else None)
 
-    statistics()
+    with torch.no_grad():  # warm-up: one batch (the phases' own first calls are in the rounds)
+        model(input_ids=batches[0]["input_ids"])
+    statistics()  # the NC4 pass and the metrics need the statistics
     timers = {"bare forward": cpu(forward), "analyze": cpu(lambda: analyze_tokens(model, batches, layers=layers)),
               "statistics pass": cpu(statistics), "NC4 pass": cpu(nearest), "metrics": cpu(metrics)}
-    for fn in timers.values():  # warm-up
-        fn()
     times = interleave(timers, args.rounds)
     base = times["bare forward"]
     print(f"CPU: {cpu_model()}, capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
