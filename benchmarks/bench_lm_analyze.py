@@ -85,7 +85,7 @@ def main() -> None:
     base = times["bare forward"]
     print(f"CPU: {cpu_model()}, capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}; SmolLM2-135M, {tokens} tokens "
-          f"({len(batches)} batches of {args.batch_size} x {args.block_size}), {len(layers)} layer(s), "
+          f"({len(batches)} batch(es), the first {tuple(batches[0]['input_ids'].shape)}), {len(layers)} layer(s), "
           f"K' = {classes.num_classes}; {args.rounds} interleaved rounds, median CPU s")
     print("| phase | CPU s | × bare forward | tokens / CPU s |")
     print("|---|---:|---:|---:|")
