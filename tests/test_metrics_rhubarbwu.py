@@ -326,6 +326,12 @@ def test_kernels_over_halved_diagonal_tiles_and_reused_buffers_equal_the_definit
     variances = np.array([((x[y == k].numpy() - means[k]) ** 2).sum(1).mean() for k in range(num)])
     assert float(mine["nc2_equiangle"]) == pytest.approx(dense_equiangle(means - means.mean(0)), rel=1e-11)
     assert float(mine["cdnv"]) == pytest.approx(dense_cdnv(means, variances), rel=1e-10)
+    # pair_mean over the same halved tiles visits each unordered pair once: the mean of i + j over i < j.
+    from kdcollapse.metrics._pairwise import pair_mean
+
+    rows = torch.arange(num, dtype=torch.float64)[:, None]
+    expected = np.mean([a + b for a in range(num) for b in range(a + 1, num)])
+    assert float(pair_mean(rows, lambda a, b: a + b.mT, tile)) == pytest.approx(expected, rel=1e-14)
 
 
 @pytest.mark.parametrize("s", [254.0, 3.0, 0.5, 0.0, -2.0])
