@@ -5,18 +5,25 @@ for record, to one that never stopped."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 
 import pytest
 import torch
 
+import kdcollapse.runs._checkpoint as checkpoint_module
 from kdcollapse import lm
+from kdcollapse.errors import CheckpointError
+from kdcollapse.train import TrainingDiverged
+from kdcollapse.train._lm_task import LMTask
 from kdcollapse.runs import load_tensors, read_metrics
 from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+from naming import raises_naming  # noqa: E402
 from test_faults import Crash, crash_at  # noqa: E402
 from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
 
@@ -76,3 +83,41 @@ def test_a_crash_at_any_write_point_of_an_lm_commit_resumes_bit_identically(opti
         run(opts, snapshot, 6, resume=True)
         assert_same_run(straight, snapshot, 6)
     assert crashed >= 6  # the checkpoint file, its renames and the metrics files, in two commits
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_an_lm_commit_says_what_the_run_directory_still_holds(options, tmp_path, monkeypatch):
+    """The run engine's commit is the image runs' one: a full disk commits nothing and says how to go on."""
+    _, opts = options
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint_module, "save_file", full)
+    with raises_naming(CheckpointError, "No space left on device", "step 2", "no committed step",
+                       "run the same command again"):
+        run(opts, tmp_path / "run", 2)
+    assert not (tmp_path / "run" / "state.json").exists()
+    monkeypatch.undo()
+    run(opts, tmp_path / "run", 2)  # the same command, space freed
+    monkeypatch.setattr(checkpoint_module, "save_file", full)
+    with raises_naming(CheckpointError, "step 4", "still holds step 2", "resume it"):
+        run(opts, tmp_path / "run", 4, resume=True)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["epoch"] == 2
+
+
+@pytest.mark.slow
+def test_a_diverged_lm_run_says_what_it_kept_as_an_image_run_does(options, tmp_path, monkeypatch):
+    """The loss made NaN (a fault injected into the task's loss): ``TrainingDiverged`` with the run engine's
+    account of the last commit, before any commit and after a resume."""
+    _, opts = options
+    real = LMTask.loss
+    monkeypatch.setattr(LMTask, "loss", lambda self, *args: real(self, *args) * float("nan"))
+    with raises_naming(TrainingDiverged, "nan", "step 1", "no step had been committed", "without --resume"):
+        run(opts, tmp_path / "run", 2)
+    monkeypatch.undo()
+    run(opts, tmp_path / "run", 2)  # the corrected command starts it again
+    monkeypatch.setattr(LMTask, "loss", lambda self, *args: real(self, *args) * float("nan"))
+    with raises_naming(TrainingDiverged, "step 3", "after step 2", str(tmp_path / "run")):
+        run(opts, tmp_path / "run", 4, resume=True)

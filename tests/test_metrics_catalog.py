@@ -58,10 +58,10 @@ def test_every_returned_key_is_catalogued_and_every_catalogued_key_returned():
     assert len({m.name for m in METRICS}) == len(METRICS)
 
 
-def _docs_tables() -> dict[str, str]:
-    """key -> paper cell, from every ``| key | definition | paper |`` table of docs/metrics.md."""
+def docs_tables(text: str | None = None) -> dict[str, str]:
+    """key -> paper cell, from every ``| key | definition | paper |`` table of ``text`` (docs/metrics.md)."""
     rows, in_table = {}, False
-    for line in DOCS.read_text().splitlines():
+    for line in (DOCS.read_text() if text is None else text).splitlines():
         if line.startswith("| key | definition | paper |"):
             in_table = True
         elif in_table and line.startswith("|") and not line.startswith("|---"):
@@ -74,7 +74,7 @@ def _docs_tables() -> dict[str, str]:
 
 
 def test_docs_list_exactly_the_catalogue_with_its_papers():
-    documented = _docs_tables()
+    documented = docs_tables()
     assert set(documented) == names()
     for key, paper in documented.items():
         assert paper == metric_info(key).paper, key

@@ -29,17 +29,17 @@ def weights(run_dir, prefix="method.") -> dict[str, torch.Tensor]:
 
 def stopped_after_epoch_2(cfg, monkeypatch) -> None:
     """Run ``cfg`` (three epochs) and stop it as a kill would, right after epoch 2 is committed."""
-    from kdcollapse.train._checkpointer import Checkpointer
+    from kdcollapse.train._engine import RunEngine
 
-    save = Checkpointer.save
+    commit = RunEngine.commit
 
-    def save_then_stop(self, epoch, *args):
-        save(self, epoch, *args)
+    def commit_then_stop(self, epoch, *args):
+        commit(self, epoch, *args)
         if epoch == 2:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(Checkpointer, "save", save_then_stop)
+        patch.setattr(RunEngine, "commit", commit_then_stop)
         with pytest.raises(KeyboardInterrupt):
             fit(cfg)
 

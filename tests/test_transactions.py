@@ -76,6 +76,69 @@ def test_a_lock_taken_over_by_a_second_process_stops_the_first(tmp_path):
     assert not (tmp_path / "run" / "state.json").exists()
 
 
+def _flock_hook(monkeypatch, operation, action):
+    """``fcntl.flock`` as the lock module calls it, running ``action(fd)`` once, at the first call with
+    ``operation`` (before the real call for ``LOCK_EX``, after it for ``LOCK_UN``): a second process acting at
+    that instant."""
+    import fcntl
+
+    from kdcollapse.runs import _lock
+
+    real, pending = fcntl.flock, [True]
+
+    def flock(fd, op):
+        if pending[0] and op & operation:
+            pending[0] = False
+            if op & fcntl.LOCK_UN:
+                real(fd, op)
+                return action(fd)
+            action(fd)
+        return real(fd, op)
+
+    monkeypatch.setattr(_lock.fcntl, "flock", flock)
+
+
+def test_a_lock_file_removed_between_open_and_lock_is_not_held(tmp_path, monkeypatch):
+    """A refused command removes the lock file it created (``release(undo=True)``) just after a second command
+    opened it: the second must hold the file now at the path, not the removed one (else a third command
+    creates and locks a new file, and two commands hold the directory)."""
+    import fcntl
+
+    from kdcollapse.runs import RunLock
+
+    first = RunLock(tmp_path, owner=False)
+    assert first.created
+    _flock_hook(monkeypatch, fcntl.LOCK_EX, lambda fd: first.release(undo=True))
+    second = RunLock(tmp_path)
+    monkeypatch.undo()
+    try:
+        second.check()  # its file is run_dir/.lock
+        with pytest.raises(CheckpointError, match=str(second.path.parent)):
+            RunLock(tmp_path)  # a third command is refused
+    finally:
+        second.release()
+
+
+def test_release_removes_the_lock_file_before_unlocking_it(tmp_path, monkeypatch):
+    """A second command that locks in the instant the first unlocks holds a file nobody removes afterwards
+    (unlocking before the removal would delete the second command's lock file under it)."""
+    import fcntl
+
+    from kdcollapse.runs import RunLock
+
+    first, taken = RunLock(tmp_path, owner=False), []
+    _flock_hook(monkeypatch, fcntl.LOCK_UN, lambda fd: taken.append(RunLock(tmp_path)))
+    first.release(undo=True)
+    monkeypatch.undo()
+    (second,) = taken
+    try:
+        second.check()
+        with pytest.raises(CheckpointError, match=str(second.path.parent)):
+            RunLock(tmp_path)
+    finally:
+        second.release()
+
+
 def test_a_refused_command_leaves_no_folder_and_no_lock(one_epoch, tmp_path):
     with pytest.raises(ConfigError, match="first training batch"):
         Trainer(tiny(tmp_path / "a" / "b" / "run", "model.kwargs={input_size: 9}"))

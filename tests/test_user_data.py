@@ -20,6 +20,7 @@ from kdcollapse.errors import CheckpointError, ConfigError, DataError
 from kdcollapse.models import create_model
 from kdcollapse.runs import Run, read_metrics
 from kdcollapse.train import fit
+from naming import raises_naming
 
 
 def garments(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +173,7 @@ def test_fit_on_a_loader_of_vectors_with_a_validation_split(tmp_path):
 
 def test_splits_must_agree_and_the_class_count_is_still_checked(tmp_path, image_data):
     train, test = image_data
-    with pytest.raises(DataError, match="test_data has 3 classes and inputs \\(6,\\).*must share both"):
+    with raises_naming(DataError, "test_data", "3 classes", "(6,)", "train_data"):
         fit(image_config(tmp_path), train_data=train, test_data=from_torch(vectors(30, 0)))
     with pytest.raises(DataError, match="give both train_data and test_data"):
         fit(image_config(tmp_path), train_data=train)

@@ -1,7 +1,9 @@
 """An exclusive lock on a run directory, so that two processes never train into the same one.
 
 ``fcntl.flock`` on ``RUN_DIR/.lock``: the kernel drops the lock when its holder exits, however it exits,
-so a lock left by a dead process never blocks. The file records who holds it, for the error message.
+so a lock left by a dead process never blocks. The file records who holds it, for the error message. A
+lock file may be removed (``release(undo=True)``), so a lock counts only on the file still at the path: the
+remover unlinks before it unlocks, and a locker checks after locking that its file is still the path's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from kdcollapse.errors import CheckpointError
 
 LOCK_FILE = ".lock"
+ATTEMPTS = 10  # of locking the file at the path, each time its holder removed it in between
 
 
 class RunLock:
@@ -29,20 +32,37 @@ class RunLock:
 
     def __init__(self, run_dir: Path, *, owner: bool = True):
         self.path = Path(run_dir) / LOCK_FILE
-        self.created = not self.path.exists()
-        self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip()
+        for _ in range(ATTEMPTS):
+            self.created = not self.path.exists()
+            self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+            try:
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._file.seek(0)
+                holder = self._file.read().strip()
+                self._file.close()
+                raise CheckpointError(
+                    f"{run_dir} is in use by another process ({_describe(holder)}); wait for it to finish or "
+                    "choose another run_dir"
+                ) from None
+            if self._holds_path():
+                break
+            # Its holder removed the file (release(undo=True)) between our open and our lock: what we hold is
+            # no lock anyone else sees. Lock the file now at the path instead.
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
-            raise CheckpointError(
-                f"{run_dir} is in use by another process ({_describe(holder)}); wait for it to finish or "
-                "choose another run_dir"
-            ) from None
+        else:
+            raise CheckpointError(f"{self.path} was removed {ATTEMPTS} times while this process was locking it; "
+                                  "another program keeps deleting it: stop it, or choose another run_dir")
         if owner:
             self.write_owner()
+
+    def _holds_path(self) -> bool:
+        """Whether the file this process opened is still ``run_dir/.lock`` (not deleted or replaced)."""
+        try:
+            return os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            return False
 
     def write_owner(self) -> None:
         """Record this process as the holder (pid, host, command, time)."""
@@ -54,17 +74,18 @@ class RunLock:
 
     def check(self) -> None:
         """Raise if the lock file this process holds is no longer ``run_dir/.lock`` (deleted or replaced)."""
-        try:
-            same = os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path))
-        except FileNotFoundError:
-            same = False
-        if not same:
+        if not self._holds_path():
             raise CheckpointError(f"{self.path} was removed or replaced while this process held it, so another "
                                   "process may be writing this run; stopped before the next commit (resume "
                                   "once the other process has finished)")
 
     def release(self, *, undo: bool = False) -> None:
-        """Unlock; ``undo``: also remove the lock file if this lock created it (a refused command)."""
+        """Unlock; ``undo``: also remove the lock file if this lock created it (a refused command).
+
+        The file is removed while still locked, then unlocked: a process that opened it meanwhile locks it only
+        after the removal, and ``__init__`` sees that its file is no longer the path's. Unlocking first would
+        let that process lock the file and check it in the moment before the removal, and then share the
+        directory with the next process, which creates and locks a new file."""
         if not self._file.closed:
             if undo and self.created:
                 self.path.unlink(missing_ok=True)

