@@ -58,8 +58,8 @@ def with_provenance(rel: Path, text: str) -> str:
 def recipes() -> dict[Path, str]:
     """Every generated recipe: path relative to configs/ -> file text."""
     dhkd, baselines, features, logit, fmnist = tables.values()
-    out = (dhkd.cifar_recipes() | dhkd.imagenet_recipes() | baselines.baseline_recipes() | fmnist.fmnist_recipes()
-           | fmnist.pairs_recipes() | logit.logit_recipes() | features.feature_recipes()
+    out = (dhkd.cifar_teachers() | dhkd.imagenet_teachers() | dhkd.student_recipes() | baselines.baseline_recipes()
+           | fmnist.fmnist_recipes() | fmnist.pairs_recipes() | logit.logit_recipes() | features.feature_recipes()
            | fmnist.fmnist_feature_recipes())
     return {rel: with_provenance(rel, text) for rel, text in out.items()}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import Pair, after_stem, cifar_common, imagenet_common, order, per_gpu, render, student_lr
+from .common import Pair, after_stem, student_recipe, student_solver
 from .dhkd_tables import CIFAR_PAIRS, IMAGENET_PAIRS
 
 # Recipes named by the row they reproduce: method -> {teacher_student stem: published top-1 (%)}, with the source of the numbers.
@@ -85,27 +85,16 @@ def baseline_notes(method: str, dataset: str) -> list[str]:
 
 def baseline_recipes() -> dict[Path, str]:
     out = {}
-    for method, (numbers, source) in BASELINES_CIFAR.items():
-        for pair in CIFAR_PAIRS:
-            stem = f"{pair.teacher}_{pair.student}"
-            if stem not in numbers:
-                continue
-            body = cifar_common(pair.student, f"runs/cifar100/{method}/{stem}", student_lr(pair.student))
-            body["method"] = baseline_method(method, "cifar100", pair)
-            body["teacher"] = {"checkpoint": f"runs/cifar100/teacher_{pair.teacher}"}
-            header = [baseline_reproduces("CIFAR-100", method, pair, numbers[stem], source),
-                      *baseline_notes(method, "cifar100"),
-                      f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
-            out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
-    for method, (numbers, source) in BASELINES_IMAGENET.items():
-        for pair in IMAGENET_PAIRS:
-            stem = f"{pair.teacher}_{pair.student}"
-            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}", method)
-            body["method"] = baseline_method(method, "imagenet", pair)
-            body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
-            header = [baseline_reproduces("ImageNet", method, pair, numbers[stem], source),
-                      *baseline_notes(method, "imagenet"),
-                      f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
-                      f"{stem}.yaml data.batch_size={per_gpu(body)}"]
-            out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
+    for area, dataset, pairs, table in (("cifar100", "CIFAR-100", CIFAR_PAIRS, BASELINES_CIFAR),
+                                        ("imagenet", "ImageNet", IMAGENET_PAIRS, BASELINES_IMAGENET)):
+        for method, (numbers, source) in table.items():
+            for pair in pairs:
+                stem = f"{pair.teacher}_{pair.student}"
+                if stem not in numbers:
+                    continue
+                body = student_solver(area, pair.student, f"runs/{area}/{method}/{stem}", method)
+                body["method"] = baseline_method(method, area, pair)
+                header = [baseline_reproduces(dataset, method, pair, numbers[stem], source),
+                          *baseline_notes(method, area)]
+                out |= student_recipe(area, method, pair.teacher, pair.student, body, header)
     return out

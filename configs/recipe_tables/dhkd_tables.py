@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import Pair, cifar_common, imagenet_common, order, per_gpu, render, student_lr
+from .common import Pair, cifar_common, imagenet_common, order, per_gpu, render, student_recipe, student_solver
 
 METHODS = ("kd", "dkd", "dhkd", "ikl_kd")
 
@@ -58,7 +58,7 @@ def cifar_method(method: str, pair: Pair) -> dict:
             "weight_temperature": 100.0, "ce_weight": 1.0, "warmup_epochs": 20}
 
 
-def cifar_recipes() -> dict[Path, str]:
+def cifar_teachers() -> dict[Path, str]:
     out = {}
     for name, acc in CIFAR_TEACHERS.items():
         body = cifar_common(name, f"runs/cifar100/teacher_{name}", 0.05)
@@ -69,15 +69,6 @@ def cifar_recipes() -> dict[Path, str]:
                   f"kdcollapse models convert --from mdistiller --model {name} CKPT.pth "
                   f"runs/cifar100/teacher_{name}/model.safetensors"]
         out[Path("cifar100/teachers") / f"{name}.yaml"] = render(header, order(body))
-    for pair in CIFAR_PAIRS:
-        for method in METHODS:
-            stem = f"{pair.teacher}_{pair.student}"
-            body = cifar_common(pair.student, f"runs/cifar100/{method}/{stem}", student_lr(pair.student))
-            body["method"] = cifar_method(method, pair)
-            body["teacher"] = {"checkpoint": f"runs/cifar100/teacher_{pair.teacher}"}
-            header = [reproduces("CIFAR-100", method, pair), *notes(method, pair, "cifar100"),
-                      f"kdcollapse distill --config configs/cifar100/{method}/{stem}.yaml --seeds 0,1,2"]
-            out[Path("cifar100") / method / f"{stem}.yaml"] = render(header, order(body))
     return out
 
 
@@ -120,7 +111,7 @@ def imagenet_method(method: str, pair: Pair) -> dict:
             "weight_temperature": 1.0, "ce_weight": 1.0, "warmup_epochs": 1}
 
 
-def imagenet_recipes() -> dict[Path, str]:
+def imagenet_teachers() -> dict[Path, str]:
     out = {}
     for name, acc in IMAGENET_TEACHERS.items():
         body = imagenet_common(name, f"runs/imagenet/teacher_{name}")
@@ -129,14 +120,18 @@ def imagenet_recipes() -> dict[Path, str]:
                   f"torchrun --nproc_per_node=8 -m kdcollapse train --config configs/imagenet/teachers/{name}.yaml "
                   f"data.batch_size={per_gpu(body)}"]
         out[Path("imagenet/teachers") / f"{name}.yaml"] = render(header, order(body))
-    for pair in IMAGENET_PAIRS:
-        for method in METHODS:
-            stem = f"{pair.teacher}_{pair.student}"
-            body = imagenet_common(pair.student, f"runs/imagenet/{method}/{stem}", method)
-            body["method"] = imagenet_method(method, pair)
-            body["teacher"] = {"checkpoint": f"runs/imagenet/teacher_{pair.teacher}"}
-            header = [reproduces("ImageNet", method, pair), *notes(method, pair, "imagenet"),
-                      f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{method}/"
-                      f"{stem}.yaml data.batch_size={per_gpu(body)}"]
-            out[Path("imagenet") / method / f"{stem}.yaml"] = render(header, order(body))
+    return out
+
+
+def student_recipes() -> dict[Path, str]:
+    """KD, DKD, DHKD and IKL-KD on every CIFAR-100 and ImageNet pair."""
+    out = {}
+    for area, dataset, pairs, section in (("cifar100", "CIFAR-100", CIFAR_PAIRS, cifar_method),
+                                          ("imagenet", "ImageNet", IMAGENET_PAIRS, imagenet_method)):
+        for pair in pairs:
+            for method in METHODS:
+                body = student_solver(area, pair.student, f"runs/{area}/{method}/{pair.teacher}_{pair.student}", method)
+                body["method"] = section(method, pair)
+                header = [reproduces(dataset, method, pair), *notes(method, pair, area)]
+                out |= student_recipe(area, method, pair.teacher, pair.student, body, header)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import Pair, after_stem, cifar_common, imagenet_common, order, per_gpu, render, student_lr
+from .common import Pair, after_stem, student_recipe, student_solver
 from .dhkd_tables import CIFAR_PAIRS, IMAGENET_PAIRS
 
 # Published top-1 (%): CRD and ReviewKD from DHKD Tables 1-4 (the DKL paper's Tables 3 and 5 give the same
@@ -74,19 +74,11 @@ def feature_recipes() -> dict[Path, str]:
             for method, rows in FEATURE_PAPER.items():
                 if (pair.teacher, pair.student) not in rows:
                     continue
-                stem = f"{pair.teacher}_{pair.student}"
-                run_dir = f"runs/{area}/{method}/{stem}"
-                if area == "cifar100":
-                    body = cifar_common(pair.student, run_dir, student_lr(pair.student))
-                    command = f"kdcollapse distill --config configs/{area}/{method}/{stem}.yaml --seeds 0,1,2"
-                else:
-                    body = imagenet_common(pair.student, run_dir, method)
-                    command = (f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/{area}/{method}/"
-                               f"{stem}.yaml data.batch_size={per_gpu(body)}")
+                run_dir = f"runs/{area}/{method}/{pair.teacher}_{pair.student}"
+                body = student_solver(area, pair.student, run_dir, method)
                 body["method"] = feature_method(method, pair, area)
-                body["teacher"] = {"checkpoint": f"runs/{area}/teacher_{pair.teacher}"}
-                header = [feature_header(method, pair, dataset), *feature_notes(method, pair, area), command]
-                out[Path(area) / method / f"{stem}.yaml"] = render(header, order(body))
+                header = [feature_header(method, pair, dataset), *feature_notes(method, pair, area)]
+                out |= student_recipe(area, method, pair.teacher, pair.student, body, header)
     return out
 
 

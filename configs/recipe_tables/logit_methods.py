@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from .common import ROOT, cifar_common, imagenet_common, order, per_gpu, render
+from .common import ROOT, cifar_common, imagenet_common, order, render, student_recipe
 
 # (method file stem, paper, method section); "_ls": with logit standardization at the authors' base
 # temperature 2 and KD weight 9 (sunshangquan/logit-standardization-KD, tools/train.py --logit-stand).
@@ -91,22 +91,19 @@ def logit_recipes() -> dict[Path, str]:
             body = cifar_common(student, f"runs/cifar100/{stem}/{teacher}_{student}", lr)
             if stem == "mlkd_ls":  # the logit-standardization repository's MLKD config trains 480 epochs
                 body["train"] = {"epochs": 480}
-            body["method"], body["teacher"] = dict(method), {"checkpoint": f"runs/cifar100/teacher_{teacher}"}
+            body["method"] = dict(method)
             header = [f"Reproduces: {stem} {teacher} -> {student} on CIFAR-100: {number:.2f} % top-1 ({source}).",
-                      LOGIT_NOTES[stem],
-                      f"kdcollapse distill --config configs/cifar100/{stem}/{teacher}_{student}.yaml --seeds 0,1,2"]
-            out[Path("cifar100") / stem / f"{teacher}_{student}.yaml"] = render(header, order(body))
+                      LOGIT_NOTES[stem]]
+            out |= student_recipe("cifar100", stem, teacher, student, body, header)
     for stem, (source, method, rows, note) in LOGIT_IMAGENET.items():
         for (teacher, student), number in rows.items():
             body = imagenet_common(student, f"runs/imagenet/{stem}/{teacher}_{student}", stem)
             if stem == "ctkd":
                 body["train"], body["schedule"]["milestones"] = {"epochs": 120}, [30, 60, 90]
-            body["method"], body["teacher"] = dict(method), {"checkpoint": f"runs/imagenet/teacher_{teacher}"}
+            body["method"] = dict(method)
             result = f"{number:.2f} % top-1 ({source})" if number is not None else f"no number ({source})"
-            header = [f"Reproduces: {stem} {teacher} -> {student} on ImageNet: {result}.", note,
-                      f"torchrun --nproc_per_node=8 -m kdcollapse distill --config configs/imagenet/{stem}/"
-                      f"{teacher}_{student}.yaml data.batch_size={per_gpu(body)}"]
-            out[Path("imagenet") / stem / f"{teacher}_{student}.yaml"] = render(header, order(body))
+            header = [f"Reproduces: {stem} {teacher} -> {student} on ImageNet: {result}.", note]
+            out |= student_recipe("imagenet", stem, teacher, student, body, header)
     for area, prefix, title in (("fashion_mnist", "fmnist", "Fashion-MNIST"),
                                 ("fashion_mnist_pairs", "fmnist_pairs", "Fashion-MNIST pairs (100 classes)")):
         base = yaml.safe_load((ROOT / area / "teacher.yaml").read_text())
