@@ -7,6 +7,7 @@ _EXAMPLES = """examples:
   kdcollapse models list 'resnet*' --classes 10
   kdcollapse models list wrn_40_2 --in-channels 1
   kdcollapse models convert --from mdistiller --model resnet32x4 ckpt_epoch_240.pth resnet32x4.safetensors
+  kdcollapse models convert --from mdistiller cifar_teachers.tar runs/cifar100   # every teacher_<model>/ of the tar
 """
 
 
@@ -27,12 +28,18 @@ def register(subparsers) -> None:
     c = actions.add_parser("convert", help="community weights (mdistiller/CRD, timm) into a zoo model file",
                            description="Convert a .pth/.pt state dict (read with weights_only=True) of the "
                            "mdistiller/CRD CIFAR layout or timm's ImageNet ResNets into a zoo model file; use it "
-                           "as teacher.checkpoint=OUT.", formatter_class=HelpFormatter)
+                           "as teacher.checkpoint=OUT. From mdistiller's released cifar_teachers.tar (--from "
+                           "mdistiller, INPUT a .tar): every teacher in it (or the --model one) into "
+                           "OUTPUT/teacher_<model>/model.safetensors, read in memory, nothing extracted; with "
+                           "OUTPUT runs/cifar100 these are the teachers the CIFAR-100 recipes and "
+                           "studies/papers read.", formatter_class=HelpFormatter)
     c.add_argument("--from", dest="source", required=True, choices=["mdistiller", "timm"],
                    help="the weights' layout (mdistiller also covers CRD's cifar_teachers)")
-    c.add_argument("--model", required=True, help="the zoo's name of the architecture, e.g. resnet32x4")
-    c.add_argument("input", help="the community weights (.pth, .pt or .safetensors)")
-    c.add_argument("output", help="the zoo model file to write (.safetensors)")
+    c.add_argument("--model", help="the zoo's name of the architecture, e.g. resnet32x4 (required but for a .tar, "
+                   "where it picks one teacher)")
+    c.add_argument("input", help="the community weights (.pth, .pt or .safetensors), or mdistiller's "
+                   "cifar_teachers.tar")
+    c.add_argument("output", help="the zoo model file to write (.safetensors); for a .tar, a folder")
     c.set_defaults(func=_convert)
 
 
@@ -58,10 +65,39 @@ def _convert(args) -> int:
     from kdcollapse.errors import KdcollapseError, unknown_choice
     from kdcollapse.models import list_models
 
+    if str(args.input).endswith(".tar"):
+        return _convert_archive(args)
+    if args.model is None:
+        raise KdcollapseError("--model is required (the zoo's name of the architecture, e.g. resnet32x4) unless "
+                              "INPUT is mdistiller's cifar_teachers.tar")
     if args.model not in list_models():
         raise KdcollapseError(unknown_choice("--model", args.model, list_models()))
     check_output(args.output, "OUTPUT", suffixes=(".safetensors",))
     meta = convert_weights(args.input, args.output, source=args.source, model_name=args.model)
     print(f"{args.output}: {meta['model']}, {meta['num_classes']} classes, {meta['in_channels']} input channels "
           f"(from {args.source} weights {args.input}); use teacher.checkpoint={args.output}")
+    return 0
+
+
+def _convert_archive(args) -> int:
+    from pathlib import Path
+
+    from kdcollapse.cli._common import check_output
+    from kdcollapse.errors import KdcollapseError, unknown_choice
+    from kdcollapse.models import MDISTILLER_TEACHERS
+    from kdcollapse.runs import convert_archive
+
+    if args.source != "mdistiller":
+        raise KdcollapseError(f"--from {args.source}: a .tar is read as mdistiller's cifar_teachers.tar; give "
+                              "--from mdistiller")
+    teachers = sorted(set(MDISTILLER_TEACHERS.values()))
+    if args.model is not None and args.model not in teachers:
+        raise KdcollapseError(unknown_choice("--model (a teacher of cifar_teachers.tar)", args.model, teachers))
+    if not Path(args.input).is_file():
+        raise KdcollapseError(f"no archive {args.input}")
+    check_output(args.output, "OUTPUT", folder=True)
+    written = convert_archive(args.input, args.output, models=None if args.model is None else [args.model])
+    for name, meta in written.items():
+        print(f"{Path(args.output) / f'teacher_{name}'}: {name}, {meta['num_classes']} classes "
+              f"(from {meta['source_file']})")
     return 0

@@ -18,7 +18,8 @@ from kdcollapse.errors import KdcollapseError
 from kdcollapse.models._adapter import FeatureSpec, ModuleClassifier, adapt_state_dict, as_classifier
 from kdcollapse.models._base import Classifier, FeatureInfo, evaluating, stage_indices
 from kdcollapse.models._layers import ConvClassifier, conv_bn
-from kdcollapse.models._convert import classifier_shape, convert_state_dict, input_channels, unwrap_state_dict
+from kdcollapse.models._convert import (MDISTILLER_TEACHERS, classifier_shape, convert_state_dict, input_channels,
+                                       unwrap_state_dict)
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -124,5 +125,5 @@ from kdcollapse.models import _families  # noqa: E402,F401
 __all__ = [
     "Classifier", "ConvClassifier", "conv_bn", "FeatureInfo", "stage_indices", "ModuleClassifier", "FeatureSpec", "as_classifier", "adapt_state_dict", "evaluating",
     "create_model", "list_models", "register_model", "model_info", "ModelInfo", "count_parameters",
-    "convert_state_dict", "unwrap_state_dict", "classifier_shape", "input_channels",
+    "convert_state_dict", "unwrap_state_dict", "MDISTILLER_TEACHERS", "classifier_shape", "input_channels",
 ]

@@ -2,11 +2,12 @@
 
 The zoo's models are the same networks as mdistiller's ``mdistiller/models/cifar`` (CRD's
 ``cifar_teachers``: ``resnet8..110``, ``resnet8x4/32x4``, ``ResNet50`` = ``resnet50_cifar``,
-``wrn_16_1..40_2``, ``vgg8..19``) and timm's ``resnet18/34/50``, with other key names
+``wrn_16_1..40_2``, ``vgg8..19``; the students ``MobileNetV2`` = ``mobilenetv2`` (their ``mobile_half``),
+``ShuffleV1`` = ``shufflev1``, ``ShuffleV2`` = ``shufflev2``) and timm's ``resnet18/34/50``, with other key names
 (``conv1``, ``bn1``, ``layer1.0.conv1``, ``downsample``, ``fc`` there; ``body.N…`` and ``head`` here).
-Both define every layer in the order of its forward pass, so the conversion pairs the tensors in order:
-the classifier (``fc``, ``linear``, ``classifier`` or ``head``) with ``head``, every other tensor with the
-zoo's next one, and checks each pair's kind (``weight``, ``bias``, ``running_mean``...) and shape, so a
+Both define every layer in the order of its forward pass, so the conversion pairs the tensors in order: the
+classifier (``fc``, ``linear``, ``classifier``, ``classifier.0`` or ``head``) with ``head``, every other tensor with
+the zoo's next one, and checks each pair's kind (``weight``, ``bias``, ``running_mean``...) and shape, so a
 state dict of another architecture is refused rather than loaded wrongly.
 """
 
@@ -16,12 +17,19 @@ from torch import Tensor, nn
 
 from kdcollapse.errors import CheckpointError, unknown_choice
 
-# The classifier's name in each layout (mdistiller: resnet.py/wrn.py `fc`, resnetv2.py `linear`,
-# vgg.py `classifier`; timm: `fc`, `head`, `head.fc`, `classifier`).
+# The classifier's name in each layout (mdistiller: resnet.py/wrn.py `fc`, resnetv2.py and the ShuffleNets
+# `linear`, vgg.py `classifier`, mobilenetv2.py `classifier.0` (a Linear in a Sequential); timm: `fc`, `head`,
+# `head.fc`, `classifier`).
 CLASSIFIERS = {
-    "mdistiller": ("fc", "linear", "classifier"),
+    "mdistiller": ("fc", "linear", "classifier", "classifier.0"),
     "timm": ("fc", "head.fc", "head", "classifier"),
 }
+# mdistiller's released ``cifar_teachers.tar`` (megvii-research/mdistiller, release "checkpoints"; CRD's teachers):
+# ``cifar_teachers/<folder>/ckpt_epoch_240.pth`` per teacher, the folders of ``mdistiller/models/cifar/__init__.py``'s
+# ``cifar_model_dict`` -> the zoo's name of that architecture.
+MDISTILLER_TEACHERS = {"resnet56_vanilla": "resnet56", "resnet110_vanilla": "resnet110",
+                       "resnet32x4_vanilla": "resnet32x4", "ResNet50_vanilla": "resnet50_cifar",
+                       "wrn_40_2_vanilla": "wrn_40_2", "vgg13_vanilla": "vgg13"}
 _COUNTER = "num_batches_tracked"  # BN's step counter: absent from old checkpoints, unused in eval
 
 

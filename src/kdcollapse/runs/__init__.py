@@ -7,7 +7,7 @@ from kdcollapse.runs._checkpoint import load_tensors, read_header, save_model, s
 from kdcollapse.runs._checkpoint import (check_checkpoint_meta, flatten_optimizer, load_state, model_file, model_meta,
                                          read_extra_heads, split_prefix, unflatten_optimizer)
 from kdcollapse.runs._load import check_inputs, load_model, load_teacher
-from kdcollapse.runs._community import convert_weights
+from kdcollapse.runs._community import archive_teachers, convert_archive, convert_weights
 from kdcollapse.runs._data import UserData, check_split, run_dataset, run_splits
 from kdcollapse.runs._run import RUN_STATES, Run, run_state
 from kdcollapse.runs._metrics_log import MetricsLog, metrics_csv, read_committed_metrics, read_metrics
@@ -20,7 +20,7 @@ from kdcollapse.runs._lock import RunLock
 
 __all__ = ["RESUMABLE_KEYS", "MetricsLog", "Run", "RunDir", "RUN_STATES", "run_state", "UserData", "check_inputs",
            "check_run_dirs", "check_same_config", "check_split", "claim_run_dir",
-           "convert_weights", "load_model", "load_teacher", "load_tensors",
+           "convert_weights", "convert_archive", "archive_teachers", "load_model", "load_teacher", "load_tensors",
            "metrics_csv", "read_committed_metrics", "read_metrics", "run_dataset", "run_splits", "save_model",
            "save_tensors", "start_run_dir",
            "update_run_record", "provenance"]

@@ -8,11 +8,11 @@ from kdcollapse.study._lock import launch_lock, page_lock
 from kdcollapse.study._page import BEGIN, END, summarise, write_page
 from kdcollapse.study._records import collect, run_record
 from kdcollapse.study._runs import PostStep, RunSpec, run_config, state_of
-from kdcollapse.study._slurm import levels, slurm_available, submit_slurm
+from kdcollapse.study._slurm import array_parameters, levels, slurm_available, submit_slurm
 from kdcollapse.study._spec import Study, load_study
 from kdcollapse.study._summary_spec import check_summary
 
 __all__ = ["BEGIN", "END", "OUTCOMES", "Outcome", "PostStep", "RunSpec", "Study", "check_summary", "collect",
            "execute", "figures", "launch_lock", "levels", "load_study", "page_lock", "pending", "run_config",
-           "run_local", "run_record", "slurm_available", "state_of", "status", "submit_slurm", "summarise",
-           "write_page"]
+           "run_local", "run_record", "array_parameters", "slurm_available", "state_of", "status", "submit_slurm",
+           "summarise", "write_page"]

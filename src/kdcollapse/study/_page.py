@@ -30,6 +30,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
     metric, sections = compare_sections(study, records, spec)
     comparisons = [c for _, _, section, _ in sections for c in section]
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
+    if made := made_on(records):
+        text.append(made)
     for (title, rows, section, correlations), part in zip(sections, spec.get("sections") or []):
         columns = measures(spec, part)
         diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
@@ -55,6 +57,26 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
         {"correlations": corr} if corr else {}) for t, rows, _, corr in sections],
                "comparisons": comparisons, "noise_floor": spec["noise_floor"], "alpha": spec["alpha"]}
     return "\n".join(text), summary
+
+
+def made_on(records: dict) -> str:
+    """The page's line naming the hardware its runs' ``run.json`` recorded (how many runs on each), or "" when
+    no record holds it (runs made before run.json kept it): results are bit-reproducible only on one kind of CPU
+    or GPU."""
+    counts: dict[str, int] = {}
+    for record in records.values():
+        h = record.get("hardware") if isinstance(record, dict) else None
+        if h:
+            where = f"{h.get('cpu')} (torch CPU capability {h.get('cpu_capability')})"
+            where += f", GPU {h['gpu']} (CUDA {h.get('cuda')})" if h.get("gpu") else ", no GPU"
+            key = f"{where}, torch {h.get('torch')}"
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return ""
+    unknown = len(records) - sum(counts.values())
+    parts = [f"{n} run{'s' if n > 1 else ''} on {k}" for k, n in counts.items()]
+    parts += [f"{unknown} run{'s' if unknown > 1 else ''} recorded without it"] if unknown else []
+    return "Made on (the runs' run.json): " + "; ".join(parts) + "."
 
 
 def _correlation_row(c: dict) -> list[str]:

@@ -68,7 +68,17 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
         record["epochs"] = epoch_series(records, curves)
     for field, keys in kept_keys(spec).items():  # opt-in: only the matrices and embeddings plots draw
         record[field] = {k: m for k in keys if (m := _post_matrix(run_dir, post, k)) is not None}
-    return record | {"source": metrics_source(run_dir)}
+    return record | {"source": metrics_source(run_dir)} | _hardware(run_dir)
+
+
+def _hardware(run_dir: Path) -> dict:
+    """``{"hardware": ...}``: what ``run.json`` says the run was made on (CPU model and capability, GPU, torch and
+    CUDA versions), for the page to name; ``{}`` for a run recorded before run.json kept it."""
+    try:
+        hardware = json.loads((run_dir / "run.json").read_text()).get("hardware")
+    except (OSError, ValueError):
+        return {}
+    return {"hardware": hardware} if isinstance(hardware, dict) else {}
 
 
 def _folder(path: str) -> str:

@@ -50,6 +50,26 @@ def levels(study: Study, runs: list[RunSpec]) -> list[list[RunSpec]]:
     return [[r for r in runs if depth[r.name] == d] for d in range(max(depth.values(), default=-1) + 1)]
 
 
+def array_parameters(name: str, res: dict, *, partition: str | None = None, parallel: int = 64,
+                     after: list[str] = ()) -> dict:
+    """submitit's parameters of one group's job array from its ``resources``: each array task is one run with
+    ``tasks`` processes (1 by default), ``cpus`` CPUs per process and ``gpus`` GPUs on its node
+    (``--gpus-per-node``): ``{gpus: 1}`` is one run per GPU, ``{tasks: N, gpus: N}`` one N-GPU DDP run. ``after``:
+    the job ids this array waits for (``afterany``)."""
+    params = {"timeout_min": int(res.get("minutes", 60)), "cpus_per_task": int(res.get("cpus", 1)),
+              "tasks_per_node": int(res.get("tasks", 1)), "slurm_array_parallelism": parallel,
+              "name": name, "slurm_additional_parameters": {}}
+    if res.get("gpus"):
+        params["gpus_per_node"] = int(res["gpus"])
+    if res.get("mem_gb"):
+        params["mem_gb"] = float(res["mem_gb"])
+    if res.get("partition") or partition:
+        params["slurm_partition"] = res.get("partition") or partition
+    if after:
+        params["slurm_additional_parameters"]["dependency"] = "afterany:" + ":".join(after)
+    return params
+
+
 def submit_slurm(study: Study, runs: list[RunSpec], folder: Path, *, partition: str | None = None,
                  threads: int | None = None, parallel: int = 64) -> list:
     """Submit ``runs``; returns the submitit jobs (``job.result()`` is the run's :class:`Outcome`)."""
@@ -63,20 +83,10 @@ def submit_slurm(study: Study, runs: list[RunSpec], folder: Path, *, partition: 
         current = []
         for group in dict.fromkeys(r.group for r in level):
             batch = [r for r in level if r.group == group]
-            res = batch[0].resources
-            params = {"timeout_min": int(res.get("minutes", 60)), "cpus_per_task": int(res.get("cpus", 1)),
-                      "tasks_per_node": int(res.get("tasks", 1)), "slurm_array_parallelism": parallel,
-                      "name": f"{study.name}:{group}", "slurm_additional_parameters": {}}
-            if res.get("gpus"):
-                params["gpus_per_node"] = int(res["gpus"])
-            if res.get("mem_gb"):
-                params["mem_gb"] = float(res["mem_gb"])
-            if res.get("partition") or partition:
-                params["slurm_partition"] = res.get("partition") or partition
-            if previous:
-                params["slurm_additional_parameters"]["dependency"] = "afterany:" + ":".join(previous)
+            params = array_parameters(f"{study.name}:{group}", batch[0].resources, partition=partition,
+                                      parallel=parallel, after=previous)
             executor.update_parameters(**params)
-            array = executor.map_array(job_class(), batch, [threads or res.get("threads")] * len(batch))
+            array = executor.map_array(job_class(), batch, [threads or batch[0].resources.get("threads")] * len(batch))
             jobs += array
             current.append(array[0].job_id.split("_")[0])
         previous = current
