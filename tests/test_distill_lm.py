@@ -121,8 +121,10 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
 
 
 @pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.beta=0.5", "generation.lmbda=0.5"],
-                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
-                         ids=["on_policy", "seq_kd"])
+                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"],
+                                       ["loss.divergence=distillm2", "generation.seq_kd=true", "generation.lmbda=0.5",
+                                        "teacher_k=null", "loss.alpha=0.2"]],
+                         ids=["on_policy", "seq_kd", "distillm2"])
 def test_sampled_runs_resume_bit_for_bit(setup, overrides):
     root, options = setup
     name = overrides[-1].split(".")[1].split("=")[0]
@@ -364,9 +366,12 @@ def test_a_run_of_the_older_lm_format_is_refused_with_one_line_saying_what_to_do
 
 
 @pytest.mark.slow
-def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys):
+@pytest.mark.parametrize("across_tokenizers", [False, True], ids=["one_tokenizer", "across_tokenizers"])
+def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys,
+                                                                             across_tokenizers):
     """A real SIGKILL after the first committed step; meanwhile (the first process frozen, holding its lock) a
-    second process is refused; the resume ends in the same metrics and student as an uninterrupted run."""
+    second process is refused; the resume ends in the same metrics and student as an uninterrupted run. Also
+    across tokenizers (a student with a BPE of its own, ULD, the teacher online)."""
     import signal
     import time
 
@@ -374,6 +379,9 @@ def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(se
 
     root, options = setup
     common = [*options, "steps=40", "eval_every=1", "progress=false"]
+    if across_tokenizers:
+        tiny_tokenizer(420).save_pretrained(tmp_path / "student-tokenizer")
+        common += [f"student_tokenizer={tmp_path / 'student-tokenizer'}", "teacher_k=null", "loss.divergence=uld"]
     run = tmp_path / "killed"
     proc = Forked(["distill-lm", *common, f"run_dir={run}"], tmp_path / "first.err")
     try:

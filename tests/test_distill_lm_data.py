@@ -101,6 +101,20 @@ def test_a_student_pruned_from_the_teacher_trains_and_reloads(setup):
     assert student.model.config.num_hidden_layers == 2
 
 
+def test_a_width_pruned_student_trains_and_reloads(setup):
+    root, options, _ = setup
+    overrides = [o for o in options if not o.startswith("student=")]
+    width = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 1}
+    cfg = load_lm_config(None, [*overrides, f"corpus={root / 'corpus'}",
+                                'student={"init": {"from": "teacher", "width": ' + json.dumps(width) + '}}',
+                                f"run_dir={root / 'narrow'}"])
+    distill_lm(cfg, log=lambda *_: None)
+    facts = json.loads((root / "narrow" / "run.json").read_text())
+    assert facts["student_layers"] == [0, 1, 2] and facts["student_width"] == width
+    config = lm.load_language_model(root / "narrow" / "student").model.config
+    assert (config.hidden_size, config.intermediate_size, config.num_attention_heads) == (32, 40, 1)
+
+
 def _doc_commands():
     """The `kdcollapse distill-lm` lines of the docs' "Data and students on the command line" block."""
     text = DOCS.read_text()
@@ -111,14 +125,16 @@ def _doc_commands():
 def test_the_docs_commands_run_on_tiny_models(setup, capsys):
     root, options, _ = setup
     commands = _doc_commands()
-    assert len(commands) >= 3
+    assert len(commands) >= 5
     for i, argv in enumerate(commands):
         argv = argv[1:]
         at = argv.index("--config")
         del argv[at:at + 2]  # the recipe (SmolLM2): replaced by the tiny teacher and student below
         argv = [a.replace("chats.jsonl", str(root / "chat.jsonl")).replace("pairs.parquet", str(root / "pairs.parquet"))
                 for a in argv]
-        argv = [a.replace("keep: 15", "keep: 2") for a in argv]
+        argv = [a.replace("keep: 15", "keep: 2").replace(
+            "hidden_size: 384, intermediate_size: 1024, num_attention_heads: 6",
+            "hidden_size: 32, intermediate_size: 64, num_attention_heads: 1") for a in argv]
         tiny = [o for o in options if not (o.startswith("student=") and any(a.startswith("student=") for a in argv))]
         if not any(a.startswith("data.source=") for a in argv):  # the recipe's corpus: a tiny text folder
             tiny.append(f"corpus={root / 'corpus'}")
@@ -137,6 +153,8 @@ def test_bad_data_and_student_init_are_one_line_before_anything_is_written(setup
                           "student.init.layers must be one of distilbert, minitron"),
                          ([f"corpus={root / 'corpus'}", 'student={"init": {"from": "teacher", "layers": [0, 7]}}'],
                           "the teacher has 3 layers"),
+                         ([f"corpus={root / 'corpus'}", 'student={"init": {"from": "teacher", "width": {"hidden_size": 99}}}'],
+                          "width.hidden_size=99: the teacher's is 48"),
                          (['student={"init": {"from": "teacher"}, "hidden_size": 8}'], "remove student.hidden_size")):
         assert main(["distill-lm", *options, f"run_dir={root / 'refused'}", *bad]) == 2, bad
         err = capsys.readouterr().err
