@@ -121,8 +121,10 @@ def test_on_policy_loss_is_the_divergence_on_the_students_completions_only(setup
 
 
 @pytest.mark.parametrize("overrides", [["loss.divergence=jsd", "loss.beta=0.5", "generation.lmbda=0.5"],
-                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"]],
-                         ids=["on_policy", "seq_kd"])
+                                       ["loss.divergence=none", "loss.ce_weight=1", "generation.seq_kd=true"],
+                                       ["loss.divergence=distillm2", "generation.seq_kd=true", "generation.lmbda=0.5",
+                                        "teacher_k=null", "loss.alpha=0.2"]],
+                         ids=["on_policy", "seq_kd", "distillm2"])
 def test_sampled_runs_resume_bit_for_bit(setup, overrides):
     root, options = setup
     name = overrides[-1].split(".")[1].split("=")[0]
@@ -364,9 +366,12 @@ def test_a_run_of_the_older_lm_format_is_refused_with_one_line_saying_what_to_do
 
 
 @pytest.mark.slow
-def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys):
+@pytest.mark.parametrize("across_tokenizers", [False, True], ids=["one_tokenizer", "across_tokenizers"])
+def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(setup, tmp_path, capsys,
+                                                                             across_tokenizers):
     """A real SIGKILL after the first committed step; meanwhile (the first process frozen, holding its lock) a
-    second process is refused; the resume ends in the same metrics and student as an uninterrupted run."""
+    second process is refused; the resume ends in the same metrics and student as an uninterrupted run. Also
+    across tokenizers (a student with a BPE of its own, ULD, the teacher online)."""
     import signal
     import time
 
@@ -374,6 +379,9 @@ def test_kill_9_during_an_lm_run_then_a_second_process_and_resume_bit_for_bit(se
 
     root, options = setup
     common = [*options, "steps=40", "eval_every=1", "progress=false"]
+    if across_tokenizers:
+        tiny_tokenizer(420).save_pretrained(tmp_path / "student-tokenizer")
+        common += [f"student_tokenizer={tmp_path / 'student-tokenizer'}", "teacher_k=null", "loss.divergence=uld"]
     run = tmp_path / "killed"
     proc = Forked(["distill-lm", *common, f"run_dir={run}"], tmp_path / "first.err")
     try:
@@ -428,7 +436,8 @@ def test_a_divergence_declared_by_an_import_module_gets_its_loss_keys(setup, tmp
     """A token divergence declared in a user's module (``--import``, registered after kdcollapse.config_lm was
     imported) brings its ``loss.<parameter>`` keys to distill-lm's config: read from the registry when the
     config loads, its range checked there (one error line, exit 2, nothing written), and a run trains with it.
-    In a subprocess, so the declaration does not reach this process's registry-driven tests."""
+    In one subprocess, so the declaration does not reach this process's registry-driven tests: the CLI's
+    ``main`` runs there once per command line, the first without ``--import`` (the key is unknown then)."""
     import os
     import subprocess
     import sys
@@ -436,23 +445,33 @@ def test_a_divergence_declared_by_an_import_module_gets_its_loss_keys(setup, tmp
     root, options = setup
     (tmp_path / "my_divergence.py").write_text(MY_DIVERGENCE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-
-    def cli(*extra):
-        return subprocess.run([sys.executable, "-m", "kdcollapse", "--import", "my_divergence", "distill-lm", *options,
-                               "steps=2", "loss.divergence=my_skew_kl", *extra], env=env, capture_output=True,
-                              text=True, timeout=300)
-
-    bad = cli(f"run_dir={tmp_path / 'bad'}", "loss.lam=2")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
-    assert "lam" in bad.stderr and "0.9" in bad.stderr and not (tmp_path / "bad").exists()
-    unknown = cli(f"run_dir={tmp_path / 'bad'}", "loss.lamb=0.3")
-    assert unknown.returncode == 2 and "unknown key 'loss.lamb'" in unknown.stderr, unknown.stderr
-    good = cli(f"run_dir={tmp_path / 'good'}", "loss.lam=0.3")
-    assert good.returncode == 0, good.stderr[-2000:]
+    common = [*options, "steps=2", "loss.divergence=my_skew_kl"]
+    argvs = [["distill-lm", *options, "steps=2", f"run_dir={tmp_path / 'none'}", "loss.lam=0.3"],
+             *(["--import", "my_divergence", "distill-lm", *common, *extra] for extra in (
+                 [f"run_dir={tmp_path / 'bad'}", "loss.lam=2"], [f"run_dir={tmp_path / 'bad'}", "loss.lamb=0.3"],
+                 [f"run_dir={tmp_path / 'good'}", "loss.lam=0.3"]))]
+    ran = subprocess.run([sys.executable, "-c", _MAINS, json.dumps(argvs)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    without, bad, unknown, good = [json.loads(x.removeprefix("MAIN ")) for x in ran.stdout.splitlines()
+                                   if x.startswith("MAIN ")]
+    assert without["status"] == 2 and "unknown key 'loss.lam'" in without["stderr"], without  # not imported
+    assert bad["status"] == 2 and bad["stderr"].startswith("error: ") and bad["stderr"].count("\n") == 1, bad
+    assert "lam" in bad["stderr"] and "0.9" in bad["stderr"] and not (tmp_path / "bad").exists()
+    assert unknown["status"] == 2 and "unknown key 'loss.lamb'" in unknown["stderr"], unknown
+    assert good["status"] == 0, good["stderr"][-2000:]
     saved = (tmp_path / "good" / "config.yaml").read_text()
     assert "divergence: my_skew_kl" in saved and "lam: 0.3" in saved
     assert [json.loads(x)["step"] for x in (tmp_path / "good" / "metrics.jsonl").read_text().splitlines()] == [2]
-    without = subprocess.run([sys.executable, "-m", "kdcollapse", "distill-lm", *options, "steps=2",
-                              f"run_dir={tmp_path / 'none'}", "loss.lam=0.3"], env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert without.returncode == 2 and "unknown key 'loss.lam'" in without.stderr, without.stderr  # not imported
+
+
+# The CLI's main once per command line (argv lists, JSON in argv[1]) in one interpreter: exit status and stderr.
+_MAINS = """
+import contextlib, io, json, sys
+from kdcollapse.cli import main
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(argv)
+    print("MAIN " + json.dumps({"status": status, "stderr": err.getvalue()}), flush=True)
+"""

@@ -141,7 +141,7 @@ def test_student_init_is_checked_before_anything_loads():
     assert lm.StudentInit.from_mapping({"from": "teacher"}) == lm.StudentInit("distilbert", None, 32)
     assert lm.StudentInit.from_mapping({"from": "teacher", "layers": [0, 3]}).layers == (0, 3)
     bad = [({"layers": "distilbert"}, "from must be 'teacher'"),
-           ({"from": "teacher", "layers": "shortgpt"}, "one of distilbert, minitron or a list"),
+           ({"from": "teacher", "layers": "shortgpt"}, "one of distilbert, minitron, all or a list"),
            ({"from": "teacher", "layers": [3, 1]}, "strictly increasing"),
            ({"from": "teacher", "layers": [0, 1], "keep": 2}, "keep goes with"),
            ({"from": "teacher", "keep": 0}, "keep must be an int >= 1"),

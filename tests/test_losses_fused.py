@@ -204,3 +204,48 @@ def test_fused_dkd_refuses_missing_labels_and_a_negative_beta():
         L.fused_head_loss(hidden, weight, teacher, "dkd", beta=-1.0, labels=labels)
     with pytest.raises(KdcollapseError, match=r"labels must be in \[0, 17\)"):
         L.fused_head_loss(hidden, weight, teacher, "dkd", beta=8.0, labels=labels.clamp_min(0) + 5)
+
+
+@pytest.mark.parametrize("divergence,parameters", [("forward_kl", {}), ("reverse_kl", {}), ("jsd", {"beta": 0.3}),
+                                                   ("jsd", {"beta": 0.0}), ("jsd", {"beta": 1.0})])
+def test_a_declared_gradient_is_the_autograd_gradient_of_its_rows(divergence, parameters):
+    """∂values/∂log_q of the declaration equals autograd through ``rows`` (log_q's entries free), its values
+    equal ``rows``; and the loss fused with it equals the unfused loss at τ = 1 and 2, with and without CE, for
+    the logits, head and stored top-k teachers (the top-k one as its log-probabilities)."""
+    from kdcollapse.losses.llm import divergence_gradient, divergence_rows
+    g = torch.Generator().manual_seed(3)
+    log_q = F.log_softmax(torch.randn(7, 11, generator=g, dtype=torch.float64), -1).requires_grad_()
+    log_p = F.log_softmax(torch.randn(7, 11, generator=g, dtype=torch.float64), -1)
+    rows = divergence_rows(divergence, parameters)(log_q, log_p)
+    values, grad = divergence_gradient(divergence, parameters)(log_q.detach().clone(), log_p)
+    torch.testing.assert_close(values, rows.detach(), rtol=1e-13, atol=1e-15)
+    (expected,) = torch.autograd.grad(rows.sum(), log_q)
+    torch.testing.assert_close(grad, expected, rtol=1e-13, atol=1e-15)
+    hidden, weight, t_hidden, t_weight, labels, mask = inputs()
+    teachers = {"logits": L.TeacherLogits(t_hidden @ t_weight.T), "head": L.TeacherHead(t_hidden, t_weight)}
+    for temperature in (1.0, 2.0):
+        for ce_weight in (0.0, 0.5):
+            expected = grads(unfused(hidden, weight, t_hidden @ t_weight.T, divergence, parameters, temperature,
+                                     labels, mask, ce_weight), hidden, weight)
+            for teacher in teachers.values():
+                for chunk in (5, 64):
+                    got = grads(L.fused_head_loss(hidden, weight, teacher, divergence, temperature, labels=labels,
+                                                  ce_weight=ce_weight, mask=mask, chunk_size=chunk, **parameters),
+                                hidden, weight)
+                    for a, b in zip(got, expected):
+                        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    # stored top-k tokens (float32 log-probabilities, not renormalised): the chunk's loss and logit gradient by
+    # the declared gradient equal autograd's on the same chunk
+    from kdcollapse.losses import fused as fused_module
+    stored = L.TopKTeacher.from_logits(t_hidden @ t_weight[:V].T, 5)
+    keep = mask.bool() & (labels != -100)
+    z = (hidden @ weight.T).detach()
+    span = slice(3, 15)
+    for ce_weight in (0.0, 0.5):
+        by_autograd = fused_module._autograd_gradient(
+            hidden.detach()[span], weight.detach(), stored, span, V, 1.0, divergence_rows(divergence, parameters),
+            keep[span], keep.sum(), labels, ce_weight, 1.0, False)
+        declared = fused_module._declared_gradient(z[span], stored, span, V, 1.0, divergence_gradient(
+            divergence, parameters), keep[span], keep.sum(), labels, ce_weight, 1.0)
+        for a, b in zip(declared, by_autograd):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

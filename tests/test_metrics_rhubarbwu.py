@@ -286,6 +286,71 @@ def test_pair_moments_merge_tiles_exactly_and_a_wrong_merge_fails():
         assert float(var) == pytest.approx(float(pairs.var(unbiased=False)), rel=1e-12), tile
 
 
+@pytest.mark.parametrize("leaf", [1, 3, 16])
+def test_halved_diagonal_tiles_cover_every_pair_once(leaf):
+    """``_triangle`` (a diagonal tile halved down to ``leaf`` rows) covers each pair i < j of the tile exactly
+    once: off-diagonal blocks lie wholly above the diagonal, diagonal blocks are square and count above it."""
+    from kdcollapse.metrics._pairwise import _triangle
+
+    for num in (1, 2, 5, 17, 64, 100):
+        seen = torch.zeros(num, num, dtype=torch.long)
+        for rows, cols, diagonal in _triangle(num, leaf):
+            block = seen[rows, cols]
+            if diagonal:
+                assert rows == cols and rows.stop - rows.start <= leaf, (rows, cols)
+                block += torch.ones_like(block).triu(1)
+            else:
+                assert rows.stop <= cols.start, (rows, cols)
+                block += 1
+        assert torch.equal(seen, torch.ones(num, num, dtype=torch.long).triu(1)), (num, leaf)
+
+
+@pytest.mark.parametrize("tile", [7, 32, 4096])
+def test_kernels_over_halved_diagonal_tiles_and_reused_buffers_equal_the_definitions(monkeypatch, tile):
+    """The pass with diagonal tiles halved to 4-row leaves, uneven tiles (buffers reused at smaller shapes) and
+    the moments merged over many blocks equals the float64 pair loops of ``definitions`` and the dense NC2
+    equiangularity and CDNV."""
+    import kdcollapse.metrics._pairwise as pairwise
+    from test_metrics_vocab import dense_cdnv, dense_equiangle
+
+    monkeypatch.setattr(pairwise, "LEAF", 4)
+    num, dim = 70, 8
+    x, y = gaussian_classes([3] * num, dim, seed=3)
+    w, ood = torch.randn(num, dim, dtype=torch.float64), torch.randn(dim, dtype=torch.float64)
+    mine = ours(x, y, num, w, ood, tile=tile)
+    defined = definitions(x, y, num, w, ood)
+    for name in ("dist", "log", "riesz"):
+        for key in (f"nc2g_{name}_mean", f"nc2g_{name}_var"):
+            assert float(mine[key]) == pytest.approx(defined[key], rel=1e-10, abs=1e-13), (key, tile)
+    means = np.stack([x[y == k].numpy().mean(0) for k in range(num)])
+    variances = np.array([((x[y == k].numpy() - means[k]) ** 2).sum(1).mean() for k in range(num)])
+    assert float(mine["nc2_equiangle"]) == pytest.approx(dense_equiangle(means - means.mean(0)), rel=1e-11)
+    assert float(mine["cdnv"]) == pytest.approx(dense_cdnv(means, variances), rel=1e-10)
+    # pair_mean over the same halved tiles visits each unordered pair once: the mean of i + j over i < j.
+    from kdcollapse.metrics._pairwise import pair_mean
+
+    rows = torch.arange(num, dtype=torch.float64)[:, None]
+    expected = np.mean([a + b for a in range(num) for b in range(a + 1, num)])
+    assert float(pair_mean(rows, lambda a, b: a + b.mT, tile)) == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("s", [254.0, 3.0, 0.5, 0.0, -2.0])
+def test_hyperspherical_kernels_from_one_log_equal_their_definitions(s):
+    """dist, log and Riesz-s from log|a - b|^2 (one log, an exp for Riesz) equal sqrt, log(1 / r) and
+    sign(s) r^(-s) by ``pow``, with distance 0 (inf, or 1 at s = 0, or -0 for s < 0) included."""
+    from kdcollapse.metrics._pairwise import hyperspherical_kernels
+
+    squared = torch.cat([torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 4,
+                         torch.tensor([0.0, 1e-300, 2.0, 4.0], dtype=torch.float64)]).reshape(12, 42)
+    r = squared.sqrt()
+    expected = (r, r.reciprocal().log(), math.copysign(1.0, s) * r.pow(-s))
+    for got, want, name in zip(hyperspherical_kernels(squared.clone(), s), expected, ("dist", "log", "riesz")):
+        finite = torch.isfinite(want) & (want != 0)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), name
+        assert torch.equal(got[~finite], want[~finite]), name
+        assert torch.allclose(got[finite], want[finite], rtol=1e-13 * (1 + abs(s)), atol=0), (name, s)
+
+
 def test_tiled_kernels_equal_the_dense_kernels_under_float32_accumulation():
     x, y = gaussian_classes([8] * 40, 12, seed=5)
     w = torch.randn(40, 12, dtype=torch.float64)

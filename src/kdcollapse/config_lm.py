@@ -19,6 +19,8 @@ from typing import Literal
 from kdcollapse import lm
 from kdcollapse.config import RunConfig, build_section, config_from_dict, read_yaml
 from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.losses.cross_tokenizer import LOSSES as CROSS_TOKENIZER_LOSSES
+from kdcollapse.losses.distillm2 import check_skew
 from kdcollapse.losses.llm import token_divergences
 from kdcollapse.lm import check_lora_targets, split_student
 
@@ -27,6 +29,7 @@ SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 7
                "tie_word_embeddings": True}  # 15,730,944 parameters with SmolLM2's 49,152 tokens (12.6 M of them embeddings)
 
 LM_TASK = "lm"
+DISTILLM2 = "distillm2"  # DistiLLM-2's objective: a loss of two divergences over paired responses
 
 
 def check_number(key: str, value, *, positive: bool = False) -> None:
@@ -61,19 +64,40 @@ class _LossBase:
         """The set (non-null) divergence parameters, by name (the declaration's defaults fill the rest)."""
         return {key: getattr(self, key) for key in divergence_parameters() if getattr(self, key) is not None}
 
+    @property
+    def pairs_responses(self) -> bool:
+        """DistiLLM-2's objective: the teacher's and the student's responses to the same prompts, each half with
+        its own divergence (``generation.seq_kd`` and ``generation.lmbda=0.5``; ``train/_lm_task.py``)."""
+        return self.divergence == DISTILLM2
+
+    @property
+    def cross_tokenizer(self) -> bool:
+        """Whether the divergence compares two tokenizers' distributions (ULD, GOLD: ``student_tokenizer``)."""
+        return self.divergence in CROSS_TOKENIZER_LOSSES
+
     def __post_init__(self):
         divergences = token_divergences()
-        if self.divergence != "none" and self.divergence not in divergences:
-            raise ConfigError(f"loss.divergence must be one of none, {', '.join(sorted(divergences, key=_plain_first))}; "
-                              f"got {self.divergence!r}")
+        if self.divergence not in ("none", DISTILLM2) and self.divergence not in divergences and not self.cross_tokenizer:
+            raise ConfigError(f"loss.divergence must be one of none, {', '.join(sorted(divergences, key=_plain_first))}, "
+                              f"{DISTILLM2} (teacher and student responses), {', '.join(CROSS_TOKENIZER_LOSSES)} "
+                              f"(across tokenizers); got {self.divergence!r}")
         if self.divergence == "none" and not self.ce_weight:
             raise ConfigError("loss.divergence=none trains on cross-entropy only: set loss.ce_weight > 0")
         for key, value in self.parameters().items():
-            takes = divergence_parameters()[key]
+            takes = [*divergence_parameters()[key], *{"beta": ["gold"], "alpha": [DISTILLM2]}.get(key, [])]
             if self.divergence not in takes:
                 raise ConfigError(f"loss.{key}={value!r}: loss.divergence={self.divergence} takes no {key} (only "
                                   f"{', '.join(takes)} do); remove loss.{key}")
-        if self.divergence != "none":
+        if self.divergence == "gold" and self.beta is not None and not (
+                isinstance(self.beta, (int, float)) and 0 <= self.beta <= 1):
+            raise ConfigError(f"loss.beta of gold (its JSD on the shared tokens) must be a number in [0, 1], got "
+                              f"{self.beta!r}")
+        if self.pairs_responses:
+            try:
+                check_skew(self.alpha)
+            except KdcollapseError as err:
+                raise ConfigError(f"loss.{err}") from None
+        elif self.divergence != "none" and not self.cross_tokenizer:
             try:  # its parameters' ranges, before the teacher loads
                 divergences[self.divergence].divergence.bind(self.divergence, self.parameters())
             except KdcollapseError as err:
@@ -123,6 +147,23 @@ class GenerationSection:
 
 
 @dataclass
+class CrossTokenizerSection:
+    """How ULD and GOLD (``loss.divergence=uld | gold`` with ``student_tokenizer``) compare the two tokenizations
+    of one text (:mod:`kdcollapse.losses.cross_tokenizer`): ``merge`` turns a group of tokens covering the same
+    bytes into one distribution (bayesian: at the group's last token, times the probabilities of its earlier
+    tokens; observed: TRL's default); GOLD's weights of its matched (JSD) and unmatched (ULD) parts, null: the
+    shared tokens' share of the teacher's vocabulary and the rest."""
+
+    merge: Literal["bayesian", "observed"] = "bayesian"
+    matched_weight: float | None = None
+    unmatched_weight: float | None = None
+
+    @property
+    def weights(self) -> tuple[float, float] | None:
+        return None if self.matched_weight is None else (self.matched_weight, self.unmatched_weight)
+
+
+@dataclass
 class DistributedSection:
     """How ``torchrun`` processes share the student: ``ddp`` (each holds all of it; gradients all-reduced)
     or ``fsdp`` (FSDP2, ``fully_shard`` of each decoder layer: parameters, gradients and AdamW state split)."""
@@ -156,6 +197,9 @@ class LMConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
+    student_tokenizer: str | None = None  # null: the teacher's; a tokenizer or model directory, or a .gguf file:
+    # distillation across tokenizers (loss.divergence=uld | gold, the teacher online)
+    cross_tokenizer: CrossTokenizerSection = field(default_factory=CrossTokenizerSection)
     eval_every: int = 50  # steps between evaluations and checkpoints (commits)
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
     precision: Literal["float32", "bf16"] = "float32"  # bf16: autocast of the student's body
@@ -201,16 +245,57 @@ class LMConfig:
         init = lm.check_student_section(model_config)
         if self.distributed.strategy not in ("ddp", "fsdp"):
             raise ConfigError(f"distributed.strategy must be ddp or fsdp, got {self.distributed.strategy!r}")
-        if self.distributed.strategy == "fsdp" and (lora is not None or self.generation.enabled):
-            raise ConfigError("distributed.strategy=fsdp does not take " + (
-                "student.lora" if lora is not None else "generation.lmbda or generation.seq_kd (sampled blocks)")
-                + " in this version; use distributed.strategy=ddp")
+        if self.distributed.strategy == "fsdp" and self.generation.enabled:
+            raise ConfigError("distributed.strategy=fsdp does not take generation.lmbda or generation.seq_kd "
+                              "(sampled blocks) in this version; use distributed.strategy=ddp")
         if lora is not None:  # module names checked here for a config's student, after the teacher for an init's
             check_lora_targets(None if init is not None else lm.language_model_config(model_config), lora)
         if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
             raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
                               f"one (data.source takes text folders too)")
         self._check_generation()
+        self._check_cross_tokenizer(init)
+
+    def _check_cross_tokenizer(self, init) -> None:
+        """``student_tokenizer`` and the ULD / GOLD divergences come together; what they cannot take is refused."""
+        cross, divergence = self.cross_tokenizer, self.loss.divergence
+        if cross.merge not in ("bayesian", "observed"):
+            raise ConfigError(f"cross_tokenizer.merge must be bayesian or observed, got {cross.merge!r}")
+        if (cross.matched_weight is None) != (cross.unmatched_weight is None):
+            raise ConfigError("cross_tokenizer.matched_weight and cross_tokenizer.unmatched_weight come together: "
+                              "give both or neither (null: the shared tokens' share of the teacher's vocabulary)")
+        for key in ("matched_weight", "unmatched_weight"):
+            if getattr(cross, key) is not None:
+                check_number(f"cross_tokenizer.{key}", getattr(cross, key))
+        if self.student_tokenizer is None:
+            if self.loss.cross_tokenizer:
+                raise ConfigError(f"loss.divergence={divergence} compares two tokenizers' distributions: set "
+                                  f"student_tokenizer (a tokenizer directory or .gguf), or choose a divergence of one "
+                                  f"vocabulary")
+            if cross != CrossTokenizerSection():
+                raise ConfigError("the cross_tokenizer section applies only with student_tokenizer (distillation "
+                                  "across tokenizers); remove it")
+            return
+        if not isinstance(self.student_tokenizer, str) or not self.student_tokenizer:
+            raise ConfigError(f"student_tokenizer must be a path or null (the teacher's), got {self.student_tokenizer!r}")
+        if divergence != "none" and not self.loss.cross_tokenizer:
+            raise ConfigError(f"loss.divergence={divergence} compares distributions over one vocabulary; the "
+                              f"student_tokenizer's differs from the teacher's: choose loss.divergence="
+                              f"{' or '.join(CROSS_TOKENIZER_LOSSES)} (or none)")
+        if divergence != "gold" and cross.matched_weight is not None:
+            raise ConfigError("cross_tokenizer.matched_weight and unmatched_weight weigh GOLD's parts: set "
+                              "loss.divergence=gold or remove them")
+        refused = (("teacher_k", self.teacher_k is not None, f"teacher_k={self.teacher_k}: stored teacher tokens "
+                    "are the teacher's positions of its own tokenization; set teacher_k=null (the teacher runs online)"),
+                   ("init", init is not None, "student.init copies the teacher's embeddings and head, which are of the "
+                    "teacher's vocabulary; build the student from a transformers config"),
+                   ("generation", self.generation.enabled, "generation.lmbda and generation.seq_kd (sampled blocks)"
+                    " are not in this version's distillation across tokenizers; remove them"),
+                   ("chat", self.data.format == "chat", "data.format=chat: each tokenizer renders a conversation "
+                    "with its own chat template, so the texts differ; give prompt/completion strings"))
+        for _, bad, message in refused:
+            if bad:
+                raise ConfigError(f"with student_tokenizer ({self.student_tokenizer}), {message}")
 
     @property
     def student_init(self) -> lm.StudentInit | None:
@@ -232,6 +317,10 @@ class LMConfig:
         if abs(on_policy - round(on_policy)) > 1e-9:
             raise ConfigError(f"generation.lmbda x batch_size must be a whole number of blocks, got "
                               f"{gen.lmbda} x {self.batch_size} = {on_policy:g}")
+        if self.loss.pairs_responses and not (gen.seq_kd and gen.lmbda == 0.5):
+            raise ConfigError(f"loss.divergence={DISTILLM2} scores the teacher's and the student's responses to the "
+                              f"same prompts: set generation.seq_kd=true and generation.lmbda=0.5 (got seq_kd="
+                              f"{gen.seq_kd}, lmbda={gen.lmbda})")
         if gen.lmbda and self.loss.divergence == "none":
             raise ConfigError("generation.lmbda > 0 scores the student's samples with the teacher: choose a "
                               "loss.divergence (not none)")

@@ -21,6 +21,7 @@ _ANALYZE_EXAMPLES = """examples:
   kdcollapse analyze --model mlp --model-kwargs '{input_size: 8}' --weights w.safetensors --data digits --out a
   kdcollapse analyze --lm smollm2-135m --layers all --max-tokens 4096 --out results/lm_collapse/smollm2_test_4k
   kdcollapse analyze --lm runs/lm/study/fkl_s0/student --random-init 0 --layers all --out /tmp/untrained
+  kdcollapse analyze --lm runs/lm/study/fkl_s0/student --against smollm2-135m --layers all --out /tmp/vs_teacher
 
 output (analysis.md lists every metric with its meaning; logit_matrices.png only with a teacher):
   $ kdcollapse analyze runs/fmnist_teacher --per-class 500 --out /tmp/t
@@ -61,7 +62,8 @@ def register(subparsers) -> None:
     add("--ood-classes", metavar="LIST", help="only these classes of the --ood dataset (comma-separated indices)")
     add("--against", metavar="TEACHER_RUN_OR_FILE",
         help="compare RUN_DIR's geometry with this teacher's on the same data (Procrustes, CKA, simplex angles) "
-             "-> against_<split>/against.{json,md}")
+             "-> against_<split>/against.{json,md}; with --lm: a teacher language model (same vocabulary), "
+             "each --layers hidden state against the teacher's at its relative depth -> OUT/against.{json,md}")
     add("--stages", metavar="LIST",
         help="also every stage's pooled map: 'all' or comma-separated stage indices (with --lm: --layers)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
@@ -174,8 +176,8 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.out:
         check_output(args.out, "--out", folder=True)
     if args.lm:
-        if args.ood is not None or args.against is not None:
-            raise ConfigError("--ood and --against take image runs; they do not apply to --lm")
+        if args.ood is not None:
+            raise ConfigError("--ood takes image runs; it does not apply to --lm")
         if args.stages is not None:  # a language model's stages are its hidden states
             if args.layers != "last":
                 raise ConfigError("give --stages or --layers with --lm, not both")
@@ -265,11 +267,16 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     if args.run_dir or args.model or args.weights or args.data:
         raise ConfigError("--lm analyses a language model: give no RUN_DIR, --model, --weights or --data")
     layers = args.layers if args.layers in ("last", "all") else _int_list(args.layers, "--layers")
+    if args.against is not None and (args.no_ncc or args.gnc_convention != "paper"):
+        raise ConfigError("--against with --lm takes no --no-ncc or --gnc-convention (it runs no NC4 pass and no "
+                          "GNC metric)")
     loaded = load_language_model(args.lm, pretrained=args.random_init is None, seed=args.random_init)
     source = args.lm if args.random_init is None else f"{args.lm} (random initialisation, seed {args.random_init})"
     corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
     split = "validation" if args.split == "val" else args.split
     batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
+    if args.against is not None:
+        return _against_lm(args, device, loaded.model, batches, layers, split, source)
     with run_lock_for(args.out) as run_dir:  # a report written into a run directory: never beside its trainer
         result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
                                 ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
@@ -280,6 +287,28 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     c, last = result["classes"], result["layers"][max(result["layers"])]
     print(f"{source} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
           f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")
+    return 0
+
+
+def _against_lm(args: argparse.Namespace, device, student, batches, layers, split: str, source: str) -> int:
+    """``analyze --lm STUDENT --against TEACHER``: both language models on the same token batches (the
+    student's tokenizer; the teacher must share its vocabulary)."""
+    from kdcollapse.analysis import analyze_tokens_against
+    from kdcollapse.lm import load_language_model
+    from kdcollapse.runs import lm_source, record_outputs, run_lock_for
+
+    teacher = load_language_model(args.against).model
+    with run_lock_for(args.out) as run_dir:
+        result = analyze_tokens_against(student.to(device), teacher.to(device), batches, layers=layers,
+                                        min_count=args.min_count, accumulate=args.accumulate, out_dir=args.out,
+                                        progress=not args.no_progress, source=source, teacher_source=args.against)
+        if run_dir is not None:
+            written = [Path(args.out) / n for n in ("against.json", "against.md")]
+            record_outputs(run_dir, written, lm_source(args.lm, run_dir, args.random_init))
+    name, last = max(result["layers"].items(), key=lambda item: int(item[0].split("/")[0]))
+    print(f"{source} vs {args.against} ({split}, {result['positions']} positions): layer {name} "
+          f"procrustes_alignment {last['procrustes_alignment']:.4g}, feature_cka {last['feature_cka']:.4g}, "
+          f"agreement {result['agreement']:.4g} -> {Path(args.out) / 'against.md'}")
     return 0
 
 

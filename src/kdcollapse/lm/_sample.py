@@ -3,7 +3,8 @@ sequence-level (teacher) samples of GKD, reproducible under a seed.
 
 ``transformers``' ``generate`` draws from the global RNG; here every draw takes ``generator``, so a run
 that re-seeds it per step repeats its samples exactly (and resumes bit for bit). The loop is the plain
-one: the prompt once, then one token at a time with the model's key-value cache.
+one: the prompt once, then one token at a time with the model's key-value cache; only the last position's
+logits are formed (``logits_to_keep=1`` where the model takes it, as ``generate`` does).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def sample_completions(model: Any, prompts: torch.Tensor, max_new_tokens: int, *
         raise KdcollapseError(f"the sampling temperature must be >= 0, got {temperature!r}")
     was_training = model.training
     model.eval()
+    keywords = inspect.signature(model.forward).parameters
+    last = {"logits_to_keep": 1} if "logits_to_keep" in keywords else {}
     try:
-        out = model(prompts, use_cache=True)
+        out = model(prompts, use_cache=True, **last)
         tokens = []
         for i in range(max_new_tokens):
             logits = out.logits[:, -1, :vocab_size].float()
@@ -53,7 +56,7 @@ def sample_completions(model: Any, prompts: torch.Tensor, max_new_tokens: int, *
                 token = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=generator)
             tokens.append(token)
             if i + 1 < max_new_tokens:
-                out = model(token, use_cache=True, **_cache_of(model, out))
+                out = model(token, use_cache=True, **last, **_cache_of(keywords, out))
     finally:
         model.train(was_training)
     completion = torch.cat(tokens, 1)
@@ -65,9 +68,9 @@ def sample_completions(model: Any, prompts: torch.Tensor, max_new_tokens: int, *
     return Completions(torch.cat([prompts, completion.to(prompts.dtype)], 1), mask)
 
 
-def _cache_of(model: Any, out: Any) -> dict:
-    """The key-value cache of ``out`` as the keyword ``model`` takes: ``cache`` from transformers 5.2x on,
-    ``past_key_values`` before."""
-    if "cache" in inspect.signature(model.forward).parameters:
+def _cache_of(keywords: Any, out: Any) -> dict:
+    """The key-value cache of ``out`` as the model whose forward takes ``keywords`` wants it: ``cache`` from
+    transformers 5.2x on, ``past_key_values`` before."""
+    if "cache" in keywords:
         return {"cache": out.cache}
     return {"past_key_values": out.past_key_values}

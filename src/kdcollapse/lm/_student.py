@@ -13,9 +13,11 @@ Which layers (``StudentInit.layers``):
   [s, s + m) scores ``1 - mean_t cos(h_s[t], h_{s+m}[t])``: h_ℓ is the residual stream entering layer ℓ and
   h_n the last layer's output before the final norm, the mean over every counted calibration token. The
   lowest-scoring block (the first on a tie) is dropped.
+- ``all``: every layer (the default when ``width`` is given).
 - a list of layer indices (strictly increasing, each in [0, n)): exactly those.
 
-Width pruning (heads, MLP neurons, embedding channels by Minitron's activation importance) is not implemented.
+``width: {hidden_size, intermediate_size, num_attention_heads}`` then prunes the kept layers' width by Minitron's
+activation importance on the same calibration blocks (:mod:`kdcollapse.lm._width`).
 """
 
 from __future__ import annotations
@@ -30,18 +32,21 @@ from torch import nn
 
 from kdcollapse._optional import require
 from kdcollapse.errors import ConfigError, KdcollapseError
+from kdcollapse.lm._width import WIDTH_KEYS
 
-STRATEGIES = ("distilbert", "minitron")
+STRATEGIES = ("distilbert", "minitron", "all")
 
 
 @dataclass(frozen=True)
 class StudentInit:
-    """The ``init`` of a student built from the teacher: ``{from: teacher, layers: distilbert | minitron | [...],
-    keep: N, calibration_blocks: B}`` (module doc)."""
+    """The ``init`` of a student built from the teacher: ``{from: teacher, layers: distilbert | minitron | all |
+    [...], keep: N, calibration_blocks: B, width: {hidden_size: H, intermediate_size: I, num_attention_heads: A}}``
+    (module doc)."""
 
     layers: str | tuple[int, ...] = "distilbert"
     keep: int | None = None  # layers kept by distilbert / minitron (default: half the teacher's, rounded down)
-    calibration_blocks: int = 32  # minitron: training blocks its block scores are measured on
+    calibration_blocks: int = 32  # minitron and width: training blocks the scores are measured on
+    width: tuple[tuple[str, int], ...] | None = None  # width pruning's target sizes (key, value), sorted by key
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> StudentInit:
@@ -55,11 +60,12 @@ class StudentInit:
         if source != "teacher":
             raise ConfigError(f"student.init.from must be 'teacher' (a student built from the teacher's layers), got "
                               f"{source!r}; for a random student leave out student.init")
-        unknown = sorted(set(options) - {"layers", "keep", "calibration_blocks"})
+        unknown = sorted(set(options) - {"layers", "keep", "calibration_blocks", "width"})
         if unknown:
             raise ConfigError(f"unknown keys in student.init: {', '.join(unknown)} (valid: from, layers, keep, "
-                              f"calibration_blocks)")
-        layers = options.get("layers", "distilbert")
+                              f"calibration_blocks, width)")
+        width = _width_of(options.get("width"))
+        layers = options.get("layers", "distilbert" if width is None else "all")
         if isinstance(layers, (list, tuple)):
             if not layers or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) \
                     or list(layers) != sorted(set(layers)):
@@ -77,7 +83,23 @@ class StudentInit:
         blocks = options.get("calibration_blocks", 32)
         if not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise ConfigError(f"student.init.calibration_blocks must be an int >= 1, got {blocks!r}")
-        return cls(layers, keep, blocks)
+        if layers == "all" and "keep" in options:
+            raise ConfigError("student.init.keep goes with layers: distilbert or minitron, not layers: all")
+        return cls(layers, keep, blocks, width)
+
+
+def _width_of(width: Any) -> tuple[tuple[str, int], ...] | None:
+    if width is None:
+        return None
+    if not isinstance(width, Mapping) or not width:
+        raise ConfigError(f"student.init.width must be a mapping of {', '.join(WIDTH_KEYS)} to sizes, got {width!r}")
+    unknown = sorted(set(width) - set(WIDTH_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown keys in student.init.width: {', '.join(unknown)} (valid: {', '.join(WIDTH_KEYS)})")
+    for key, value in width.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ConfigError(f"student.init.width.{key} must be an int >= 1, got {value!r}")
+    return tuple(sorted(width.items()))
 
 
 def check_student_section(student: Mapping[str, Any]) -> StudentInit | None:
@@ -193,6 +215,8 @@ def select_layers(model: Any, init: StudentInit, calibration: torch.Tensor | Non
         return list(init.layers)
     if init.layers == "distilbert":
         return distilbert_layers(n, init.keep)
+    if init.layers == "all":
+        return list(range(n))
     if calibration is None:
         raise KdcollapseError("student.init.layers=minitron scores the teacher's blocks on calibration tokens: give "
                               "them")

@@ -12,7 +12,7 @@ exported from ``kdcollapse.losses`` is not declared.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -131,7 +131,7 @@ def register_loss(name: str, *, kind: str, paper: str, equation: str, temperatur
     def decorator(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
         loss, declared = function, divergence
         if divergence is not None and divergence.rows is None:  # the decorated function is the formula
-            declared = Divergence(function, divergence.parameters, divergence.target)
+            declared = replace(divergence, rows=function)
             loss = divergence_loss(name, declared)
         info = LossInfo(name, loss, kind, paper, equation, temperature, sequences,
                         ignore_index, chunked, cases, inputs, reference_first, checks_values,

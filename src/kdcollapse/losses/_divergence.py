@@ -54,11 +54,17 @@ class Divergence:
     """What makes a declared loss a token divergence: ``rows(log_q, log_p, **parameters)`` (or
     ``rows(log_q, log_p, target, **parameters)`` when ``target``) gives the (N,) per-row values from the
     student's log-probabilities ``log_q`` and the teacher's ``log_p`` (N, V), with no τ² factor; the named
-    ``parameters`` and their ranges. ``rows=None`` in a declaration: the decorated function is ``rows``."""
+    ``parameters`` and their ranges. ``rows=None`` in a declaration: the decorated function is ``rows``.
+
+    ``gradient`` (optional, target-free divergences): ``gradient(log_q, log_p, **parameters) -> (values, g)``,
+    the (N,) values of ``rows`` and g (N, V) = ∂values / ∂log_q with every entry of ``log_q`` taken as free; the
+    loss fused with the head then forms the logits' gradient as g − q Σ g without autograd (fewer passes over
+    each (chunk, V) block). Tested against ``rows`` and its autograd gradient (``tests/test_losses_fused.py``)."""
 
     rows: Callable[..., Tensor] | None = None
     parameters: Mapping[str, Parameter] = field(default_factory=dict)
     target: bool = False
+    gradient: Callable[..., tuple[Tensor, Tensor]] | None = None
 
     def __post_init__(self):
         bad = next((k for k in self.parameters if not k.isidentifier()), None)
@@ -82,6 +88,15 @@ class Divergence:
         rows = self.rows
         return (lambda log_q, log_p, target: rows(log_q, log_p, target, **values)) if self.target else (
             lambda log_q, log_p: rows(log_q, log_p, **values))
+
+    def bind_gradient(self, name: str, given: Mapping[str, float | None]) -> Callable[..., tuple[Tensor, Tensor]] | None:
+        """``gradient`` with its parameters bound as :meth:`bind` binds them; None when none is declared."""
+        if self.gradient is None or self.target:
+            return None
+        self.bind(name, given)  # the same checks
+        values = {key: p.default if given.get(key) is None else float(given[key]) for key, p in self.parameters.items()}
+        gradient = self.gradient
+        return lambda log_q, log_p: gradient(log_q, log_p, **values)
 
 
 def divergence_loss(name: str, divergence: Divergence) -> Callable[..., Tensor]:

@@ -38,6 +38,7 @@ from kdcollapse.losses._reduce import IGNORE_INDEX
 from kdcollapse.losses.llm import _jsd
 
 STRATEGIES = ("bayesian", "observed")
+LOSSES = ("uld", "gold")  # ULD alone; GOLD's hybrid (JSD on the shared tokens, ULD on the rest)
 
 
 @dataclass(frozen=True)
@@ -72,21 +73,29 @@ def tokenize_completion(tokenizer: Any, prompt: str, completion: str) -> tuple[l
     prompt_ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     if eos is not None and prompt_ids and prompt_ids[-1] == eos:
         prompt_ids = prompt_ids[:-1]
-    encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
+    completion_ids, spans = token_byte_spans(tokenizer, completion)
     size = len(completion.encode("utf-8"))
-    spans = _byte_level_spans(tokenizer.convert_ids_to_tokens(encoded["input_ids"]), size)
-    if spans is None:  # not byte-level: character offsets turned into byte offsets
-        byte_at = [0]
-        for char in completion:
-            byte_at.append(byte_at[-1] + len(char.encode("utf-8")))
-        spans = [(byte_at[a], byte_at[b]) for a, b in encoded["offset_mapping"]]
-    ids = prompt_ids + list(encoded["input_ids"])
+    ids = prompt_ids + completion_ids
     offsets = [(0, 0)] * len(prompt_ids) + spans
     if eos is not None:
         ids.append(eos)
         offsets.append((size, size))
     labels = [IGNORE_INDEX] * len(prompt_ids) + ids[len(prompt_ids):]
     return ids, labels, offsets
+
+
+def token_byte_spans(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The ids of ``text`` (no special tokens) and each token's UTF-8 byte span (start, end) in it: exact from
+    the pieces of a byte-level BPE, else from the character offsets of a fast tokenizer."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])
+    spans = _byte_level_spans(tokenizer.convert_ids_to_tokens(ids), len(text.encode("utf-8")))
+    if spans is None:  # not byte-level: character offsets turned into byte offsets
+        byte_at = [0]
+        for char in text:
+            byte_at.append(byte_at[-1] + len(char.encode("utf-8")))
+        spans = [(byte_at[a], byte_at[b]) for a, b in encoded["offset_mapping"]]
+    return ids, spans
 
 
 def _byte_unicode() -> dict[str, int]:

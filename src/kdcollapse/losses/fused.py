@@ -34,7 +34,7 @@ from kdcollapse.losses import _token_references
 from kdcollapse.losses._catalog import register_loss
 from kdcollapse.losses._reduce import IGNORE_INDEX
 from kdcollapse.losses._shapes import check_positive, check_tensor
-from kdcollapse.losses.llm import divergence_info, divergence_rows
+from kdcollapse.losses.llm import divergence_gradient, divergence_info, divergence_rows
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class TeacherLogits:
     logits: Tensor
 
     def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
-        return F.log_softmax(_upcast(self.logits[rows, :vocab]) / temperature, -1)
+        return F.log_softmax(_scaled(_upcast(self.logits[rows, :vocab]), temperature), -1)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class TeacherHead:
 
     def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
         logits = self.hidden[rows] @ self.weight[:vocab].T
-        return F.log_softmax(_upcast(logits) / temperature, -1)
+        return F.log_softmax(_scaled(_upcast(logits), temperature), -1)
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,12 @@ def _upcast(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def _scaled(z: Tensor, temperature: float) -> Tensor:
+    """``z / temperature``; at τ = 1 ``z`` itself (the same values: no pass over an (N, V) chunk, forward or
+    backward)."""
+    return z if temperature == 1 else z / temperature
+
+
 Teacher = TeacherLogits | TeacherHead | TopKTeacher
 
 
@@ -127,6 +133,10 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
     """
     rows = divergence_rows(divergence, parameters, targets=True)
     with_target = divergence_info(divergence).divergence.target
+    # the declared gradient forms ∂loss/∂z without autograd: when there is a divergence term and the CE, if any,
+    # shares its log-softmax (τ = 1)
+    gradient = divergence_gradient(divergence, parameters) if distill_weight and (not ce_weight or temperature == 1) \
+        else None
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
@@ -155,7 +165,7 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
         raise KdcollapseError(f"labels must be in [0, {weight.shape[0]}) (or ignore_index), got "
                               f"{labels[keep].min().item()}..{labels[keep].max().item()}")
     return _FusedHead.apply(hidden, weight, teacher, rows, temperature, labels, keep, float(ce_weight),
-                            float(distill_weight), chunk_size, with_target)
+                            float(distill_weight), chunk_size, with_target, gradient)
 
 
 def _kept(n: int, labels: Tensor | None, mask: Tensor | None, ignore_index: int, device) -> Tensor:
@@ -174,12 +184,53 @@ def _kept(n: int, labels: Tensor | None, mask: Tensor | None, ignore_index: int,
     return keep
 
 
+def _autograd_gradient(h, weight, teacher, span, vocab, temperature, rows, kept, count, labels, ce_weight,
+                       distill_weight, with_target):
+    """One chunk's loss and its gradient in the logits z, by autograd through the divergence's rows."""
+    with torch.enable_grad():
+        z = _upcast(h @ weight.T).detach().requires_grad_()
+        log_q = F.log_softmax(_scaled(z, temperature), -1)
+        values = torch.zeros(len(z), dtype=z.dtype)
+        target = None if labels is None else torch.where(kept, labels[span], 0).long()
+        if distill_weight:
+            log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
+            values = distill_weight * (rows(log_q, log_p, target) if with_target else rows(log_q, log_p))
+        if ce_weight:  # −log softmax(z)[y], from the divergence's log-softmax when τ = 1
+            log_z = log_q if temperature == 1 else F.log_softmax(z, -1)
+            values = values - ce_weight * log_z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        loss = torch.where(kept, values, 0).sum() / count
+        (grad_z,) = torch.autograd.grad(loss, z)
+    return loss, grad_z
+
+
+def _declared_gradient(z, teacher, span, vocab, temperature, gradient, kept, count, labels, ce_weight,
+                       distill_weight):
+    """One chunk's loss and ∂loss/∂z from the divergence's declared gradient g = ∂values/∂log_q: with w the rows'
+    weights and log_q = log_softmax(z / τ), ∂loss/∂z = (G − q Σ_v G) / τ, G = w g (minus the CE's one-hot)."""
+    log_q = F.log_softmax(_scaled(z, temperature), -1)
+    log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
+    values, g = gradient(log_q, log_p)
+    count = count.to(z.dtype)  # the weights in z's precision (an int count would divide in float32)
+    weights = torch.where(kept, distill_weight / count, 0)
+    loss = torch.where(kept, weights * values, 0).sum()
+    g.mul_(weights.unsqueeze(1))
+    if not bool(kept.all()):  # a left-out row adds nothing, whatever its values
+        g.masked_fill_(~kept.unsqueeze(1), 0)
+    if ce_weight:  # −log q_y (τ = 1 here): ∂/∂log_q is −1 at y
+        target = torch.where(kept, labels[span], 0).long().unsqueeze(1)
+        ce_rows = torch.where(kept, ce_weight / count, 0).unsqueeze(1)
+        loss = loss - (ce_rows * log_q.gather(1, target)).sum()
+        g.scatter_add_(1, target, -ce_rows)
+    grad_z = g.sub_(log_q.exp_().mul_(g.sum(-1, keepdim=True)))
+    return loss, grad_z if temperature == 1 else grad_z.div_(temperature)
+
+
 class _FusedHead(torch.autograd.Function):
     """Forward: loss and gradients chunk by chunk. Backward: the stored gradients times the incoming one."""
 
     @staticmethod
     def forward(ctx, hidden, weight, teacher, rows, temperature, labels, keep, ce_weight, distill_weight,
-                chunk_size, with_target):
+                chunk_size, with_target, gradient=None):
         vocab, count = weight.shape[0], keep.sum()
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32 if weight.dtype != torch.float64
@@ -189,19 +240,12 @@ class _FusedHead(torch.autograd.Function):
             span = slice(start, start + chunk_size)
             kept = keep[span]
             h = hidden[span]
-            with torch.enable_grad():
-                z = _upcast(h @ weight.T).detach().requires_grad_()
-                log_q = F.log_softmax(z / temperature, -1)
-                values = torch.zeros(len(z), dtype=z.dtype)
-                target = None if labels is None else torch.where(kept, labels[span], 0).long()
-                if distill_weight:
-                    log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
-                    values = distill_weight * (rows(log_q, log_p, target) if with_target else rows(log_q, log_p))
-                if ce_weight:  # −log softmax(z)[y], from the divergence's log-softmax when τ = 1
-                    log_z = log_q if temperature == 1 else F.log_softmax(z, -1)
-                    values = values - ce_weight * log_z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                loss = torch.where(kept, values, 0).sum() / count
-                (grad_z,) = torch.autograd.grad(loss, z)
+            if gradient is not None:
+                loss, grad_z = _declared_gradient(_upcast(h @ weight.T), teacher, span, vocab, temperature, gradient,
+                                                  kept, count, labels, ce_weight, distill_weight)
+            else:
+                loss, grad_z = _autograd_gradient(h, weight, teacher, span, vocab, temperature, rows, kept, count,
+                                                  labels, ce_weight, distill_weight, with_target)
             total += loss.detach()
             grad_z = grad_z.to(hidden.dtype)
             if grad_hidden is not None:
@@ -219,4 +263,4 @@ class _FusedHead(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (None if grad_hidden is None else grad_hidden * grad_output.to(grad_hidden.dtype),
                 None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype),
-                *([None] * 9))
+                *([None] * 10))

@@ -102,6 +102,30 @@ def _jsd(log_q: Tensor, log_p: Tensor, beta: float) -> Tensor:
     return beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)
 
 
+def _forward_kl_gradient(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
+    p = log_p.exp()
+    return (p * (log_p - log_q)).sum(-1), p.neg_()
+
+
+def _reverse_kl_gradient(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
+    q = log_q.exp()
+    g = (log_q - log_p).mul_(q)  # q (log q − log p); its row sum is KL(q ‖ p)
+    return g.sum(-1), g.add_(q)
+
+
+def _jsd_gradient(log_q: Tensor, log_p: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """JSD's ∂/∂log q = (1 − β) q (log q − log m): the m-terms cancel (∂/∂q of β KL(p ‖ m) is −β(1 − β) p / m)."""
+    if beta == 0:
+        return _forward_kl_gradient(log_q, log_p)
+    if beta == 1:
+        return _reverse_kl_gradient(log_q, log_p)
+    log_m = _log_mixture(log_p, log_q, beta)
+    q = log_q.exp()
+    g = (log_q - log_m).mul_(q)
+    values = beta * (log_p.exp() * (log_p - log_m)).sum(-1) + (1 - beta) * g.sum(-1)
+    return values, g.mul_(1 - beta)
+
+
 # --- the declarations: one register_loss each (its per-row formula, named parameters, paper) ---------------
 
 _OPTIONS = dict(kind="logits", temperature=True, sequences=True, ignore_index=False, chunked=True)
@@ -110,14 +134,16 @@ _UNIT = "in [0, 1]"
 
 @register_loss("forward_kl", paper="Hinton et al. 2015; Agarwal et al. 2024 (GKD) Sec. 3",
                equation="KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(), reference=_ref.forward_kl)
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_forward_kl_gradient),
+               reference=_ref.forward_kl)
 def _forward_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_p, log_q)
 
 
 @register_loss("reverse_kl", paper="Agarwal et al. 2024 (GKD); Gu et al. 2024 (MiniLLM)",
                equation="KL(softmax(z_s/τ) ‖ softmax(z_t/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(), reference=_ref.reverse_kl)
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_reverse_kl_gradient),
+               reference=_ref.reverse_kl)
 def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_q, log_p)
 
@@ -126,7 +152,8 @@ def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
                equation="β KL(p ‖ m) + (1−β) KL(q ‖ m), m = βp + (1−β)q (eq. 1)", **_OPTIONS,
                example=lambda k, y: {"beta": 0.3}, variants={"endpoint": lambda k, y: {"beta": 1.0}},
                divergence=Divergence(parameters={"beta": Parameter(
-                   0.5, meaning="the teacher's weight in the mixture m (TRL's default 0.5; 0: forward KL, 1: reverse KL)")}), reference=_ref.jsd)
+                   0.5, meaning="the teacher's weight in the mixture m (TRL's default 0.5; 0: forward KL, 1: reverse KL)")},
+                   gradient=_jsd_gradient), reference=_ref.jsd)
 def _jsd_rows(log_q: Tensor, log_p: Tensor, beta: float) -> Tensor:
     return _jsd(log_q, log_p, beta)
 
@@ -183,6 +210,13 @@ def divergence_info(divergence: str, *, targets: bool = True) -> LossInfo:
         raise KdcollapseError(f"divergence {divergence!r} needs the target token of every row: use "
                               f"kdcollapse.losses.{divergence}_loss, or fused_head_loss with labels")
     return info
+
+
+def divergence_gradient(divergence: str, parameters: Mapping[str, float | None] | None = None
+                        ) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """The declared ``gradient(log_q, log_p) -> (values, ∂values/∂log_q)`` of ``divergence`` with its parameters
+    bound, or None when the declaration has none (:class:`~kdcollapse.losses._divergence.Divergence`)."""
+    return divergence_info(divergence).divergence.bind_gradient(divergence, dict(parameters or {}))
 
 
 def divergence_rows(divergence: str, parameters: Mapping[str, float | None] | None = None, *,

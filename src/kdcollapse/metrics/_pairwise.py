@@ -8,11 +8,12 @@ Two ways to avoid the K x K matrix, chosen per metric:
 - **Tiles** (O(K^2 d) time, O(tile^2) memory) where an entry-wise non-linearity (|.|, a quotient) forbids
   that: NC2's equiangularity (mean |cos + 1/(K-1)|) and CDNV, of the class means from one pass over their Gram
   tiles (``equiangle_and_cdnv``). Only the upper triangle of tiles is visited
-  (both kernels are symmetric), each tile is a ``tile x tile`` block in the dtype of the inputs (float64 in
-  ``collapse_metrics``), and tile sums are accumulated in float64.
+  (both kernels are symmetric), a diagonal tile halved down to ``LEAF``-row blocks (``_triangle``), each tile
+  is a ``tile x tile`` block in the dtype of the inputs (float64 in ``collapse_metrics``), and tile sums are
+  accumulated in float64.
 
-With ``tile = TILE`` = 2048 a float64 tile is 32 MiB and the few temporaries of one kernel stay under
-about 150 MiB, whatever K.
+With ``tile = TILE`` = 2048 a float64 tile is 32 MiB; ``class_mean_kernels`` keeps six tile-sized buffers
+(``_Workspace``, about 200 MiB) and reuses them for every block, whatever K.
 """
 
 from __future__ import annotations
@@ -47,18 +48,21 @@ def _upper_tiles(num_rows: int, tile: int) -> Iterator[tuple[slice, slice, bool]
 
 class _Moments:
     """Count, mean and sum of squared deviations of a stream of blocks, merged block by block (Chan et al.'s
-    pairwise update), float64: the variance over K^2/2 pairs without a cancelling sum of squares."""
+    pairwise update), float64: the variance over K^2/2 pairs without a cancelling sum of squares. Each block's
+    own moments are two-pass (its mean, then the squares about it, in place: ``add`` overwrites the block), exact
+    to rounding and cheaper than ``torch.var_mean``'s running update."""
 
     def __init__(self) -> None:
         self.count, self.mean, self.squares = 0, None, None
 
-    def add(self, block: Tensor, mask: Tensor | None) -> None:
-        values = (block if mask is None else block[mask]).to(torch.float64)
+    def add(self, block: Tensor) -> None:
+        values = block.to(torch.float64).reshape(-1)  # overwritten below (the caller's block is spent)
         count = values.numel()
         if count == 0:
             return
-        variance, mean = torch.var_mean(values, correction=0)  # one fused pass over the block
-        squares = variance * count
+        mean = values.sum() / count
+        squares = values.sub_(mean).square_().sum()  # torch's cascaded sum: a BLAS dot's running sum loses
+        # about n * eps of a sum dominated by a few entries (Riesz's heavy tail: 1e-11 at 2048^2 entries)
         if self.mean is None:
             self.count, self.mean, self.squares = count, mean, squares
             return
@@ -73,25 +77,76 @@ class _Moments:
         return self.squares / self.count
 
 
+class _Workspace:
+    """Flat buffers reused from block to block, viewed as each block's shape. A fresh tile-sized tensor (32 MiB
+    at ``TILE`` in float64, above the allocator's mmap threshold) is mapped anew and page-faulted on first
+    touch, which costs more than the element-wise work on it; the buffers are allocated once, at the size of
+    the first (largest) block."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device, self.flat = dtype, device, {}
+
+    def __call__(self, name: str, rows: int, cols: int) -> Tensor:
+        flat = self.flat.get(name)
+        if flat is None or flat.numel() < rows * cols:
+            flat = self.flat[name] = torch.empty(rows * cols, dtype=self.dtype, device=self.device)
+        return flat[: rows * cols].view(rows, cols)
+
+
+LEAF = 256  # a diagonal tile is halved down to blocks of at most this many rows (see _triangle)
+
+
+def _triangle(num: int, leaf: int) -> Iterator[tuple[slice, slice, bool]]:
+    """(rows, columns, on_diagonal) of blocks that cover the pairs i < j of a ``num x num`` diagonal tile once:
+    the tile is halved until a diagonal block has at most ``leaf`` rows, so the kernel runs on about
+    num^2 / 2 + num * leaf / 2 entries instead of num^2 (only the leaves' lower halves are wasted)."""
+    if num <= leaf:
+        yield slice(0, num), slice(0, num), True
+        return
+    half = num // 2
+    yield from _triangle(half, leaf)
+    yield slice(0, half), slice(half, num), False
+    for rows, cols, diagonal in _triangle(num - half, leaf):
+        yield slice(rows.start + half, rows.stop + half), slice(cols.start + half, cols.stop + half), diagonal
+
+
+def _pair_blocks(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]],
+                 tile: int) -> Iterator[tuple[tuple[Tensor, ...], Tensor | None]]:
+    """Every block of ``kernel`` over the unordered pairs of ``rows``, as (blocks, mask): ``mask`` None where
+    every entry is a pair k < k', else the boolean upper triangle (above the diagonal) of a diagonal leaf."""
+    held, a, masks = None, None, {}
+    for r, c, diagonal in _upper_tiles(rows.shape[0], tile):
+        if r != held:
+            held, a = r, rows[r]
+        parts = _triangle(len(a), LEAF) if diagonal else ((slice(None), slice(None), False),)
+        other = a if diagonal else rows[c]
+        for p, q, on_diagonal in parts:
+            blocks = kernel(a[p], other[q])
+            blocks = blocks if isinstance(blocks, tuple) else (blocks,)
+            mask = None
+            if on_diagonal:
+                shape = blocks[0].shape
+                mask = masks.get(shape)
+                if mask is None:
+                    mask = masks[shape] = torch.ones(shape, dtype=torch.bool, device=blocks[0].device).triu_(1)
+            yield blocks, mask
+
+
 def pair_moments(rows: Rows, kernel: Callable[[Tensor, Tensor], tuple[Tensor, ...]], moments: tuple[bool, ...],
                  tile: int = TILE) -> tuple[Tensor | tuple[Tensor, Tensor], ...]:
     """Like :func:`pair_mean` for a ``kernel`` returning a tuple of blocks, with ``moments[i]`` saying whether
     block i's entry is ``(mean, variance)`` over the pairs (variance about the mean, divided by the number of
-    pairs; merged tile by tile, ``_Moments``) instead of its mean alone."""
+    pairs; merged block by block, ``_Moments``) instead of its mean alone. The blocks with moments are
+    overwritten (a kernel may return the same buffers on every call: each block is spent before the next)."""
     num = rows.shape[0]
-    totals, stats, held, a = None, [_Moments() if m else None for m in moments], None, None
-    for r, c, diagonal in _upper_tiles(num, tile):
-        if r != held:
-            held, a = r, rows[r]
-        blocks = kernel(a, a if diagonal else rows[c])
-        mask = torch.ones(blocks[0].shape, dtype=torch.bool, device=blocks[0].device).triu_(1) if diagonal else None
-        sums = [None if stat is not None else (block.triu(1) if diagonal else block).sum(dtype=torch.float64)
-                for block, stat in zip(blocks, stats)]  # a block with moments: its mean comes from _Moments
-        totals = sums if totals is None else [None if part is None else total + part
-                                              for total, part in zip(totals, sums)]
-        for block, stat in zip(blocks, stats):
-            if stat is not None:
-                stat.add(block, mask)
+    totals, stats = [None] * len(moments), [_Moments() if m else None for m in moments]
+    for blocks, mask in _pair_blocks(rows, kernel, tile):
+        for i, (block, stat) in enumerate(zip(blocks, stats)):
+            if stat is not None:  # a block with moments: its mean comes from _Moments
+                stat.add(block if mask is None else block[mask])
+                continue
+            part = (block if mask is None else block.triu(1)).sum(dtype=torch.float64)
+            totals[i] = part if totals[i] is None else totals[i] + part
     pairs = num * (num - 1) / 2
     return tuple(total / pairs if stat is None else (stat.mean, stat.variance())
                  for total, stat in zip(totals, stats))
@@ -107,13 +162,9 @@ def pair_mean(rows: Rows, kernel: Callable[[Tensor, Tensor], Tensor | tuple[Tens
     are then formed when it is visited (the row tile of a tile row once), so no K x d copy of them exists.
     """
     num = rows.shape[0]
-    totals, held, a = None, None, None
-    for r, c, diagonal in _upper_tiles(num, tile):
-        if r != held:
-            held, a = r, rows[r]
-        blocks = kernel(a, a if diagonal else rows[c])
-        blocks = blocks if isinstance(blocks, tuple) else (blocks,)
-        sums = [(block.triu(1) if diagonal else block).sum(dtype=torch.float64) for block in blocks]
+    totals = None
+    for blocks, mask in _pair_blocks(rows, kernel, tile):
+        sums = [(block if mask is None else block.triu(1)).sum(dtype=torch.float64) for block in blocks]
         totals = sums if totals is None else [total + part for total, part in zip(totals, sums)]
     means = tuple(total / (num * (num - 1) / 2) for total in totals)
     return means if len(means) > 1 else means[0]
@@ -170,11 +221,21 @@ def equiangle_and_cdnv(centred: Rows, variances: Tensor, tile: int = TILE) -> tu
 KERNELS = ("dist", "log", "riesz")
 
 
-def hyperspherical_kernels(distance: Tensor, riesz_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(|a - b|, log(1 / |a - b|), sign(s) |a - b|^(-s)) from a block of distances between unit vectors
-    (rhubarbwu's ``dist_kernel``, ``log_kernel`` with exponent -1 and ``riesz_kernel``, whose s is d - 2)."""
-    sign = math.copysign(1.0, riesz_s)
-    return distance, distance.reciprocal().log_(), distance.pow(-riesz_s).mul_(sign)
+def hyperspherical_kernels(squared: Tensor, riesz_s: float, log_out: Tensor | None = None,
+                           riesz_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(|a - b|, log(1 / |a - b|), sign(s) |a - b|^(-s)) from a block of squared distances |a - b|^2 between unit
+    vectors (rhubarbwu's ``dist_kernel``, ``log_kernel`` with exponent -1 and ``riesz_kernel``, whose s is
+    d - 2). One log serves both: log(1 / |a - b|) = -log|a - b|^2 / 2 and |a - b|^(-s) = exp(-s log|a - b|^2 / 2)
+    (an exp instead of ``pow``'s log and exp; its relative error is about s * eps). ``squared`` is overwritten
+    (it becomes the distances); ``log_out`` and ``riesz_out``: buffers of its shape for the other two."""
+    log_kernel = torch.log(squared, out=log_out)
+    if riesz_s == 0:  # |a - b|^0 = 1, also at distance 0 (where 0 * log 0 is nan)
+        riesz = torch.ones_like(squared) if riesz_out is None else riesz_out.fill_(1)
+    else:
+        riesz = torch.mul(log_kernel, -riesz_s / 2, out=riesz_out).exp_()
+        if riesz_s < 0:
+            riesz.neg_()
+    return squared.sqrt_(), log_kernel.mul_(-0.5), riesz
 
 
 def class_mean_kernels(centred: Rows, variances: Tensor, tile: int = TILE,
@@ -198,14 +259,26 @@ def class_mean_kernels(centred: Rows, variances: Tensor, tile: int = TILE,
         out[:, :dim], out[:, dim], out[:, dim + 1] = chunk, chunk.square().sum(1), variances[part]
         return out
 
-    def kernel(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
-        gram = a[:, :dim] @ b[:, :dim].mT
-        inverse_a, inverse_b = (rows[:, dim].sqrt().clamp_min(1e-12).reciprocal() for rows in (a, b))
-        squared = torch.add(a[:, dim, None], b[None, :, dim]).add_(gram, alpha=-2).clamp_min_(0).mul_(2)
-        quotient = torch.add(a[:, dim + 1, None], b[None, :, dim + 1]).div_(squared)
-        cosine = gram.mul_(inverse_a[:, None]).mul_(inverse_b[None, :]).to(torch.float64)
-        distance = cosine.mul(-2).add_(2).clamp_min_(0).sqrt_()
-        return (cosine.add_(shift).abs_(), quotient, *hyperspherical_kernels(distance, s))
+    def columns(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # contiguous: a strided broadcast is slow
+        norms = rows[:, dim].contiguous()
+        return norms, rows[:, dim + 1].mul(0.5), norms.sqrt().clamp_min_(1e-12).reciprocal_()
+
+    space = _Workspace(rows.dtype, rows.device)
+    wide = _Workspace(torch.float64, rows.device)
+
+    def kernel(a: Tensor, b: Tensor) -> tuple[Tensor, ...]:  # into reused buffers, in place where it can
+        shape = len(a), len(b)
+        gram = torch.mm(a[:, :dim], b[:, :dim].mT, out=space("gram", *shape))
+        (norm_a, half_a, inverse_a), (norm_b, half_b, inverse_b) = columns(a), columns(b)
+        squared = torch.add(norm_a[:, None], norm_b[None, :], out=space("squared", *shape))
+        squared.add_(gram, alpha=-2).clamp_min_(0)
+        quotient = torch.add(half_a[:, None], half_b[None, :], out=space("quotient", *shape)).div_(squared)
+        cosine = gram.mul_(inverse_a[:, None]).mul_(inverse_b[None, :])  # halves above: exact, as / (2 |.|^2)
+        if cosine.dtype != torch.float64:
+            cosine = cosine.to(torch.float64)
+        unit_squared = torch.mul(cosine, -2, out=wide("unit", *shape)).add_(2).clamp_min_(0)  # 2 - 2 cos
+        kernels = hyperspherical_kernels(unit_squared, s, wide("log", *shape), wide("riesz", *shape))
+        return (cosine.add_(shift).abs_(), quotient, *kernels)
 
     out = pair_moments(LazyRows((num, dim + 16), rows.dtype, rows.device, bundled), kernel,
                        (False, False, True, True, True), tile)

@@ -10,6 +10,8 @@ A commit gathers the whole student and optimizer state (a collective: every proc
 process writes it in the one-process checkpoint format, so ``checkpoint.safetensors`` and ``state.json`` are
 those of any run and a run can be resumed with either strategy. A resume loads the whole tensors on every
 process and keeps each one's shard. The main process evaluates and exports a whole copy of the student.
+A LoRA student (``student.lora``) is sharded the same way, its frozen base weights and its adapter alike: a
+commit keeps the adapter's tensors of the gathered state, and the export merges the adapter of the whole copy.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ class Sharded:
     """A student sharded layer by layer; :attr:`whole` (main process) an unsharded copy for evaluation and
     export, refreshed by :meth:`gather`."""
 
-    def __init__(self, model: torch.nn.Module, world_size: int, is_main: bool):
+    def __init__(self, model: torch.nn.Module, world_size: int, is_main: bool, whole: torch.nn.Module | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        self.whole = copy.deepcopy(model) if is_main else None
+        self.whole = (whole if whole is not None else copy.deepcopy(model)) if is_main else None
         mesh = init_device_mesh("cpu", (world_size,))
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
@@ -93,6 +95,17 @@ class Sharded:
                 p.copy_(shard_like(value, p) if isinstance(p, DTensor) else value)
         if self.whole is not None:
             self.whole.load_state_dict(tensors)
+
+    def shards(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Whole tensors of some of the student's entries (a LoRA adapter's), each as this process holds it."""
+        state = self.model.state_dict()
+        return {name: shard_like(value, state[name]) if isinstance(state.get(name), DTensor) else value
+                for name, value in tensors.items()}
+
+    def load_whole(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Some of the whole copy's entries (main process; a LoRA adapter's on resume)."""
+        if self.whole is not None:
+            self.whole.load_state_dict(tensors, strict=False)
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -19,6 +19,7 @@ so :func:`kdcollapse.lm.load_language_model` opens it).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -36,9 +37,10 @@ from kdcollapse.runs import (flatten_optimizer, load_tensors, on_main_process, r
                              split_prefix, unflatten_optimizer)
 from kdcollapse.train._engine import RunEngine, TrainingDiverged
 from kdcollapse.train._fsdp import Sharded, decoder_layers
+from kdcollapse.train._lm_cross import lm_task
 from kdcollapse.train._lm_task import LMTask
 
-__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format"]
+__all__ = ["LMConfig", "LMTrainer", "distill_lm", "load_lm_config", "refuse_old_format", "teacher_comparison"]
 
 OLD_FORMAT = "kdcollapse.lm_checkpoint"
 
@@ -103,7 +105,7 @@ class LMTrainer(RunEngine):
 
     def setup_data(self) -> LMTask:
         """The task's blocks and teacher tokens: caches filled once, by the main process, then read by all."""
-        task = LMTask(self.cfg, self.dist.rank, self.dist.world_size)
+        task = lm_task(self.cfg, self.dist.rank, self.dist.world_size)
         on_main_process(self.dist.is_main, task.prepare, "the main process could not prepare the corpus or the "
                         "teacher tokens")
         if not self.dist.is_main:
@@ -122,7 +124,10 @@ class LMTrainer(RunEngine):
         else:
             teacher = self.task.teacher.model
             self.student_layers = lm.select_layers(teacher, init, self.task.train)
-            model = lm.student_from_teacher(teacher, self.student_layers).train()
+            model = lm.student_from_teacher(teacher, self.student_layers)
+            if init.width is not None:  # Minitron's width pruning of the kept layers, on the same calibration blocks
+                model = lm.prune_width(model, dict(init.width), self.task.train[:init.calibration_blocks])[0]
+            model = model.train()
         self.lora = LoraStudent(model, lora_section) if lora_section is not None else None
         return self.lora.model.train() if self.lora else model
 
@@ -130,7 +135,10 @@ class LMTrainer(RunEngine):
         """FSDP2 (``distributed.strategy=fsdp`` under torchrun): the student sharded layer by layer."""
         if self.cfg.distributed.strategy != "fsdp" or not self.dist.enabled:
             return None
-        return Sharded(self.student, self.dist.world_size, self.dist.is_main)
+        # a LoRA student's whole copy keeps its peft wrapper, so the export can merge the adapter
+        self.whole_lora = copy.deepcopy(self.lora.peft_model) if self.lora and self.dist.is_main else None
+        return Sharded(self.student, self.dist.world_size, self.dist.is_main,
+                       whole=self.whole_lora.get_base_model() if self.whole_lora is not None else None)
 
     def setup_optimizer(self) -> torch.optim.Optimizer:
         """AdamW on the trained parameters (a LoRA student's adapter); its learning rate is set every step by
@@ -140,6 +148,8 @@ class LMTrainer(RunEngine):
 
     def exported(self) -> torch.nn.Module:
         """The student saved as ``student/``: a LoRA student merged, an FSDP student's whole copy."""
+        if self.lora and self.sharded:
+            return copy.deepcopy(self.whole_lora).merge_and_unload()
         return self.lora.merged() if self.lora else self.sharded.whole if self.sharded else self.student
 
     def student_state(self) -> dict[str, torch.Tensor]:
@@ -153,7 +163,11 @@ class LMTrainer(RunEngine):
         if meta.get("format") != "kdcollapse.checkpoint" or meta.get("task") != "lm":
             raise CheckpointError(f"{path} is not a distill-lm checkpoint of this version")
         if self.lora:
-            self.lora.load_state_dict(split_prefix(tensors, "student."), meta, str(path))
+            trained = split_prefix(tensors, "student.")
+            if self.sharded:  # each process keeps its shard of the adapter; the whole copy all of it
+                self.sharded.load_whole(trained)
+                trained = self.sharded.shards(trained)
+            self.lora.load_state_dict(trained, meta, str(path))
         elif meta.get("student_base") is not None:
             raise CheckpointError(f"cannot resume: {path} holds a LoRA adapter but the config's student has no lora")
         elif self.sharded:
@@ -180,7 +194,9 @@ class LMTrainer(RunEngine):
                                 "parameters_per_process": self.sharded.local_parameters()}
                                if self.sharded else {})},
             "train_tokens": self.task.train.numel(), "data": self.task.data["corpus_summary"],
-            **({"student_layers": self.student_layers} if self.student_layers is not None else {})}
+            **({"student_layers": self.student_layers} if self.student_layers is not None else {}),
+            **({"student_width": dict(self.cfg.student_init.width)}
+               if self.cfg.student_init is not None and self.cfg.student_init.width else {})}
 
     # ------------------------------------------------------------------------------------ loop
     def train(self) -> dict:
@@ -262,6 +278,8 @@ class LMTrainer(RunEngine):
         if self.sharded:  # a collective: the whole student and optimizer state, in the one-process format
             student, optimizer, evaluated = self.sharded.gather(), self.sharded.gather_optimizer(self.optimizer), \
                 self.sharded.whole
+            if self.lora:  # the adapter's tensors, as one process commits them
+                student = {name: student[name] for name in self.lora.trained()}
         else:
             student, optimizer, evaluated = self.student_state(), self.optimizer.state_dict(), self.student
 
@@ -282,8 +300,16 @@ class LMTrainer(RunEngine):
         self.commit(step, checkpoint)
         if self.dist.is_main:
             self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "
-                          f"perplexity {record['validation_perplexity']:.2f}, agreement "
-                          f"{record['validation_agreement']:.3f}")
+                          f"perplexity {record['validation_perplexity']:.2f}, {teacher_comparison(record, 'validation')}")
+
+
+def teacher_comparison(record: dict, split: str) -> str:
+    """How a record compares the student with the teacher: agreement (one tokenizer) or, across tokenizers,
+    perplexity per byte beside the teacher's (token perplexities of two tokenizers do not compare)."""
+    if f"{split}_agreement" in record:
+        return f"agreement with the teacher {record[f'{split}_agreement']:.3f}"
+    return (f"perplexity per byte {record[f'{split}_byte_perplexity']:.4f} (teacher "
+            f"{record[f'{split}_teacher_byte_perplexity']:.4f})")
 
 
 def save_student(student, tokenizer, directory: Path) -> None:

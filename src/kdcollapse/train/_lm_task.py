@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from kdcollapse import lm
 from kdcollapse.config_lm import GenerationSection, LMConfig
 from kdcollapse.errors import DataError
-from kdcollapse.losses import TeacherHead, fused_head_loss
+from kdcollapse.losses import TeacherHead, distillm2_fused_loss, fused_head_loss
+from kdcollapse.losses.distillm2 import SKEW
 from kdcollapse.losses.llm import token_divergence
 
 
@@ -143,7 +144,8 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
     sampled block counts only at the positions that predict its completion; the student's own samples are
     scored by the divergence alone (no cross-entropy on them). A text block counts the positions ``train_mask``
     (n, T - 1) marks (the data's ``loss_on``; default every position). The loss is the mean over every counted
-    position of the micro-batch."""
+    position of the micro-batch. DistiLLM-2 (``loss.divergence=distillm2``, seq_kd and lmbda 0.5): the student's
+    half answers the teacher's half's prompts, and one ``distillm2_fused_loss`` scores both halves."""
     gen, loss_cfg = cfg.generation, cfg.loss
     ids = train[micro].clone()
     on_policy = round(gen.lmbda * len(micro))
@@ -152,6 +154,8 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
             else torch.ones(len(ids), ids.shape[1] - 1, dtype=torch.bool))
     masked = gen.enabled or not bool(keep.all())
     vocab = student.get_output_embeddings().weight.shape[0]
+    if loss_cfg.pairs_responses:  # DistiLLM-2: the student answers the prompts the teacher answers
+        ids[text:], keep[text:] = ids[:on_policy].clone(), keep[:on_policy].clone()
     if gen.seq_kd and text:
         _sample_into(ids, keep, slice(0, text), teacher.model, gen, generator, eos, vocab)
     if on_policy:
@@ -165,6 +169,13 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
     if loss_cfg.divergence != "none" and scored < len(ids):
         with torch.no_grad():
             online = teacher.model.base_model(ids[scored:]).last_hidden_state[:, :-1]
+    if loss_cfg.pairs_responses:  # one fused loss: skew KL on the teacher's responses, skew reverse KL on the student's
+        h = hidden.reshape(-1, hidden.shape[-1])
+        return distillm2_fused_loss(
+            h, weight, _head(teacher, online), (torch.arange(len(ids)) >= text).repeat_interleave(labels.shape[1]),
+            SKEW if loss_cfg.alpha is None else loss_cfg.alpha, loss_cfg.temperature, labels=labels.reshape(-1),
+            ce_weight=loss_cfg.ce_weight, distill_weight=loss_cfg.distill_weight, mask=keep.reshape(-1),
+            chunk_size=cfg.chunk_size)
     parts = []  # (rows, teacher, ce_weight)
     if text:
         if loss_cfg.divergence == "none":
