@@ -32,9 +32,11 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
     text = [_caption(spec, metric, len([c for c in comparisons if not math.isnan(c["p"])]))]
     if made := made_on(records):
         text.append(made)
-    recorded = sum(name in records for name in study.runs)
-    if recorded < len(study.runs) or study.waiting:  # a study still running: say how much of it the page shows
-        text.append(f"**Partial records**: {recorded} of the {len(study.runs)} runs defined so far have finished"
+    shown = [n for n, run in study.runs.items() if run.group in {c["group"] for part in spec.get("sections") or []
+                                                                   for c in part.get("cells") or []}]
+    recorded = sum(name in records for name in shown)
+    if recorded < len(shown) or study.waiting:  # a study still running: say how much of it the page shows
+        text.append(f"**Partial records**: {recorded} of the {len(shown)} runs defined so far have finished"
                     + (f"; {len(study.waiting)} choice(s) on validation still wait for the runs they read, and "
                        "define more runs once made" if study.waiting else "")
                     + ". A cell shows its finished seeds only, and a comparison the seeds both its cells have "
