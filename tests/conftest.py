@@ -14,6 +14,9 @@ from kdcollapse.models import create_model
 
 # Tiny models and data: more threads only add overhead, and CI machines have 2 cores.
 torch.set_num_threads(int(os.environ.get("KDCOLLAPSE_TEST_THREADS", "1")))
+# transformers' "Loading weights" bars (and huggingface_hub's) are stderr noise in tests; the variable is read
+# when they are imported, here and in every subprocess a test starts.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,18 @@ def free_port() -> int:
 def run_ranks(args: Sequence[str], *, world_size: int = 2, cwd: str | Path | None = None,
               timeout: float = 300) -> Finished:
     """Run ``kdcollapse.cli.main(args)`` on ``world_size`` forked ranks of one gloo group; see the module."""
+    def cli() -> int:
+        from kdcollapse.cli import main
+
+        return main(list(args))
+
+    return run_on_ranks(cli, world_size=world_size, cwd=cwd, timeout=timeout)
+
+
+def run_on_ranks(target: Callable[[], int | None], *, world_size: int = 2, cwd: str | Path | None = None,
+                 timeout: float = 300) -> Finished:
+    """Run ``target()`` (its return value the exit code; None is 0) on ``world_size`` forked ranks, each with
+    torchrun's environment: a part of a distributed run tested without the CLI."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         outputs = Path(tmp)
@@ -45,7 +57,7 @@ def run_ranks(args: Sequence[str], *, world_size: int = 2, cwd: str | Path | Non
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:  # the rank: never returns
-                _rank(rank, world_size, port, list(args), cwd, outputs)
+                _rank(rank, world_size, port, target, cwd, outputs)
             pids.append(pid)
         codes = _wait(pids, time.monotonic() + timeout)
         read = [(outputs / f"{r}.out").read_text() for r in range(world_size)]
@@ -53,7 +65,7 @@ def run_ranks(args: Sequence[str], *, world_size: int = 2, cwd: str | Path | Non
     return Finished(0 if not any(codes) else 1, "".join(read), "".join(errors))
 
 
-def _rank(rank: int, world_size: int, port: int, args: list[str], cwd, outputs: Path) -> None:
+def _rank(rank: int, world_size: int, port: int, target: Callable[[], int | None], cwd, outputs: Path) -> None:
     code = 1
     try:
         out, err = open(outputs / f"{rank}.out", "w"), open(outputs / f"{rank}.err", "w")
@@ -66,9 +78,7 @@ def _rank(rank: int, world_size: int, port: int, args: list[str], cwd, outputs: 
         torch.set_num_threads(1)  # a forked process must not start OpenMP's thread pool
         if cwd is not None:
             os.chdir(cwd)
-        from kdcollapse.cli import main
-
-        code = main(args)
+        code = target()
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
     except BaseException:

@@ -618,7 +618,12 @@ def _study_cases():
         label = {"TEACHER": "teacher", "STUDENT": "kd", "CHOSEN": "chosen"}[group]
         cases += [({group: json.dumps(f"{key}={value}")}, [key, f"group {label!r}"])
                   for key, value in INVALID.items() if key not in SET_BY_THE_STUDY]
-    return cases + [({"STUDENT": "train.epochs=1]]"}, ["not valid YAML", "line 8"])]  # malformed: one line too
+    cases.append(({"STUDENT": "train.epochs=1]]"}, ["not valid YAML", "line 8"]))  # malformed: one line too
+    # YAML that safe_load reads without a word: a key given twice (a group's, a post step's), nested 200 deep
+    cases += [({"RUN": 'kd/t{t}/seed{seed}", run: "other/{t}'}, ["duplicate key 'run'", "line 7"]),
+              ({"CREATES": "analysis.json, creates: other.json"}, ["duplicate key 'creates'", "line 6"]),
+              ({"CELL": "[" * 200 + "]" * 200}, ["not valid YAML", "nested more than 100"])]
+    return cases
 
 
 STUDY_CASES = _study_cases()

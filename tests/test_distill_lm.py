@@ -436,7 +436,8 @@ def test_a_divergence_declared_by_an_import_module_gets_its_loss_keys(setup, tmp
     """A token divergence declared in a user's module (``--import``, registered after kdcollapse.config_lm was
     imported) brings its ``loss.<parameter>`` keys to distill-lm's config: read from the registry when the
     config loads, its range checked there (one error line, exit 2, nothing written), and a run trains with it.
-    In a subprocess, so the declaration does not reach this process's registry-driven tests."""
+    In one subprocess, so the declaration does not reach this process's registry-driven tests: the CLI's
+    ``main`` runs there once per command line, the first without ``--import`` (the key is unknown then)."""
     import os
     import subprocess
     import sys
@@ -444,23 +445,33 @@ def test_a_divergence_declared_by_an_import_module_gets_its_loss_keys(setup, tmp
     root, options = setup
     (tmp_path / "my_divergence.py").write_text(MY_DIVERGENCE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-
-    def cli(*extra):
-        return subprocess.run([sys.executable, "-m", "kdcollapse", "--import", "my_divergence", "distill-lm", *options,
-                               "steps=2", "loss.divergence=my_skew_kl", *extra], env=env, capture_output=True,
-                              text=True, timeout=300)
-
-    bad = cli(f"run_dir={tmp_path / 'bad'}", "loss.lam=2")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1, bad.stderr
-    assert "lam" in bad.stderr and "0.9" in bad.stderr and not (tmp_path / "bad").exists()
-    unknown = cli(f"run_dir={tmp_path / 'bad'}", "loss.lamb=0.3")
-    assert unknown.returncode == 2 and "unknown key 'loss.lamb'" in unknown.stderr, unknown.stderr
-    good = cli(f"run_dir={tmp_path / 'good'}", "loss.lam=0.3")
-    assert good.returncode == 0, good.stderr[-2000:]
+    common = [*options, "steps=2", "loss.divergence=my_skew_kl"]
+    argvs = [["distill-lm", *options, "steps=2", f"run_dir={tmp_path / 'none'}", "loss.lam=0.3"],
+             *(["--import", "my_divergence", "distill-lm", *common, *extra] for extra in (
+                 [f"run_dir={tmp_path / 'bad'}", "loss.lam=2"], [f"run_dir={tmp_path / 'bad'}", "loss.lamb=0.3"],
+                 [f"run_dir={tmp_path / 'good'}", "loss.lam=0.3"]))]
+    ran = subprocess.run([sys.executable, "-c", _MAINS, json.dumps(argvs)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    without, bad, unknown, good = [json.loads(x.removeprefix("MAIN ")) for x in ran.stdout.splitlines()
+                                   if x.startswith("MAIN ")]
+    assert without["status"] == 2 and "unknown key 'loss.lam'" in without["stderr"], without  # not imported
+    assert bad["status"] == 2 and bad["stderr"].startswith("error: ") and bad["stderr"].count("\n") == 1, bad
+    assert "lam" in bad["stderr"] and "0.9" in bad["stderr"] and not (tmp_path / "bad").exists()
+    assert unknown["status"] == 2 and "unknown key 'loss.lamb'" in unknown["stderr"], unknown
+    assert good["status"] == 0, good["stderr"][-2000:]
     saved = (tmp_path / "good" / "config.yaml").read_text()
     assert "divergence: my_skew_kl" in saved and "lam: 0.3" in saved
     assert [json.loads(x)["step"] for x in (tmp_path / "good" / "metrics.jsonl").read_text().splitlines()] == [2]
-    without = subprocess.run([sys.executable, "-m", "kdcollapse", "distill-lm", *options, "steps=2",
-                              f"run_dir={tmp_path / 'none'}", "loss.lam=0.3"], env=env, capture_output=True, text=True,
-                             timeout=300)
-    assert without.returncode == 2 and "unknown key 'loss.lam'" in without.stderr, without.stderr  # not imported
+
+
+# The CLI's main once per command line (argv lists, JSON in argv[1]) in one interpreter: exit status and stderr.
+_MAINS = """
+import contextlib, io, json, sys
+from kdcollapse.cli import main
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(argv)
+    print("MAIN " + json.dumps({"status": status, "stderr": err.getvalue()}), flush=True)
+"""

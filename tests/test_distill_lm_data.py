@@ -4,8 +4,6 @@ from full logits over the counted positions), Parquet prompt/completion pairs pa
 teacher (Minitron), and the commands of docs/language_models.md run on these tiny models."""
 
 import json
-import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -116,18 +114,39 @@ def test_a_width_pruned_student_trains_and_reloads(setup):
 
 
 def _doc_commands():
-    """The `kdcollapse distill-lm` lines of the docs' "Data and students on the command line" block."""
-    text = DOCS.read_text()
-    block = re.search(r"<!-- lmdata commands -->\n```\n(.*?)```", text, re.S).group(1)
-    return [shlex.split(line) for line in block.splitlines() if line.startswith("kdcollapse distill-lm")]
+    """Every `kdcollapse distill-lm` command of the page (tests/doc_commands.py finds them)."""
+    from doc_commands import page_commands
+
+    return [c.words for c in page_commands(DOCS) if c.words[:2] == ["kdcollapse", "distill-lm"]]
 
 
 def test_the_docs_commands_run_on_tiny_models(setup, capsys):
+    """Each as written, the recipe replaced by the tiny teacher and student (``keep: 15`` by ``keep: 2``, a
+    resume's 200 steps by 4); `--resume` continues the last run made before it."""
     root, options, _ = setup
     commands = _doc_commands()
-    assert len(commands) >= 5
+    assert len(commands) >= 10
+    last = None
+    previous: list[str] = []
     for i, argv in enumerate(commands):
         argv = argv[1:]
+        if argv[1:2] == ["..."]:  # "the command above, and": its recipe and overrides before the new ones
+            argv = [*[a for a in previous if a != "--baseline"], *argv[2:]]
+        previous = list(argv)
+        if any(a == "student_tokenizer=my-bpe/" for a in argv):  # a tokenizer of the reader's own
+            if not (root / "my-bpe").exists():
+                tiny_tokenizer(200).save_pretrained(root / "my-bpe")
+            argv = [f"student_tokenizer={root / 'my-bpe'}" if a == "student_tokenizer=my-bpe/" else a for a in argv]
+        if "--resume" in argv:
+            assert last is not None, argv
+            at = argv.index("--resume")
+            argv[at + 1] = str(last)
+            argv = [a if not a.startswith("steps=") else "steps=4" for a in argv]
+            code = main(argv)
+            assert code == 0, (argv, capsys.readouterr().err)
+            continue
+        if any(a.startswith("student.lora=") for a in argv):
+            pytest.importorskip("peft", reason="pip install 'kdcollapse[peft]'")
         at = argv.index("--config")
         del argv[at:at + 2]  # the recipe (SmolLM2): replaced by the tiny teacher and student below
         argv = [a.replace("chats.jsonl", str(root / "chat.jsonl")).replace("pairs.parquet", str(root / "pairs.parquet"))
@@ -138,7 +157,8 @@ def test_the_docs_commands_run_on_tiny_models(setup, capsys):
         tiny = [o for o in options if not (o.startswith("student=") and any(a.startswith("student=") for a in argv))]
         if not any(a.startswith("data.source=") for a in argv):  # the recipe's corpus: a tiny text folder
             tiny.append(f"corpus={root / 'corpus'}")
-        code = main([*argv, *tiny, f"run_dir={root / f'doc{i}'}"])
+        last = root / f"doc{i}"
+        code = main([argv[0], *tiny, *argv[1:], f"run_dir={last}"])  # the page's overrides after the tiny ones
         assert code == 0, (argv, capsys.readouterr().err)
     capsys.readouterr()
 

@@ -12,7 +12,7 @@ from kdcollapse.cli import main
 from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
-from ranks import run_ranks  # noqa: E402
+from ranks import run_on_ranks, run_ranks  # noqa: E402
 from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
 
 
@@ -70,6 +70,59 @@ def test_two_fsdp_processes_train_one_processs_student_and_resume_bit_for_bit(se
     assert main(["distill-lm", "--resume", str(root / "part"), "steps=6", "distributed.strategy=ddp"]) == 2
     assert main(["distill-lm", "--resume", str(root / "part"), "steps=6"]) == 0
     assert [r["step"] for r in records(root / "part")] == [2, 4, 6]
+
+
+def fsdp_student():
+    """A 3-layer Llama student (tied embeddings), the same weights in every process."""
+    return lm.load_language_model(llama_config(64, hidden=16, layers=3), seed=0).model
+
+
+GLOBAL_BATCH = torch.randint(64, (4, 8), generator=torch.Generator().manual_seed(1))  # 2 blocks a process
+
+
+def shard_gradients(path):
+    """What one rank runs: the FSDP student's backward on its own half of GLOBAL_BATCH, the gradients reduced
+    as a distill-lm step reduces them, and the whole gradients (gathered) saved by rank 0 to ``path``."""
+    def run() -> int:
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        from kdcollapse.train._fsdp import Sharded
+
+        dist.init_process_group("gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        model = fsdp_student()
+        sharded = Sharded(model, world_size, rank == 0)
+        mine = GLOBAL_BATCH.view(world_size, -1, GLOBAL_BATCH.shape[1])[rank]
+        model(mine, labels=mine).loss.backward()
+        sharded.average_replicated_gradients()
+        grads = {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                 for name, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(grads, path)
+        dist.destroy_process_group()
+        return 0
+    return run
+
+
+def test_two_fsdp_processes_average_the_gradients_of_their_different_halves(tmp_path):
+    """Each rank backpropagates its own half of a batch; the sharded layers' (reduce-scattered) and the replicated
+    embeddings' (all-reduced) gradients are the one-process gradient of the whole batch: averaged, not summed,
+    and not a rank's own. Checked on the gradients themselves: the training test above sees a factor 2 only
+    through AdamW's eps and the clipping, as Adam's step is nearly invariant to the gradient's scale."""
+    import kdcollapse.train._fsdp  # noqa: F401 - imported once here, not in each forked rank (seconds each)
+
+    whole, half = fsdp_student(), fsdp_student()
+    whole(GLOBAL_BATCH, labels=GLOBAL_BATCH).loss.backward()  # the mean over the tokens of both halves
+    half(GLOBAL_BATCH[:2], labels=GLOBAL_BATCH[:2]).loss.backward()  # rank 0's data alone
+    done = run_on_ranks(shard_gradients(tmp_path / "grads.pt"), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reduced = torch.load(tmp_path / "grads.pt")
+    assert {name for name, _ in whole.named_parameters()} == set(reduced)
+    assert any(name.startswith("model.layers.") for name in reduced) and "model.embed_tokens.weight" in reduced
+    for (name, p), (_, q) in zip(whole.named_parameters(), half.named_parameters()):
+        torch.testing.assert_close(reduced[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+        assert (p.grad - q.grad).abs().max() > 1e-3 * p.grad.abs().max(), name  # the halves' gradients differ
 
 
 @pytest.mark.slow  # four runs of two forked gloo processes

@@ -121,3 +121,54 @@ def test_a_diverged_lm_run_says_what_it_kept_as_an_image_run_does(options, tmp_p
     monkeypatch.setattr(LMTask, "loss", lambda self, *args: real(self, *args) * float("nan"))
     with raises_naming(TrainingDiverged, "step 3", "after step 2", str(tmp_path / "run")):
         run(opts, tmp_path / "run", 4, resume=True)
+
+
+def test_a_crash_at_any_write_of_the_teacher_token_cache_is_refused_then_rebuilt_identically(tmp_path, monkeypatch):
+    """The teacher-token cache (issue 42): killed at any of its file writes (each shard, its rename, the
+    manifest), the directory is refused by ``TeacherTokens.load`` in one line (no manifest, or a shard that is
+    not the manifest's) and the next ``store_teacher_tokens`` finishes it into the bytes of a store that was
+    never interrupted."""
+    import kdcollapse.lm._tokens as tokens_module
+    from kdcollapse.errors import KdcollapseError
+    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+
+    tokenizer = tiny_tokenizer()
+    corpus = lm.tokenize_corpus(tokenizer, write_corpus(tmp_path / "text", copies=2), cache_dir=tmp_path / "cache")
+    model = lm.load_language_model(llama_config(len(tokenizer)), tokenizer=tokenizer, seed=1).model
+    blocks = corpus["train"].blocks(8)[:6]
+    store = lambda directory: lm.store_teacher_tokens(model, blocks, directory, k=5, shard_blocks=2)  # noqa: E731
+    clean = store(tmp_path / "clean")
+    expected = {p.name: p.read_bytes() for p in clean.iterdir()}
+
+    class Crash(BaseException):
+        pass
+
+    point, points = 0, None
+    while points is None:
+        count, directory = {"n": 0}, tmp_path / f"crashed{point}"
+
+        def hook(real):
+            def wrapped(*args, **kwargs):
+                if count["n"] == point:
+                    raise Crash
+                count["n"] += 1
+                return real(*args, **kwargs)
+            return wrapped
+
+        with monkeypatch.context() as m:
+            m.setattr(tokens_module, "save_file", hook(tokens_module.save_file))
+            m.setattr(tokens_module.os, "replace", hook(os.replace))
+            try:
+                store(directory)
+                points = count["n"]  # no crash: every write point was tried
+                continue
+            except Crash:
+                pass
+        if directory.exists():
+            with pytest.raises(KdcollapseError) as refused:
+                lm.TeacherTokens.load(directory)
+            assert "\n" not in str(refused.value), refused.value
+        store(directory)
+        assert {p.name: p.read_bytes() for p in directory.iterdir()} == expected, point
+        point += 1
+    assert points >= 7  # three shards and their renames, the manifest's rename

@@ -54,3 +54,39 @@ def test_the_contract_catches_an_upward_import(tmp_path, monkeypatch, capsys, mo
     status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     assert status != 0
     assert chain in capsys.readouterr().out
+
+
+# docs/ARCHITECTURE.md, "Layers": no module over this many lines, in the package (its configs/ link followed:
+# the recipe generator's tables live there) and in benchmarks/.
+MAX_LINES = 500
+
+
+def long_modules(*roots: Path) -> dict[str, int]:
+    """``{path: lines}`` of every ``.py`` under ``roots`` (symbolic links to folders followed) over MAX_LINES."""
+    import os
+
+    found = {}
+    for root in roots:
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    path = Path(folder, name)
+                    found[str(path.relative_to(root.parent))] = len(path.read_text(encoding="utf-8").splitlines())
+    return {path: lines for path, lines in found.items() if lines > MAX_LINES}
+
+
+def test_no_module_is_over_500_lines():
+    assert (ROOT / "src" / "kdcollapse" / "configs").is_symlink()  # the walk below goes through it
+    assert long_modules(ROOT / "src", ROOT / "benchmarks") == {}, "split it by concern (docs/ARCHITECTURE.md)"
+
+
+def test_the_line_rule_sees_a_long_module_behind_a_folder_link(tmp_path):
+    """The check can fail: a 501-line module in a folder reached through a link (as configs/ is) is reported,
+    a 500-line one is not."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "real" / "fits.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "configs").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert long_modules(tmp_path / "src") == {str(Path("src", "pkg", "configs", "long.py")): MAX_LINES + 1}

@@ -174,6 +174,11 @@ LOSS_MUTANTS = [
     pytest.param("tvd", divergence_rows("tvd", lambda rows: lambda log_q, log_p: 2 * rows(log_q, log_p)), id="tvd_without_half"),
     pytest.param("abkd", divergence_rows("abkd", lambda rows: lambda log_q, log_p, alpha, beta: rows(log_q, log_p, beta, alpha)),
                  id="abkd_alpha_beta_swapped"),
+    # the official ab_div's α = 0 and β = 0 branches (divided by β, α where the limit divides by β², α²)
+    pytest.param("abkd", divergence_rows("abkd", lambda rows: lambda log_q, log_p, alpha, beta: rows(
+        log_q, log_p, alpha, beta) * (beta if alpha == 0 and beta != 0 else 1)), id="abkd_alpha_0_as_official"),
+    pytest.param("abkd", divergence_rows("abkd", lambda rows: lambda log_q, log_p, alpha, beta: rows(
+        log_q, log_p, alpha, beta) * (alpha if beta == 0 and alpha != 0 else 1)), id="abkd_beta_0_as_official"),
     pytest.param("distillm2_student_kl", divergence_rows(  # the same value, another gradient
         "distillm2_student_kl", lambda rows: lambda log_q, log_p, alpha: _skew_reverse_rows(log_q, log_p, alpha)),
         id="distillm2_student_kl_mixture_not_detached"),

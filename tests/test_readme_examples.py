@@ -1,6 +1,6 @@
 """README examples that a change could break silently (issue 42): the table's config rows load on the recipes
-they name, and the catalogue functions it names take what they return. (Not yet every README and docs block:
-see the issue; tests/test_docs.py runs the docs' Python blocks.)"""
+they name, and the catalogue functions it names take what they return. The fenced commands of README.md and
+docs/*.md run in tests/test_doc_commands.py."""
 
 import re
 import shlex

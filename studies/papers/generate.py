@@ -3,8 +3,9 @@
     python studies/papers/generate.py          # (re)write studies/papers/{cifar100,intra_class_cifar100}/study.yaml
     python studies/papers/generate.py --check  # exit 1 if a committed study file differs from this script's output
 
-The published numbers and the runs' recipes come from one place, the tables of configs/generate.py (DHKD
-Tables 1-2, the DKL paper's Table 5, the DKD / MLKD / logit-standardization rows) and configs/intra_class/generate.py
+The published numbers and the runs' recipes come from one place, the tables of configs/generate.py (in
+configs/recipe_tables/: DHKD Tables 1-2, the DKL paper's Table 5, the DKD / MLKD / logit-standardization rows)
+and configs/intra_class/generate.py
 (the intra-class paper's Tables 1-2), so a study cell, its recipe's header and the number beside it cannot drift
 apart. Each run is its recipe unchanged (``configs/cifar100/<method>/<pair>.yaml``: 240 epochs, batch 64, the
 official hyperparameters) on one GPU: every group asks SLURM for ``resources: {gpus: 1, ...}``, so each run is
@@ -40,7 +41,9 @@ def _load(path: Path, name: str):
     return module
 
 
-recipes = _load(CONFIGS / "generate.py", "recipe_tables")
+recipes = _load(CONFIGS / "generate.py", "recipe_generator")  # its tables: configs/recipe_tables/
+dhkd, baselines, features, logit = (recipes.tables[name] for name in
+                                    ("dhkd_tables", "baselines", "feature_methods", "logit_methods"))
 intra = _load(CONFIGS / "intra_class" / "generate.py", "intra_class_tables")
 
 # method stem -> (its name in the papers, where its numbers are printed)
@@ -57,15 +60,15 @@ def arrow(teacher: str, student: str) -> str:
 def published(method: str, teacher: str, student: str) -> str | None:
     """The paper's top-1 (%) of ``method`` on the pair, as printed; None where our copies have none."""
     key = (teacher, student)
-    pair = next((p for p in recipes.CIFAR_PAIRS if (p.teacher, p.student) == key), None)
-    if method in recipes.METHODS:
+    pair = next((p for p in dhkd.CIFAR_PAIRS if (p.teacher, p.student) == key), None)
+    if method in dhkd.METHODS:
         number = pair.paper[method]
-    elif method in recipes.BASELINES_CIFAR:
-        number = recipes.BASELINES_CIFAR[method][0].get(f"{teacher}_{student}")
-    elif method in recipes.FEATURE_PAPER:
-        number = recipes.FEATURE_PAPER[method].get(key)
+    elif method in baselines.BASELINES_CIFAR:
+        number = baselines.BASELINES_CIFAR[method][0].get(f"{teacher}_{student}")
+    elif method in features.FEATURE_PAPER:
+        number = features.FEATURE_PAPER[method].get(key)
     else:
-        number = recipes.LOGIT_CIFAR[method][2].get(key)
+        number = logit.LOGIT_CIFAR[method][2].get(key)
     return None if number is None else (number if isinstance(number, str) else f"{number:.2f}")
 
 
@@ -73,7 +76,7 @@ def source(method: str) -> str:
     if method == "ikl_kd":
         return "DKL paper, Table 5"
     if method in LOGIT_ROWS:
-        return recipes.LOGIT_CIFAR[method][0]
+        return logit.LOGIT_CIFAR[method][0]
     return "DHKD paper, Tables 1-2"
 
 
@@ -113,7 +116,7 @@ def cifar100(protocol: dict | None = None, teachers: str = TEACHERS, resources: 
     (key ``all``: every group's) after the recipe's; ``pairs``: only these (teacher, student) pairs (the tests' tiny
     variant), a table without any left out."""
     protocol = protocol or {}
-    pairs = [p for p in recipes.CIFAR_PAIRS if pairs is None or (p.teacher, p.student) in pairs]
+    pairs = [p for p in dhkd.CIFAR_PAIRS if pairs is None or (p.teacher, p.student) in pairs]
     same = [p for p in pairs if not p.cross_arch]
     res8x4 = [p for p in pairs if (p.teacher, p.student) == ("resnet32x4", "resnet8x4")]
     ikl = [p for p in same if p.paper["ikl_kd"] is not None]

@@ -41,6 +41,8 @@ ALPHA, BETA = 0.2, 0.7
                temperature=True, sequences=True, ignore_index=False, chunked=True,
                example=lambda k, y: {"alpha": 0.2, "beta": 0.7, "temperature": 2.0},
                variants={"forward kl": lambda k, y: {"alpha": 1.0, "beta": 0.0},
+                         "alpha = 0": lambda k, y: {"alpha": 0.0, "beta": 0.5, "temperature": 2.0},
+                         "beta = 0": lambda k, y: {"alpha": 0.4, "beta": 0.0},
                          "alpha + beta = 0": lambda k, y: {"alpha": 0.2, "beta": -0.2},
                          "log-euclidean": lambda k, y: {"alpha": 0.0, "beta": 0.0}},
                divergence=Divergence(parameters={

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from kdcollapse.errors import CheckpointError
-from kdcollapse.runs._atomic import remove_temporaries, rename, write_text, writing
+from kdcollapse.runs._atomic import remove_temporaries, rename, temporary_path, writing
 from kdcollapse.runs._checkpoint import read_header, write_tensors
 
 STATE_FILE = "state.json"
@@ -62,11 +62,16 @@ def commit_epoch(run_dir: Path, epoch: int, tensor_files: dict[str, tuple[dict[s
             staged.append((tmp, name))
             entries[name] = {"epoch": epoch, "sha256": hashlib.sha256(text.encode()).hexdigest()}
         state = {"format": "kdcollapse.state", "version": 1, "epoch": epoch, "files": entries}
-        write_text(run_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")  # the commit point
+        state_tmp = temporary_path(run_dir / STATE_FILE)
+        with writing(run_dir / STATE_FILE, state_tmp):
+            state_tmp.write_text(json.dumps(state, indent=1) + "\n")
     except BaseException:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         raise
+    # The commit point. From here on the staged files are the epoch's: an interruption (Ctrl-C in the directory's
+    # fsync, a full disk in a rename) must leave them for `--resume` to rename, not remove them.
+    rename(state_tmp, run_dir / STATE_FILE)
     for tmp, name in staged:
         rename(tmp, run_dir / name)
     return state

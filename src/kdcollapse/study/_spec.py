@@ -9,8 +9,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-import yaml
-
+from kdcollapse._yaml import load_yaml
 from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.recipes import config_file
 from kdcollapse.study._choice import chosen_settings, validation_only
@@ -50,10 +49,7 @@ def load_study(path: str | Path, runs_dir: str | Path | None = None) -> Study:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no study file {str(path)!r}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None  # on one line
+    data = load_yaml(path.read_text(), str(path))  # a key given twice or nested too deep: one line
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a study file is a mapping with keys {', '.join(STUDY_KEYS)}")
     _known(data, STUDY_KEYS, f"{path}")
