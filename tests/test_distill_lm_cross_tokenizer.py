@@ -15,7 +15,7 @@ from kdcollapse.errors import DataError
 from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers")
-from tiny_lm import TEXT, llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from tiny_lm import TEXT, llama_config, tiny_tokenizer, with_bos, write_corpus  # noqa: E402
 
 PAIRS = [("Question: what does the cat do?", " The cat sat on the mat, quietly."),
          ("Explain distillation.", " A small student matches a large teacher's probabilities.")]
@@ -96,16 +96,6 @@ def test_a_tokenizer_without_byte_pieces_aligns_by_character_offsets(pair):
         s_last = int(rows.student.offsets[i, rows.student.ids[i] != student_tok.pad_token_id, 1].max())
         t_counted = rows.teacher.offsets[i, :, 1]
         assert s_last == int(t_counted.max())
-
-
-def with_bos(tokenizer):
-    """``tokenizer`` putting a ``<bos>`` token before every text, as Gemma's and Llama's do."""
-    from tokenizers.processors import TemplateProcessing
-
-    tokenizer.add_special_tokens({"bos_token": "<bos>"})
-    bos = tokenizer.convert_tokens_to_ids("<bos>")
-    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
-    return tokenizer, bos
 
 
 def test_a_teachers_beginning_of_text_token_starts_each_of_its_rows_uncounted(pair):

@@ -13,7 +13,7 @@ from kdcollapse.errors import DataError, KdcollapseError
 
 transformers = pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
 datasets = pytest.importorskip("datasets", reason="pip install 'kdcollapse[llm]'")
-from tiny_lm import TEXT, llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from tiny_lm import TEXT, llama_config, tiny_tokenizer, with_bos, write_corpus  # noqa: E402
 
 # ChatML, as SmolLM2's and Qwen's templates write it (without their default system prompt)
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -158,6 +158,84 @@ def test_a_text_folder_packed_is_todays_corpus(tmp_path, tokenizer):
     for split, b in blocks.items():
         assert torch.equal(b.ids, corpus[split].blocks(16)), split
         assert b.targets.all()
+
+
+@pytest.fixture(scope="module")
+def bos_tokenizer():
+    """The tiny tokenizer putting <bos> before a text (Gemma's, Llama's way), with a ChatML template whose
+    rendering starts with <bos> too (as Gemma's and Llama 3's templates write it)."""
+    tok, bos = with_bos(tiny_tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = "{{ bos_token }}" + CHATML
+    return tok, bos
+
+
+def _reference_rows(stream, mask, block_size, prefix):
+    """The slow reference of cut_blocks: walk the stream, a row at a time."""
+    rows, at, p = [], 0, len(prefix)
+    while True:
+        head = [] if stream[at:at + p] == prefix else prefix
+        take = block_size - len(head)
+        if at + take > len(stream):
+            return rows
+        rows.append((head + stream[at:at + take], [False] * len(head) + mask[at:at + take]))
+        at += take
+
+
+def test_rows_start_with_the_leading_special_tokens_once():
+    # by hand: a row already starting with the prefix (7) takes 4 tokens, the others get it added, not counted
+    stream = torch.tensor([7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    ids, targets = lm.cut_blocks(stream, torch.ones(12, dtype=torch.bool), 4, [7])
+    assert ids.tolist() == [[7, 1, 2, 3], [7, 4, 5, 6], [7, 8, 9, 10]]
+    assert targets.tolist() == [[True] * 4, [False, True, True, True], [True] * 4]
+    g = torch.Generator().manual_seed(0)
+    for block_size, prefix in ((2, [3]), (5, [3]), (6, [3, 4]), (7, [])):
+        stream = torch.randint(0, 6, (200,), generator=g)
+        mask = torch.rand(200, generator=g) < 0.7
+        ids, targets = lm.cut_blocks(stream, mask, block_size, prefix)
+        reference = _reference_rows(stream.tolist(), mask.tolist(), block_size, prefix)
+        assert ids.tolist() == [r for r, _ in reference] and targets.tolist() == [c for _, c in reference]
+        assert ids.dtype == torch.int64 and targets.dtype == torch.bool
+    assert torch.equal(lm.cut_blocks(stream, mask, 7)[0], stream[:196].view(28, 7))  # no prefix: the stream's view
+    with pytest.raises(KdcollapseError, match="block_size 2 leaves no room after the tokenizer's 2 leading"):
+        lm.cut_blocks(stream, mask, 2, [3, 4])
+
+
+def test_a_beginning_of_text_token_starts_every_row_uncounted(tmp_path, bos_tokenizer):
+    """A tokenizer that puts <bos> before a text: every row of every layout and source starts with one <bos>
+    (added and not counted, or the chat template's own), the rest of the row as without it."""
+    tok, bos = bos_tokenizer
+    assert lm.leading_specials(tok) == [bos] and lm.leading_specials(tiny_tokenizer()) == []
+    root = write_corpus(tmp_path / "corpus", copies=8)
+    corpus = lm.tokenize_corpus(tok, root, cache_dir=tmp_path / "cache")
+    assert (corpus["train"].tokens != bos).all()  # the cache holds the text's tokens only, as before
+    blocks, _ = lm.data_blocks(tok, lm.DataSpec(source=str(root)), 16, cache_dir=tmp_path / "cache")
+    packed = lm.example_blocks(tok, lm.read_examples(root), 16)
+    for split, b in blocks.items():
+        stream = corpus[split].tokens.long()
+        n = len(b)
+        assert n == len(stream) // 15 and (b.ids[:, 0] == bos).all() and not b.targets[:, 0].any()
+        assert torch.equal(b.ids[:, 1:], stream[:15 * n].view(n, 15)) and b.targets[:, 1:].all()
+        assert torch.equal(b.ids, corpus[split].blocks(16, [bos])) and torch.equal(b.ids, packed[split].ids)
+        assert torch.equal(b.targets, packed[split].targets)
+    pairs = [lm.Example(f"p{i}", "prompt_completion", prompt=f"Q{i}: ", completion=TEXT[i % 8])
+             for i in range(40)]
+    padded = lm.example_blocks(tok, pairs, 12, layout="pad")
+    assert set(padded) == set(lm.SPLITS)
+    for split, b in padded.items():  # a row: <bos> and the pair's first 11 tokens, kept when one of them counts
+        chosen = [lm.tokenize_example(tok, e) for e in pairs if e.split == split]
+        chosen = [(ids, mask) for ids, mask in chosen if any(mask[:11])]
+        assert len(b) == b.examples == len(chosen) and b.truncated == len(chosen)  # every pair is longer than 11
+        for row, (ids, mask) in enumerate(chosen):
+            assert b.ids[row].tolist() == [bos] + ids[:11] and b.targets[row].tolist() == [False] + mask[:11]
+    chats = [lm.Example(f"c{i}", "chat", messages=tuple(CHATS[i % 2])) for i in range(8)]
+    rendered = [lm.tokenize_example(tok, e) for e in chats]
+    assert all(ids[0] == bos and ids[1] != bos for ids, _ in rendered)  # the template writes its <bos>
+    longest = max(len(ids) for ids, _ in rendered)
+    rows = lm.pad_examples(rendered, longest, tok.pad_token_id, [bos])
+    assert rows.truncated == 0 and torch.equal(rows.ids, lm.pad_examples(rendered, longest, tok.pad_token_id).ids)
+    chat_packed = lm.pack_examples(rendered, 8, [bos])
+    assert (chat_packed.ids[:, 0] == bos).all() and not (chat_packed.ids[:, 1] == bos).any()  # one <bos>, never two
 
 
 def test_pack_and_pad_layouts(tokenizer):

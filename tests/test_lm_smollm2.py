@@ -44,6 +44,21 @@ def test_the_python_docs_corpus_has_over_a_million_tokens_split_by_document(smol
     assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
 
 
+def test_smollm2s_rows_are_its_corpus_cut_in_blocks_with_no_leading_token(smollm2):
+    """SmolLM2's tokenizer puts no token before a text, so its rows are the token stream cut in blocks, every
+    token counted (the rows, and the teacher-token stores keyed by them, of results/lm_* stay as recorded)."""
+    try:
+        corpus = lm.tokenize_corpus(smollm2.tokenizer)
+    except KdcollapseError as err:
+        pytest.skip(str(err))
+    assert lm.leading_specials(smollm2.tokenizer) == []
+    blocks, key = lm.data_blocks(smollm2.tokenizer, lm.DataSpec(), 64)
+    assert key == corpus.key and set(blocks) == set(lm.SPLITS)
+    for split, b in blocks.items():
+        stream = corpus[split].tokens
+        assert torch.equal(b.ids, stream[:len(stream) // 64 * 64].view(-1, 64).long()) and b.targets.all()
+
+
 def test_smollm2s_chat_template_masks_the_assistant_turns():
     """The completion mask on SmolLM2's own ChatML template (with its default system prompt): the counted tokens
     decode to each reply and its end-of-turn markup, nothing else."""

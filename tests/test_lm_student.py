@@ -82,6 +82,23 @@ def test_a_pruned_student_is_the_teacher_with_those_layers_deleted(tokenizer, ki
     assert sum(p.numel() for p in student.parameters()) < sum(p.numel() for p in teacher.parameters())
 
 
+def test_a_float64_student_holds_the_teachers_kept_weights_bit_for_bit(tokenizer):
+    teacher = lm.load_language_model(llama_config(len(tokenizer), layers=4), tokenizer=tokenizer, seed=1,
+                                     dtype=torch.float64).model
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # weights float32 cannot hold, so a trip through float32 would round every one
+        for p in teacher.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 1e-3)
+    assert all((p.float().double() != p).any() for p in teacher.parameters())
+    student = lm.student_from_teacher(teacher, [1, 3])
+    theirs, ours = teacher.state_dict(), student.state_dict()
+    assert all(v.dtype == torch.float64 for v in ours.values() if v.is_floating_point())
+    renamed = {"model.layers.0.": "model.layers.1.", "model.layers.1.": "model.layers.3."}
+    for key, value in ours.items():
+        head = ".".join(key.split(".")[:3]) + "."
+        assert torch.equal(value, theirs[renamed[head] + key[len(head):] if head in renamed else key]), key
+
+
 def test_distilbert_layers_are_its_extraction_scripts():
     # huggingface/transformers, examples/research_projects/distillation/scripts/extract_distilbert.py
     # (BERT-base 12 layers -> DistilBERT 6): `for teacher_idx in [0, 2, 4, 7, 9, 11]:`

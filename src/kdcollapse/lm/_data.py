@@ -17,8 +17,9 @@ import torch
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks
-from kdcollapse.lm._corpus import PYTHON_DOCS, tokenize_corpus
-from kdcollapse.lm._examples import DATA_FORMATS, LOSS_ON, DataFields, is_dataset_source, read_examples
+from kdcollapse.lm._corpus import PYTHON_DOCS, cut_blocks, tokenize_corpus
+from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, is_dataset_source, leading_specials,
+                                     read_examples)
 
 
 @dataclass
@@ -59,11 +60,13 @@ def data_blocks(tokenizer: Any, spec: DataSpec, block_size: int, *,
     SHA-256 of the training blocks and masks otherwise), for caches keyed by the data."""
     if spec.text_corpus and spec.format in ("auto", "text"):
         corpus = tokenize_corpus(tokenizer, spec.source, cache_dir=cache_dir)
+        prefix = leading_specials(tokenizer)  # each row starts with them, not counted (kdcollapse.lm._blocks)
         out = {}
         for split, tokens in corpus.splits.items():
-            if tokens.tokens.numel() >= block_size:
-                ids = tokens.blocks(block_size)
-                out[split] = TokenBlocks(ids, torch.ones_like(ids, dtype=torch.bool), len(tokens.names))
+            ids, targets = cut_blocks(tokens.tokens, torch.ones(tokens.tokens.shape, dtype=torch.bool), block_size,
+                                      prefix)
+            if len(ids):
+                out[split] = TokenBlocks(ids, targets, len(tokens.names))
         return out, corpus.key
     examples = read_examples(spec.source, format=spec.format, fields=DataFields(**spec.fields))
     blocks = example_blocks(tokenizer, examples, block_size, layout=spec.layout, loss_on=spec.loss_on)

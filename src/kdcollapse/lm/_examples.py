@@ -241,6 +241,13 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> tuple[
     return text, spans
 
 
+def leading_specials(tokenizer: Any) -> list[int]:
+    """The special tokens the tokenizer puts before a text (a beginning-of-text token: Gemma's, Llama's; none for
+    SmolLM's or GPT-2's), as ``tokenize_completion`` gives the prompt; a trailing end-of-text token left out."""
+    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    return ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
+
+
 def tokenize_example(tokenizer: Any, example: Example, *, loss_on: str = "completion") -> tuple[list[int], list[bool]]:
     """The token ids of ``example`` and, per token, whether the loss counts it (module doc). Text documents and
     string prompt/completion pairs end with the end-of-text token; a rendered conversation ends as its template

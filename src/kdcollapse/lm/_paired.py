@@ -12,7 +12,8 @@ several), ``pad`` its first row only (a longer example is counted as truncated).
 ``block_size`` on one side is dropped and the row cut there. Each side is padded on the right to ``block_size``
 with its pad token (else end-of-text), never counted; offsets are relative to the row's first byte. A tokenizer
 that puts special tokens before a text (a beginning-of-text token: Gemma, Llama) gets them at the start of each
-of its rows, not counted and of empty span (:func:`leading_specials`; as TRL's GOLD tokenizes its prompts).
+of its rows, not counted and of empty span (:func:`~kdcollapse.lm.leading_specials`; as TRL's GOLD tokenizes its
+prompts, and as the one-tokenizer rows get them: :mod:`kdcollapse.lm._blocks`).
 
 A token counts (``targets``) as in the one-tokenizer data: every token of a text document, the completion and the
 end-of-text token of a prompt/completion pair (``loss_on=all``: the prompt too). Chat conversations are refused:
@@ -30,7 +31,7 @@ import torch
 from kdcollapse.errors import DataError, KdcollapseError, unknown_choice
 from kdcollapse.lm._blocks import LAYOUTS
 from kdcollapse.lm._corpus import SPLITS
-from kdcollapse.lm._examples import LOSS_ON, Example
+from kdcollapse.lm._examples import LOSS_ON, Example, leading_specials
 from kdcollapse.losses.cross_tokenizer import align_offsets, token_byte_spans
 
 
@@ -95,13 +96,6 @@ def _tokenize(tokenizer: Any, segments: Sequence[tuple[str, bool]]) -> tuple[lis
     counted.append(True)
     spans.append((base, base))
     return ids, counted, spans
-
-
-def leading_specials(tokenizer: Any) -> list[int]:
-    """The special tokens the tokenizer puts before a text (a beginning-of-text token: Gemma's, Llama's; none for
-    SmolLM's or GPT-2's), as ``tokenize_completion`` gives the prompt; a trailing end-of-text token left out."""
-    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
-    return ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
 
 
 def _rows(s_groups: list[list[int]], t_groups: list[list[int]], limits: tuple[int, int]) -> list[tuple[int, int, int, int]]:

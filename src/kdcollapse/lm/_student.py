@@ -249,6 +249,6 @@ def student_from_teacher(teacher: Any, layers: Sequence[int]) -> Any:
                 continue
             key = f"{prefix}.{position[int(index)]}.{rest}"
         renamed[key] = value
-    student.load_state_dict(renamed, strict=True)
-    dtype = next(teacher.parameters()).dtype
-    return student.to(dtype).eval()
+    # loaded in the teacher's dtype: a float64 teacher's weights are not rounded through float32 on the way
+    student.to(next(teacher.parameters()).dtype).load_state_dict(renamed, strict=True)
+    return student.eval()
