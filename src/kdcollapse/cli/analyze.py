@@ -259,7 +259,7 @@ def _ood(args: argparse.Namespace):
 
 def _analyze_lm(args: argparse.Namespace, device) -> int:
     from kdcollapse.analysis import analyze_tokens, token_batches
-    from kdcollapse.lm import load_language_model, tokenize_corpus
+    from kdcollapse.lm import leading_specials, load_language_model, tokenize_corpus
     from kdcollapse.runs import lm_source, record_outputs, run_lock_for
 
     if not args.out:
@@ -274,7 +274,8 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     source = args.lm if args.random_init is None else f"{args.lm} (random initialisation, seed {args.random_init})"
     corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
     split = "validation" if args.split == "val" else args.split
-    batches = token_batches(corpus[split].blocks(args.block_size), args.batch_size or 8, args.max_tokens)
+    blocks = corpus[split].blocks(args.block_size, leading_specials(loaded.tokenizer))  # a BOS where the model takes one
+    batches = token_batches(blocks, args.batch_size or 8, args.max_tokens)
     if args.against is not None:
         return _against_lm(args, device, loaded.model, batches, layers, split, source)
     with run_lock_for(args.out) as run_dir:  # a report written into a run directory: never beside its trainer
