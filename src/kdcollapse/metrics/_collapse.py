@@ -38,6 +38,8 @@ from kdcollapse.metrics._linalg import (
     LazyRows,
     cross_gram,
     per_row,
+    pinv_from_eigh,
+    psd_eigh,
     psd_pinv,
     quadratic_forms,
     row_dots,
@@ -146,19 +148,22 @@ def _checked_counts(stats: States) -> Tensor:
     return counts
 
 
-def _fuzziness(within: Tensor, between: Tensor, rtol: float | None) -> tuple[Tensor, int]:
-    """Tr(Sigma_W Sigma_B^+) and the rank kept; nan when Sigma_B is 0 (every class mean at the centre)."""
-    between_pinv, rank = psd_pinv(between, rtol=rtol)
+def _fuzziness(within: Tensor, spectrum: tuple[Tensor, Tensor], rtol: float | None) -> tuple[Tensor, int]:
+    """Tr(Sigma_W Sigma_B^+) and the rank kept, from Sigma_B's ``psd_eigh``; nan when Sigma_B is 0 (every class
+    mean at the centre)."""
+    if rtol is None:  # psd_pinv's default for the float64 Sigma_B
+        rtol = spectrum[0].numel() * torch.finfo(torch.float64).eps
+    between_pinv, rank = pinv_from_eigh(*spectrum, rtol=rtol)
     if rank == 0:
         return torch.tensor(math.nan, dtype=torch.float64), 0
     return (within * between_pinv).sum(), rank  # both symmetric
 
 
-def _truncated(within: Tensor, between: Tensor, rank: int) -> Tensor:
+def _truncated(within: Tensor, spectrum: tuple[Tensor, Tensor], rank: int) -> Tensor:
     """Tr(Sigma_W Sigma_B^+) with Sigma_B^+ from its ``rank`` largest eigenvalues only, whatever their size: NC1 "by
     SVD" (Han et al. 2022; rhubarbwu's ``covariance_ratio(metric="svd")``, its top K - 1 singular triplets); nan
-    if one of them is not positive."""
-    eigenvalues, eigenvectors = torch.linalg.eigh(between)
+    if one of them is not positive. ``spectrum`` is Sigma_B's ``psd_eigh``, shared with ``_fuzziness``."""
+    eigenvalues, eigenvectors = spectrum
     values, vectors = eigenvalues[-rank:], eigenvectors[:, -rank:]
     if rank == 0 or bool((values <= 0).any()):
         return torch.tensor(math.nan, dtype=torch.float64)
@@ -171,8 +176,9 @@ def _variability(raw: Scatter, rtol: float | None, convention: str) -> dict[str,
     quotient", Tirer et al. 2023)."""
     num_classes, dim = raw.prior.numel(), raw.total.shape[0]
     between = between_class(raw, convention)
-    fuzziness, rank_between = _fuzziness(raw.within, between, rtol)
-    svd = _truncated(raw.within, between, min(num_classes - 1, dim)) / num_classes
+    spectrum = psd_eigh(between)  # one eigendecomposition of Sigma_B for NC1 and NC1 by SVD
+    fuzziness, rank_between = _fuzziness(raw.within, spectrum, rtol)
+    svd = _truncated(raw.within, spectrum, min(num_classes - 1, dim)) / num_classes
     total_pinv, rank_total = psd_pinv(raw.total, rtol=rtol)
     explained = quadratic_forms(raw.centred, total_pinv)  # (mu_k - mu_G)^T S_T^+ (mu_k - mu_G)
     vci_rank = min(dim, num_classes - 1)  # rank(Sigma_B) as the VCI paper takes it (Sec. 5)
@@ -231,7 +237,7 @@ def _generalized(unit: Scatter, rtol: float | None, convention: str, gnc_convent
     outside = outside_range @ offset
     if _offset_is_noise(outside, outside_range, unit, weights, rtol):
         offset = offset - outside
-    fuzziness, rank = _fuzziness(unit.within, centred_between + torch.outer(offset, offset), rtol)
+    fuzziness, rank = _fuzziness(unit.within, psd_eigh(centred_between + torch.outer(offset, offset)), rtol)
     return {"gnc1": fuzziness / unit.prior.numel(), "rank_between_unit": torch.tensor(rank)}
 
 
@@ -241,7 +247,7 @@ def _generalized_official(unit: Scatter, rtol: float | None) -> dict[str, Tensor
     unit features (sample-weighted), every class counted once. Centred, its rank is at most K - 1 and no
     offset direction arises, so it is continuous in the features (docs/metrics.md)."""
     num_classes = unit.prior.numel()
-    fuzziness, rank = _fuzziness(unit.within, cross_gram(unit.centred) / num_classes, rtol)
+    fuzziness, rank = _fuzziness(unit.within, psd_eigh(cross_gram(unit.centred) / num_classes), rtol)
     return {"gnc1": fuzziness / num_classes, "rank_between_unit": torch.tensor(rank)}
 
 

@@ -30,10 +30,26 @@ def psd_pinv(matrix: Tensor, *, rtol: float | None = None, rank: int | None = No
         rtol = n * torch.finfo(matrix.dtype).eps
     if not 0.0 <= rtol < 1.0:
         raise KdcollapseError(f"rtol must lie in [0, 1), got {rtol}")
+    return pinv_from_eigh(*psd_eigh(matrix), rtol=rtol, rank=rank)
+
+
+def psd_eigh(matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """Float64 eigenvalues (ascending) and eigenvectors of the symmetrised square ``matrix``, for
+    ``pinv_from_eigh``: one decomposition serves several pseudo-inverses of the same matrix."""
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise KdcollapseError(f"psd_eigh needs a square matrix, got shape {tuple(matrix.shape)}")
+    n = matrix.shape[0]
     a = matrix.to(torch.float64)
     if not torch.isfinite(a).all():
         raise KdcollapseError(f"psd_pinv: the {n}x{n} matrix holds NaN or inf (features with NaN or inf?)")
-    eigenvalues, eigenvectors = torch.linalg.eigh((a + a.mT) / 2)  # ascending order
+    return torch.linalg.eigh((a + a.mT) / 2)  # ascending order
+
+
+def pinv_from_eigh(eigenvalues: Tensor, eigenvectors: Tensor, *, rtol: float,
+                   rank: int | None = None) -> tuple[Tensor, int]:
+    """``psd_pinv`` of the matrix whose ``psd_eigh`` is (``eigenvalues``, ``eigenvectors``); ``rtol`` already
+    resolved (``psd_pinv``'s default is ``n * eps`` of the matrix's own dtype)."""
+    n, a = eigenvalues.numel(), eigenvectors
     if rank is None:
         largest = eigenvalues[-1].clamp(min=0.0)
         keep = (eigenvalues > rtol * largest) & (eigenvalues > 0)
