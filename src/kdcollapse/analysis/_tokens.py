@@ -154,8 +154,7 @@ def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses
         hidden, logits = _forward(model, batch)
         labels, labelled = next_token_targets(batch, ignore_index)
         labelled = labelled.to(logits.device)
-        nll += torch.nn.functional.cross_entropy(logits[:, :-1][labelled].float(), labels.to(logits.device)[labelled],
-                                                 reduction="none").double().sum().cpu()
+        nll += _next_token_nll(logits, labels.to(logits.device), labelled).cpu()
         scored += int(labelled.sum())
         targets, keep = _kept_targets(batch, classes, ignore_index)
         for layer in layers:
@@ -182,11 +181,22 @@ def ncc_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses,
     for batch in tqdm(batches, desc="nearest class means", disable=not progress, leave=False):
         hidden, logits = _forward(model, batch)
         targets, keep = _kept_targets(batch, classes, ignore_index)
-        predicted = logits[:, :-1][keep.to(logits.device)][:, kept.to(logits.device)]
+        # the K' kept columns first, then the kept positions: no (positions x V) copy of the logits
+        predicted = logits[:, :-1, kept.to(logits.device)][keep.to(logits.device)]
         for layer, metric in metrics.items():
             features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
             metric.update(features, targets.to(features.device), predicted)
     return {layer: metric.compute() for layer, metric in metrics.items()}
+
+
+def _next_token_nll(logits: Tensor, labels: Tensor, labelled: Tensor) -> Tensor:
+    """Float64 sum of the float32 next-token cross-entropies at the ``labelled`` positions of ``logits``
+    (B, T, V): logsumexp minus the label's logit, as ``cross_entropy`` forms it, without its (positions x V)
+    log-softmax and the boolean-indexed copy of the logits (a third of the statistics pass's cost beyond the
+    forward for SmolLM2's 49,152 entries, results/benchmarks/lm_analyze.md)."""
+    head = logits[:, :-1].float()
+    picked = head.gather(-1, labels.clamp(min=0)[..., None])[..., 0]  # ignore_index rows are masked out below
+    return (torch.logsumexp(head, -1) - picked)[labelled].double().sum()
 
 
 def _kept_targets(batch: Batch, classes: TokenClasses, ignore_index: int) -> tuple[Tensor, Tensor]:
