@@ -1,6 +1,7 @@
 """Benchmark: ``analyze --lm`` (``analyze_tokens``) against a bare forward of the same model over the same tokens.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 1024 --layers all --rounds 1
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 1024 --layers all --rounds 2
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 16384 --layers all --rounds 1
     # results/benchmarks/lm_analyze.md
 
 The model is SmolLM2-135M (``kdcollapse.lm.load_language_model("smollm2-135m")``, the GGUF of the Debian-free
