@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import math
 import os
 import socket
@@ -221,7 +222,12 @@ def check_ddp(args, device) -> list[dict]:
                 grads.append(torch.cat([p.grad.flatten() for p in method.parameters() if p.grad is not None]))
             error = float((grads[0] - grads[1]).abs().max() / grads[0].abs().max())
             rows.append({"run": f"one-process DDP {name}", "max_rel_grad_diff": error, "ok": error < 1e-5})
+            # The DDP wrapper's reducer holds the process group: freed after destroy_process_group (when this
+            # function returns), gloo's destructor joined a thread that never ended (a fresh-clone CI run hung).
+            del ddp, model, out
+            gc.collect()
     finally:
+        gc.collect()
         dist.destroy_process_group()
     return rows
 
