@@ -263,8 +263,14 @@ groups:
       lr: [0.01, 0.001]
       arm: [{{arm: ce, divergence: none, beta: null, ce: 1.0, distill: 0.0}},
             {{arm: dkd, divergence: dkd, beta: 2.0, ce: 0.0, distill: 1.0}}]
-    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.beta: "{{beta}}", loss.ce_weight: "{{ce}}",
-              loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
+    params: &params {{config: {config}, loss.divergence: "{{divergence}}", loss.beta: "{{beta}}",
+                      loss.ce_weight: "{{ce}}", loss.distill_weight: "{{distill}}", lr: "{{lr}}"}}
+  - group: final
+    run: "{{arm}}/lr{{lr}}/seed{{seed}}"
+    step: distill_lm
+    seeds: [2]
+    choose: {{group: grid, per: [arm], by: val_perplexity, lowest: true}}
+    params: *params
 summary:
   select: null
   metric: {{metric: test_perplexity, at: last}}
@@ -277,8 +283,17 @@ summary:
       compare: [["{{chosen}}", ce]]
 """)
     study = load_study(tmp_path / "study.yaml")
+    assert {w[1]["arm"] for w in study.waiting} == {"ce", "dkd"}  # the group choice waits for the grid
     for run in study.runs.values():
         assert execute(run).status == "finished" and state_of(run) == "finished"
+    # the group choice reads each step run's result.json (val_perplexity), the lowest per arm
+    study = load_study(tmp_path / "study.yaml")
+    grid = {n: json.loads((r.run_dir / "result.json").read_text())["val_perplexity"]
+            for n, r in study.runs.items() if r.group == "grid"}
+    best = {arm: min((0.01, 0.001), key=lambda lr: sum(grid[f"{arm}/lr{lr}/seed{s}"] for s in (0, 1)))
+            for arm in ("ce", "dkd")}
+    assert not study.waiting and sorted(n for n, r in study.runs.items() if r.group == "final") == \
+        sorted(f"{arm}/lr{lr}/seed2" for arm, lr in best.items())
     result = json.loads((study.runs["dkd/lr0.01/seed1"].run_dir / "result.json").read_text())
     direct = distill_lm(load_lm_config(config, ["loss.divergence=dkd", "loss.beta=2.0", "lr=0.01", "seed=1",
                                                 f"run_dir={tmp_path / 'direct'}"]), log=lambda *_: None)

@@ -10,7 +10,7 @@ import statistics
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.runs import read_committed_metrics
-from kdcollapse.study._runs import RunSpec, state_of
+from kdcollapse.study._runs import RESULT_FILE, RunSpec, state_of
 
 
 def validation_only(metric: str, what: str) -> None:
@@ -85,10 +85,13 @@ def _hashable(value):
 
 def _validation_value(run: RunSpec, record: dict | None, by: str, select: str | None):
     """``by`` of a finished run at its selected epoch (its run directory, else its committed ``record``); None for a
-    diverged run or one without the metric; ``_NOT_FINISHED`` otherwise."""
+    diverged run or one without the metric; ``_NOT_FINISHED`` otherwise. A run step's value is in its
+    ``result.json`` (a ``distill_lm`` run's ``val_*``), not under the names of its metrics log."""
     state = state_of(run) if run.run_dir.is_dir() else "new"
     if state == "diverged":
         return None
+    if state == "finished" and run.step is not None:
+        return json.loads((run.run_dir / RESULT_FILE).read_text()).get(by)
     if state == "finished":
         rows = read_committed_metrics(run.run_dir)
         if select:
