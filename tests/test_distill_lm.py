@@ -11,21 +11,15 @@ from kdcollapse.cli import main
 from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
-from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from tiny_lm import distill_lm_files, tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm")
-    tokenizer = tiny_tokenizer()
-    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=48), tokenizer=tokenizer, seed=0)
-    teacher.model.save_pretrained(root / "teacher")
-    tokenizer.save_pretrained(root / "teacher")
-    write_corpus(root / "corpus", copies=12)
-    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=1).items() if k != "vocab_size"}
-    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
-                  f"student={json.dumps(student)}", "block_size=8", "train_blocks=40", "eval_blocks=4",
-                  "batch_size=4", "steps=4", "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10"]
+    _, files = distill_lm_files(root)
+    return root, [*files, "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=4",
+                  "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10"]
 
 
 def test_a_run_writes_its_directory_and_resumes_bit_for_bit(setup):

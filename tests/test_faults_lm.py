@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -24,21 +23,15 @@ from kdcollapse.train import distill_lm, load_lm_config
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from naming import raises_naming  # noqa: E402
-from test_faults import Crash, crash_at  # noqa: E402
-from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from test_faults import crashed_copies  # noqa: E402
+from tiny_lm import distill_lm_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def options(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_faults")
-    tokenizer = tiny_tokenizer()
-    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=32), tokenizer=tokenizer, seed=0)
-    teacher.model.save_pretrained(root / "teacher")
-    tokenizer.save_pretrained(root / "teacher")
-    write_corpus(root / "corpus", copies=6)
-    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=1).items() if k != "vocab_size"}
-    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
-                  f"student={json.dumps(student)}", "block_size=8", "train_blocks=20", "eval_blocks=2",
+    _, files = distill_lm_files(root, teacher_hidden=32, copies=6)
+    return root, [*files, "block_size=8", "train_blocks=20", "eval_blocks=2",
                   "batch_size=2", "eval_every=2", "warmup=1", "log_every=1", "progress=false"]
 
 
@@ -65,24 +58,10 @@ def test_a_crash_at_any_write_point_of_an_lm_commit_resumes_bit_identically(opti
     straight, part = tmp_path / "straight", tmp_path / "part"
     run(opts, straight, 6)
     run(opts, part, 2)
-    point, points, crashed = 0, None, 0
-    while points is None or point < points:
-        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
-        shutil.copytree(part, run_dir)
-        with monkeypatch.context() as m:
-            count = crash_at(m, run_dir, point, snapshot)
-            try:
-                run(opts, run_dir, 6, resume=True)  # the same run (its cosine schedule ends at step 6)
-                points = count["n"]  # no crash: every write point of the commits of steps 4 and 6 was tried
-            except Crash:
-                pass
-        point += 1
-        if not snapshot.exists():
-            continue
-        crashed += 1
+    # the same run (its cosine schedule ends at step 6) crashed at each write point of the commits of steps 4 and 6
+    for snapshot in crashed_copies(part, tmp_path, monkeypatch, lambda run_dir: run(opts, run_dir, 6, resume=True)):
         run(opts, snapshot, 6, resume=True)
         assert_same_run(straight, snapshot, 6)
-    assert crashed >= 6  # the checkpoint file, its renames and the metrics files, in two commits
 
 
 @pytest.mark.slow
