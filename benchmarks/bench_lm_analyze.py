@@ -18,20 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import cpu_model, interleave  # noqa: E402
-
-
-def cpu(fn):
-    def run() -> float:
-        start = time.process_time()
-        fn()
-        return time.process_time() - start
-    return run
+from _timing import cpu_model, interleave, timer  # noqa: E402
 
 
 def main() -> None:
@@ -80,8 +71,9 @@ def main() -> None:
     with torch.no_grad():  # warm-up: one batch (the phases' own first calls are in the rounds)
         model(input_ids=batches[0]["input_ids"])
     statistics()  # the NC4 pass and the metrics need the statistics
-    timers = {"bare forward": cpu(forward), "analyze": cpu(lambda: analyze_tokens(model, batches, layers=layers)),
-              "statistics pass": cpu(statistics), "NC4 pass": cpu(nearest), "metrics": cpu(metrics)}
+    timers = {"bare forward": forward, "analyze": lambda: analyze_tokens(model, batches, layers=layers),
+              "statistics pass": statistics, "NC4 pass": nearest, "metrics": metrics}
+    timers = {name: timer(fn, cpu=True) for name, fn in timers.items()}
     times = interleave(timers, args.rounds)
     base = times["bare forward"]
     print(f"CPU: {cpu_model()}, capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
