@@ -13,18 +13,15 @@ import torch.nn.functional as F
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.llm import token_divergence, token_divergences
+from token_cases import token_logits
 
-B, T, V = 3, 4, 11
+V = 11  # logits (3, 4, V): tests/token_cases.py
 WEIGHTED = {"jsd": (L.jsd_loss, "beta"), "skew_forward_kl": (L.skew_forward_kl_loss, "alpha"),
             "skew_reverse_kl": (L.skew_reverse_kl_loss, "alpha")}
 
 
 def logits(seed=0, scale=3.0):
-    g = torch.Generator().manual_seed(seed)
-    s, t = (scale * torch.randn(2, B, T, V, generator=g, dtype=torch.float64)).unbind()
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[0, 1] = labels[2, 3] = -100
-    return s.requires_grad_(), t.requires_grad_(), labels
+    return token_logits(V, seed, scale)
 
 
 def named(name, weight):
