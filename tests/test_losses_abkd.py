@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.abkd import abkd_rows
-from token_cases import FORMS, assert_fused_equals, head_case, token_logits
+from token_cases import FORMS, assert_fused_equals, head_case, kept_probabilities, token_logits
 
 V = 11  # logits (3, 4, V): tests/token_cases.py
 
@@ -102,28 +102,23 @@ def reference(s, t, alpha, beta, temperature, keep):
     """Token by token on explicit probabilities: the general formula, or its limit as Cichocki, Cruces &
     Amari (2011) state it."""
     values = []
-    for b in range(s.shape[0]):
-        for i in range(s.shape[1]):
-            if not keep[b, i]:
-                continue
-            q = torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum()
-            p = torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum()
-            if alpha == 0 and beta == 0:
-                d = 0.5 * sum((torch.log(q[v]) - torch.log(p[v])) ** 2 for v in range(V))
-            elif alpha == 0:
-                d = sum(q[v] ** beta * torch.log(q[v] ** beta / p[v] ** beta) - q[v] ** beta + p[v] ** beta
-                        for v in range(V)) / beta ** 2
-            elif beta == 0:
-                d = sum(p[v] ** alpha * torch.log(p[v] ** alpha / q[v] ** alpha) - p[v] ** alpha + q[v] ** alpha
-                        for v in range(V)) / alpha ** 2
-            elif alpha + beta == 0:
-                d = sum(torch.log(q[v] ** alpha / p[v] ** alpha) + p[v] ** alpha / q[v] ** alpha - 1
-                        for v in range(V)) / alpha ** 2
-            else:
-                a, c = alpha, beta
-                d = -sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
-                         for v in range(V)) / (a * c)
-            values.append(d)
+    for q, p in kept_probabilities(s, t, temperature, keep):  # one kept token at a time
+        if alpha == 0 and beta == 0:
+            d = 0.5 * sum((torch.log(q[v]) - torch.log(p[v])) ** 2 for v in range(V))
+        elif alpha == 0:
+            d = sum(q[v] ** beta * torch.log(q[v] ** beta / p[v] ** beta) - q[v] ** beta + p[v] ** beta
+                    for v in range(V)) / beta ** 2
+        elif beta == 0:
+            d = sum(p[v] ** alpha * torch.log(p[v] ** alpha / q[v] ** alpha) - p[v] ** alpha + q[v] ** alpha
+                    for v in range(V)) / alpha ** 2
+        elif alpha + beta == 0:
+            d = sum(torch.log(q[v] ** alpha / p[v] ** alpha) + p[v] ** alpha / q[v] ** alpha - 1
+                    for v in range(V)) / alpha ** 2
+        else:
+            a, c = alpha, beta
+            d = -sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
+                     for v in range(V)) / (a * c)
+        values.append(d)
     return sum(values) / len(values)
 
 

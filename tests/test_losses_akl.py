@@ -13,7 +13,7 @@ import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.akl import akl_rows, akl_weights
 from kdcollapse.losses.llm import token_divergence
-from token_cases import FORMS, assert_fused_equals, head_case, token_logits
+from token_cases import FORMS, assert_fused_equals, head_case, kept_probabilities, token_logits
 
 V = 13  # logits (3, 4, V): tests/token_cases.py
 
@@ -91,23 +91,18 @@ def reference(s, t, mu, temperature, keep):
     """One token at a time: head = the most probable teacher tokens while their running sum stays <= μ (and
     the first), the gaps, the weights as numbers (no gradient through them), then the two KLs."""
     values = []
-    for b in range(s.shape[0]):
-        for i in range(s.shape[1]):
-            if not keep[b, i]:
-                continue
-            q = torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum()
-            p = torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum()
-            order = sorted(range(V), key=lambda v: -p[v].item())
-            head, running = set(), 0.0
-            for rank, v in enumerate(order):
-                running += p[v].item()
-                if rank == 0 or running <= mu:
-                    head.add(v)
-            g_head = sum(abs((p[v] - q[v]).item()) for v in head)
-            g_tail = sum(abs((p[v] - q[v]).item()) for v in range(V) if v not in head)
-            forward = sum(p[v] * torch.log(p[v] / q[v]) for v in range(V))
-            reverse = sum(q[v] * torch.log(q[v] / p[v]) for v in range(V))
-            values.append(g_head / (g_head + g_tail) * forward + g_tail / (g_head + g_tail) * reverse)
+    for q, p in kept_probabilities(s, t, temperature, keep):  # one kept token at a time
+        order = sorted(range(V), key=lambda v: -p[v].item())
+        head, running = set(), 0.0
+        for rank, v in enumerate(order):
+            running += p[v].item()
+            if rank == 0 or running <= mu:
+                head.add(v)
+        g_head = sum(abs((p[v] - q[v]).item()) for v in head)
+        g_tail = sum(abs((p[v] - q[v]).item()) for v in range(V) if v not in head)
+        forward = sum(p[v] * torch.log(p[v] / q[v]) for v in range(V))
+        reverse = sum(q[v] * torch.log(q[v] / p[v]) for v in range(V))
+        values.append(g_head / (g_head + g_tail) * forward + g_tail / (g_head + g_tail) * reverse)
     return sum(values) / len(values)
 
 

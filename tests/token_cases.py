@@ -25,6 +25,16 @@ def token_logits(vocab: int, seed: int = 0, scale: float = 2.0, batch: int = 3, 
     return s.requires_grad_(), t.requires_grad_(), labels
 
 
+def kept_probabilities(s: Tensor, t: Tensor, temperature: float, keep: Tensor):
+    """For each kept position (b, i) of logits (B, T, V): the student's and the teacher's probabilities at
+    ``temperature``, written out (exp over the sum of exps), for the references' token-at-a-time loops."""
+    for b in range(s.shape[0]):
+        for i in range(s.shape[1]):
+            if keep[b, i]:
+                yield (torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum(),
+                       torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum())
+
+
 @dataclass
 class HeadCase:
     """``n`` tokens: the student's hidden states (n, h) and head (v, h), both requiring gradients; the teacher's
