@@ -16,6 +16,7 @@ from kdcollapse.lm._examples import (DATA_FORMATS, LOSS_ON, DataFields, Example,
                                      render_chat, tokenize_example)
 from kdcollapse.lm._blocks import LAYOUTS, TokenBlocks, example_blocks, pack_examples, pad_examples
 from kdcollapse.lm._data import DataSpec, data_blocks
+from kdcollapse.lm._bpe import train_bpe_tokenizer
 from kdcollapse.lm._paired import PairedBlocks, PairedSide, paired_blocks
 from kdcollapse.lm._student import (StudentInit, check_student_section, block_importance, decoder_layers, distilbert_layers,
                                     minitron_layers, select_layers, student_from_teacher)
@@ -37,5 +38,5 @@ __all__ = [
     "block_importance", "decoder_layers", "check_student_section", "DataSpec", "data_blocks",
     "LoraStudent", "check_lora_targets", "split_student",
     "prune_width", "width_importance", "kept_units", "pruned_model", "check_width", "WIDTH_KEYS",
-    "PairedBlocks", "PairedSide", "paired_blocks", "leading_specials",
+    "PairedBlocks", "PairedSide", "paired_blocks", "leading_specials", "train_bpe_tokenizer",
 ]
