@@ -18,8 +18,13 @@ cross-tokenizer steps afterwards on their own student (one 15-layer student and 
 time). CPU time of this process (``time.process_time``): the machine is shared. Ratios are to the stored
 forward-KL step of the same process.
 
-    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_arms_costs.py \\
-        --markdown results/benchmarks/lm_arms_costs.md
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_arms_costs.py
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_lm_arms_costs.py --stored-only \\
+        --docs 40 --student-tokenizer studies/lm_distillation_pruned/bpe8192
+
+(the second: the cross-tokenizer steps on the 8 fullest rows of 40 documents, as full as a run's; the page:
+results/benchmarks/lm_arms_costs.md). The cross-tokenizer rows are the 8 with the most student tokens of the
+``--docs`` documents (a run's rows hold 243 student tokens on average).
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ def one_tokenizer_steps(args, teacher, tokenizer, batch) -> dict[str, float]:
                   tokenizer.eos_token_id).backward()
             optimizer.step()
         return step
-    steps = {name: step_of(load_lm_config(None, BASE + overrides)) for name, overrides in ARMS.items()}
+    arms = {BASELINE: ARMS[BASELINE]} if args.stored_only else ARMS
+    steps = {name: step_of(load_lm_config(None, BASE + overrides)) for name, overrides in arms.items()}
     for step in steps.values():  # warm-up
         step()
     seconds = interleave({name: timer(step, cpu=True) for name, step in steps.items()}, args.rounds)
@@ -94,7 +100,7 @@ def cross_tokenizer_steps(args, teacher, teacher_tokenizer) -> tuple[dict[str, f
     docs = [d for d in lm.read_documents() if d.split == "train"][:args.docs]
     examples = [lm.Example(d.name, "text", text=d.text) for d in docs]
     rows = lm.paired_blocks(tokenizer, teacher_tokenizer, examples, 256)["train"]
-    rows = rows.select(torch.arange(8))
+    rows = rows.select(rows.student.targets.sum(1).argsort(descending=True, stable=True)[:8])  # the 8 fullest rows
     vocab = (len(tokenizer), len(teacher_tokenizer))
     student = lm.load_language_model({"vocab_size": len(tokenizer), **R15}, tokenizer=tokenizer, seed=0).model.train()
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-5)
@@ -127,7 +133,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (after one warm-up)")
     parser.add_argument("--vocab-size", type=int, default=8192, help="the student's BPE (trained here if no dir)")
     parser.add_argument("--student-tokenizer", type=Path, help="a trained BPE directory (kdcollapse train-tokenizer)")
-    parser.add_argument("--docs", type=int, default=8, help="training documents the paired rows are cut from")
+    parser.add_argument("--docs", type=int, default=8, help="training documents the blocks and rows are cut from")
+    parser.add_argument("--stored-only", action="store_true",
+                        help="of the one-tokenizer steps, time the stored forward-KL step only (the ratios' baseline)")
     parser.add_argument("--run-overhead", type=float, default=1300.0,
                         help="CPU-s of one study run (251,904 tokens) of the stored step, to scale the arms' runs")
     parser.add_argument("--markdown", type=Path)
@@ -154,7 +162,8 @@ def main() -> None:
             "steps (estimate) | CPU-h of the arm (3 rates + 2 seeds) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, s in {**seconds, **cross}.items():
         run_h = (args.run_overhead + steps * (s - base)) / 3600
-        rows.append(f"| {name} | {s:.1f} | {s / 2048:.4f} | {s / base:.2f} | {run_h:.2f} | {runs * run_h:.1f} |")
+        tokens = info["student_tokens"] if name in cross else 2048  # a cross step: the student's counted tokens
+        rows.append(f"| {name} | {s:.1f} | {s / tokens:.4f} | {s / base:.2f} | {run_h:.2f} | {runs * run_h:.1f} |")
     text = "\n".join([head, "", *rows, "",
                       f"Across tokenizers: the student has {info['parameters']:,} parameters ({info['vocab']:,}-token "
                       f"BPE); its 8 rows count {info['student_tokens']:,} student tokens, {info['teacher_tokens']:,} "

@@ -38,6 +38,8 @@ NOT_HERE = {
         "ImageNet and its teacher; "
         "training.md's torchrun line runs below on Fashion-MNIST",
     "torchrun --standalone --nproc_per_node=2 -m kdcollapse distill-lm": "tests/test_distill_lm_fsdp.py",
+    "kdcollapse train-tokenizer": "the whole python-docs corpus or a folder of the reader's: tests/test_lm_bpe.py "
+                                  "runs the command on a tiny corpus",
     "python benchmarks/fashion_mnist_small_nets.py": "a full training with no budget option (minutes); its "
         "result is results/fashion_mnist_teacher/README.md",
 }
