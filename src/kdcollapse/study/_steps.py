@@ -107,20 +107,39 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     ``overrides`` (``{"loss.divergence": "jsd", "lr": 0.001}``: the command's ``key=value`` overrides) and
     ``seed``, in ``run_dir``; an interrupted run is resumed, a finished one (its ``student/`` saved) only read.
     Returns its last evaluation, the validation numbers named ``val_*`` (a study chooses on them), with the
-    student's parameter count, the training tokens and the run's CPU seconds (this process's, when it trained)."""
+    student's parameter count, the training tokens and the run's CPU seconds (:func:`run_cpu_seconds`)."""
     from kdcollapse.train import distill_lm as train
 
     run_dir = Path(run_dir)
     cfg = _lm_config(seed, run_dir, config, **overrides)
     began = time.process_time()
-    if not (run_dir / "student").is_dir():
+    trained = not (run_dir / "student").is_dir()
+    if trained:
         train(cfg, resume=(run_dir / "config.yaml").is_file(), log=lambda line: None)
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     record = json.loads((run_dir / "run.json").read_text())
     out = {k.replace("validation_", "val_"): v for k, v in last.items() if k.startswith(("validation_", "test_"))}
     return {**out, "train_loss": last["train_loss"], "steps": last["step"],
             "student_parameters": record["student_parameters"], "train_tokens": record["train_tokens"],
-            "cpu_seconds": time.process_time() - began}
+            **run_cpu_seconds(run_dir, time.process_time() - began if trained else None)}
+
+
+def run_cpu_seconds(run_dir: Path, this_launch: float | None) -> dict:
+    """A distill-lm run's cost as its last commit records it (:meth:`kdcollapse.train.LMTrainer.cpu_seconds`):
+    ``cpu_seconds``, the CPU seconds of every launch's committed part summed, and ``cpu_seconds_from_step``, the
+    step they count from (0: all of it). A checkpoint of a version that kept no CPU time gives ``this_launch``
+    (this process's CPU seconds, when it trained the run) counted from the first step this launch trained, or
+    nothing when the run was only read; ``cpu_seconds_counted`` then says which."""
+    from kdcollapse.runs import committed_path, read_header
+
+    meta = read_header(committed_path(run_dir, "checkpoint.safetensors"))[0]
+    if "cpu_seconds" in meta:
+        return {"cpu_seconds": meta["cpu_seconds"], "cpu_seconds_from_step": meta.get("cpu_seconds_from_step", 0)}
+    if this_launch is None:
+        return {"cpu_seconds_counted": "none: its checkpoint keeps no CPU time (an older version) and it was "
+                                       "not trained here"}
+    return {"cpu_seconds": this_launch, "cpu_seconds_counted": "this launch only: its checkpoint keeps no CPU "
+                                                               "time (an older version)"}
 
 
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
