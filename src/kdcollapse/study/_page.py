@@ -14,6 +14,7 @@ from kdcollapse.runs import write_files
 from kdcollapse.study._cells import section_cells
 from kdcollapse.study._compare import compare_sections
 from kdcollapse.study._figures import figures
+from kdcollapse.study._gap import gap_table, section_gaps
 from kdcollapse.study._lock import page_lock
 from kdcollapse.study._records import RECORDS_FILE, collect
 from kdcollapse.study._spec import Study
@@ -41,7 +42,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                        "define more runs once made" if study.waiting else "")
                     + ". A cell shows its finished seeds only, and a comparison the seeds both its cells have "
                     f"(`kdcollapse study status {study.path.name}` lists what is left).\n")
-    for (title, rows, section, correlations), part in zip(sections, spec.get("sections") or []):
+    gaps = [section_gaps(study, records, spec, part) if "gap" in part else [] for part in spec.get("sections") or []]
+    for (title, rows, section, correlations), part, gap in zip(sections, spec.get("sections") or [], gaps):
         columns = measures(spec, part)
         diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
         text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns), *diverged],
@@ -60,10 +62,14 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                 [f"Pearson r with {correlations[0]['y']} across the {correlations[0]['cells']} cells",
                  "r of the cell means",
                  "per seed: mean ± std", "seeds with r > 0"], [_correlation_row(c) for c in correlations]))
+        if gap:
+            metric_label = next((m.label for m in columns if m.metric == part["gap"].get("metric")), metric.label)
+            text.append(markdown_table(*gap_table(part["gap"], gap, metric_label)))
     for c in comparisons:
         del c["_digits"], c["_unit"], c["_label"]
     summary = {"sections": [{"title": t, "cells": {r[0]: r[1:] for r in rows}} | (
-        {"correlations": corr} if corr else {}) for t, rows, _, corr in sections],
+        {"correlations": corr} if corr else {}) | ({"gap_closed": gap} if gap else {})
+        for (t, rows, _, corr), gap in zip(sections, gaps)],
                "comparisons": comparisons, "noise_floor": spec["noise_floor"], "alpha": spec["alpha"]}
     return "\n".join(text), summary
 

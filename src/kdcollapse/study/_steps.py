@@ -1,7 +1,8 @@
 """Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
 command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
 runs instead of an image training run (``ufm``; ``distill_lm``, a ``kdcollapse distill-lm`` run, which takes
-its run directory and locks it itself), written to ``result.json`` in their run directory. A
+its run directory and locks it itself; ``teacher_lm``, the teacher of a distill-lm config evaluated as its
+students are), written to ``result.json`` in their run directory. A
 study names one as ``post: [{step: NAME, creates: FILE.json}]`` (the GNC and VCI measurements are in
 :mod:`kdcollapse.experiments` and imported when they run); the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
@@ -142,6 +143,34 @@ def run_cpu_seconds(run_dir: Path, this_launch: float | None) -> dict:
                                                                "time (an older version)"}
 
 
+@torch.no_grad()
+def teacher_lm(seed: int, config: str, **overrides) -> dict:
+    """The teacher of a ``distill-lm`` config (the file ``config`` with ``overrides``, as :func:`distill_lm`
+    reads them) evaluated once as its students are: on the same validation and test blocks, by the same
+    evaluation (perplexity, top-1 agreement with and forward KL to its own stored top-k tokens, which measure
+    the top-k truncation only), named as :func:`distill_lm` names a student's (``val_*``, ``test_*``), with its
+    parameter count and this process's CPU seconds. The run directory is the executor's (``seed`` changes
+    nothing: the evaluation draws no random number). A study's page then reads the teacher's perplexity from
+    this record (e.g. the gap to the teacher that each arm closes), not from a number typed into a file."""
+    import dataclasses
+
+    from kdcollapse.train._lm_task import LMTask
+
+    began = time.process_time()
+    cfg = _lm_config(seed, Path("unused"), config, **overrides)
+    if cfg.student_tokenizer is not None:
+        raise ConfigError("run step 'teacher_lm': the config distils across tokenizers, where a token perplexity "
+                          "does not compare with the students'; each run's record holds the teacher's perplexity "
+                          "per byte")
+    # the held-out blocks and stored tokens the students are evaluated on; no training tokens needed
+    task = LMTask(dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0)))
+    task.prepare()
+    teacher = task.teacher.model
+    out = {k.replace("validation_", "val_"): v for k, v in task.evaluate(teacher).items()}
+    return {**out, "teacher": cfg.teacher, "teacher_parameters": sum(p.numel() for p in teacher.parameters()),
+            "cpu_seconds": time.process_time() - began}
+
+
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
     """The ``distill-lm`` config of a :func:`distill_lm` step: the file ``config`` with ``overrides`` as
     ``key=value`` (their YAML forms), ``seed`` and ``run_dir``."""
@@ -151,15 +180,15 @@ def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
                                    for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
 
 
-RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm}
+RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm, "teacher_lm": teacher_lm}
 
 
 def check_run_step(name: str, seed: int, run_dir: Path, params: dict) -> None:
     """Refuse ``params`` that run step ``name`` would refuse, without running it: a ``distill_lm`` step's config
     is read as it would train; another step's parameters must be keyword arguments of the function it calls."""
-    if name == "distill_lm":
+    if name in ("distill_lm", "teacher_lm"):
         if "config" not in params:
-            raise ConfigError("run step 'distill_lm' needs the parameter 'config' (a distill-lm config file)")
+            raise ConfigError(f"run step {name!r} needs the parameter 'config' (a distill-lm config file)")
         _lm_config(seed, run_dir, **params)
         return
     if name == "ufm":
