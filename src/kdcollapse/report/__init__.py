@@ -12,5 +12,5 @@ from kdcollapse.report._tables import (comparisons_table, corrected_verdicts, pa
 
 __all__ = ["VERDICTS", "comparisons_table", "corrected_verdicts", "epoch_table", "fill", "holm",
            "markdown_table", "mean_difference_ci", "mean_std", "paired_comparisons", "paired_t_test", "parse_epochs",
-           "partial_spearman", "pearson", "plot_curves", "plot_panels", "rank_correlations", "rank_correlations_table", "seeds_cell",
-           "seeds_table", "verdict"]
+           "partial_spearman", "pearson", "plot_curves", "plot_panels", "rank_correlations", "rank_correlations_table",
+           "seeds_cell", "seeds_table", "verdict"]

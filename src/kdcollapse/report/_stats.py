@@ -89,8 +89,8 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
 def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float]) -> tuple[float, float]:
     """Spearman's rank correlation of ``x`` and ``y`` controlling for ``z`` (e.g. a model's size) and its
     two-sided p: the partial Pearson correlation of the ranks (ties averaged),
-    (r_xy − r_xz r_yz) / √((1 − r_xz²)(1 − r_yz²)), tested by t = r √((n − 3)/(1 − r²)) with n − 3 degrees of
-    freedom (one controlled variable). ``(nan, nan)`` with fewer than 4 items or a constant rank side.
+    (r_xy − r_xz r_yz) / √((1 − r_xz²)(1 − r_yz²)), tested by t = r √((n − 3)/(1 − r²)) with n − 3
+    degrees of freedom (one controlled variable). ``(nan, nan)`` with fewer than 4 items or a constant rank side.
 
     >>> r, p = partial_spearman([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8], [1, 2, 3, 4, 5, 6, 7, 8])
     >>> round(r, 3), round(p, 3)
