@@ -562,3 +562,48 @@ summary:
     (tmp_path / "study.yaml").write_text(study_text.replace("from: ce,", "form: ce,"))
     with pytest.raises(ConfigError, match="'gap' is"):
         load_study(tmp_path / "study.yaml")
+
+
+def test_a_distill_lm_run_step_takes_the_post_step_lm_collapse_on_its_own_test_tokens(setup, tmp_path):
+    """``post: [{step: lm_collapse, ...}]`` on a ``distill_lm`` group: the student's next-token collapse per
+    hidden state on the run's test blocks (its perplexity is the run's test perplexity: the same positions),
+    read by the summary as the run's numbers; a command post step is refused for a run step."""
+    import dataclasses
+
+    import yaml
+
+    from kdcollapse.errors import ConfigError
+    from kdcollapse.study import collect, load_study
+    from kdcollapse.study._execute import execute, pending
+
+    root, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    text = f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0]
+groups:
+  - {{group: arms, run: "ce/seed{{seed}}", step: distill_lm, params: {{config: {config}, loss.divergence: none,
+      loss.ce_weight: 1.0, loss.distill_weight: 0.0}}, post: [{{step: lm_collapse, creates: lm_collapse.json}}]}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  columns: [{{metric: test_perplexity}}, {{metric: perplexity}}, {{metric: layers/1/nc1}}, {{metric: parameters}}]
+  sections: [{{title: arms, cells: [{{label: ce, group: arms}}]}}]
+"""
+    (tmp_path / "study.yaml").write_text(text)
+    study = load_study(tmp_path / "study.yaml")
+    (run,) = study.runs.values()
+    assert execute(run).status == "finished" and not pending(study)
+    measured = json.loads((run.run_dir / "lm_collapse.json").read_text())
+    result = json.loads((run.run_dir / "result.json").read_text())
+    assert measured["perplexity"] == pytest.approx(result["test_perplexity"], rel=1e-5)
+    assert set(measured["layers"]) == {"0", "1"} and "gnc2" in measured["layers"]["1"]
+    assert measured["parameters"] == result["student_parameters"]
+    (last,) = (r["last"] for r in collect(study).values())
+    assert last["layers/1/nc1"] == measured["layers"]["1"]["nc1"] and last["perplexity"] == measured["perplexity"]
+    (tmp_path / "study.yaml").write_text(text.replace("{step: lm_collapse, creates: lm_collapse.json}",
+                                                      "{command: analyze, args: [], creates: a.json}"))
+    with pytest.raises(ConfigError, match="its post steps are registered steps"):
+        load_study(tmp_path / "study.yaml")

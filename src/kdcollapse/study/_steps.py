@@ -89,7 +89,7 @@ def transfer_probes(run_dir: Path) -> dict:
 
 STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry,
                                             "gnc_geometry": gnc_geometry, "circle_geometry": circle_geometry,
-                                            "transfer_probes": transfer_probes}
+                                            "transfer_probes": transfer_probes}  # lm_collapse: added below
 
 
 def ufm(seed: int, **params) -> dict:
@@ -152,23 +152,58 @@ def teacher_lm(seed: int, config: str, **overrides) -> dict:
     parameter count and this process's CPU seconds. The run directory is the executor's (``seed`` changes
     nothing: the evaluation draws no random number). A study's page then reads the teacher's perplexity from
     this record (e.g. the gap to the teacher that each arm closes), not from a number typed into a file."""
-    import dataclasses
-
-    from kdcollapse.train._lm_task import LMTask
-
     began = time.process_time()
     cfg = _lm_config(seed, Path("unused"), config, **overrides)
     if cfg.student_tokenizer is not None:
         raise ConfigError("run step 'teacher_lm': the config distils across tokenizers, where a token perplexity "
                           "does not compare with the students'; each run's record holds the teacher's perplexity "
                           "per byte")
-    # the held-out blocks and stored tokens the students are evaluated on; no training tokens needed
-    task = LMTask(dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0)))
-    task.prepare()
+    task = _held_out_task(cfg)
     teacher = task.teacher.model
     out = {k.replace("validation_", "val_"): v for k, v in task.evaluate(teacher).items()}
     return {**out, "teacher": cfg.teacher, "teacher_parameters": sum(p.numel() for p in teacher.parameters()),
             "cpu_seconds": time.process_time() - began}
+
+
+def _held_out_task(cfg):
+    """The LM task of ``cfg`` prepared for evaluation only: the held-out blocks and the teacher's stored tokens
+    its students are evaluated on (no training tokens are needed, so none are stored or loaded)."""
+    import dataclasses
+
+    from kdcollapse.train._lm_task import LMTask
+
+    task = LMTask(dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0)))
+    task.prepare()
+    return task
+
+
+@torch.no_grad()
+def lm_collapse(run_dir: Path) -> dict:
+    """The next-token collapse (:func:`kdcollapse.analysis.analyze_tokens`: every hidden state, classes the next
+    tokens seen at least twice, no NC4) of a finished ``distill_lm`` run's student (``student/``) on the run's
+    own test blocks, the positions its evaluation counts: ``perplexity`` (equal to the run's
+    ``test_perplexity``), ``cross_entropy``, ``classes``, ``parameters`` and ``layers`` (hidden state → metrics;
+    a summary reads e.g. ``layers/15/nc1``)."""
+    from kdcollapse.analysis import analyze_tokens
+    from kdcollapse.losses import IGNORE_INDEX
+    from kdcollapse.train import load_lm_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "student").is_dir():
+        raise ConfigError(f"post step 'lm_collapse': {run_dir} holds no student/ (a finished distill_lm run saves one)")
+    task = _held_out_task(load_lm_config(run_dir / "config.yaml", []))
+    ids, mask = task.held_out["test"], task.held_out_masks["test"]
+    labels = ids.clone()
+    labels[:, 0] = IGNORE_INDEX
+    labels[:, 1:][~mask] = IGNORE_INDEX  # position t predicts token t + 1 where the evaluation counts it
+    batches = [{"input_ids": ids[i:i + 8], "attention_mask": torch.ones_like(ids[i:i + 8]), "labels": labels[i:i + 8]}
+               for i in range(0, len(ids), 8)]
+    from kdcollapse import lm
+
+    model = lm.load_language_model(run_dir / "student").model
+    result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=str(run_dir / "student"))
+    return {k: result[k] for k in ("perplexity", "cross_entropy", "tokens_scored", "classes", "parameters")} | {
+        "layers": {str(layer): values for layer, values in result["layers"].items()}}
 
 
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
@@ -179,6 +214,8 @@ def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
     return load_lm_config(config, [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                                    for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
 
+
+STEPS["lm_collapse"] = lm_collapse  # a post step of distill_lm runs
 
 RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm, "teacher_lm": teacher_lm}
 
