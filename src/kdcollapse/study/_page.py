@@ -57,7 +57,14 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                 [f"difference ({metric.label})", *(f"{h} ({spec['unit']})" if h != "seeds" and spec["unit"] else h
                                                    for h in ("seeds", "per seed", "mean", "95 % CI")),
                  "paired t-test p", "Holm p", "verdict"], [_row(c, c["_digits"]) for c in section]))
-        if correlations:
+        if correlations and "spearman_rho" in correlations[0]:  # across: runs
+            control = correlations[0].get("control")
+            text.append(markdown_table(
+                [f"Spearman ρ with {correlations[0]['y']} across the runs", "runs", "ρ", "p (uncorrected)",
+                 *([f"partial ρ controlling for {control}", "p (uncorrected)"] if control else [])],
+                [[c["x"], str(c["runs"]), _signed(c["spearman_rho"]), _p(c["p"]),
+                  *([_signed(c["partial_rho"]), _p(c["partial_p"])] if control else [])] for c in correlations]))
+        elif correlations:
             text.append(markdown_table(
                 [f"Pearson r with {correlations[0]['y']} across the {correlations[0]['cells']} cells",
                  "r of the cell means",
@@ -92,6 +99,14 @@ def made_on(records: dict) -> str:
     parts = [f"{n} run{'s' if n > 1 else ''} on {k}" for k, n in counts.items()]
     parts += [f"{unknown} run{'s' if unknown > 1 else ''} recorded without it"] if unknown else []
     return "Made on (the runs' run.json): " + "; ".join(parts) + "."
+
+
+def _signed(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:+.2f}"
+
+
+def _p(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:.2g}"
 
 
 def _correlation_row(c: dict) -> list[str]:
