@@ -550,6 +550,9 @@ summary:
     assert gap["cell"] == "fkl" and gap["seeds"] == [0, 1] and gap["per_seed"] == pytest.approx(expected)
     assert gap["mean"] == pytest.approx(sum(expected) / 2)
     assert "gap to the teacher closed (log test_perplexity at last epoch; 0 = ce, 1 = teacher)" in text
+    # while the reference's runs have not finished, the page has no gap (and no error): a partial study renders
+    partial = {name: r for name, r in collect(study).items() if not name.startswith("ce/")}
+    assert "gap_closed" not in summarise(study, partial)[1]["sections"][0]
     (tmp_path / "study.yaml").write_text(study_text.replace("from: ce,", "from: nothing,"))
     with pytest.raises(ConfigError, match="gap 'from' 'nothing' is not one of its cells"):
         summarise(load_study(tmp_path / "study.yaml"), collect(study))
@@ -594,6 +597,7 @@ summary:
     result = json.loads((run.run_dir / "result.json").read_text())
     assert measured["perplexity"] == pytest.approx(result["test_perplexity"], rel=1e-5)
     assert set(measured["layers"]) == {"0", "1"} and "gnc2" in measured["layers"]["1"]
+    assert measured["last"] == measured["layers"]["1"]  # the last hidden state, one key at any depth
     assert measured["parameters"] == result["student_parameters"]
     (last,) = (r["last"] for r in collect(study).values())
     assert last["layers/1/nc1"] == measured["layers"]["1"]["nc1"] and last["perplexity"] == measured["perplexity"]

@@ -41,6 +41,8 @@ def section_gaps(study, records: dict, spec: dict, section: dict) -> list[dict]:
     short = {label: name for name, label in shorts.items()}
     to, reference = (shorts.get(str(gap[k]), str(gap[k])) for k in ("to", "from"))
     for key, label in (("to", to), ("from", reference)):
+        if label not in cells and (study.waiting or any(name not in records for name in study.runs)):
+            return []  # a cell named by its runs' fields exists once one of them finished (or was chosen)
         if label not in cells:
             raise ConfigError(f"section {title!r}: gap {key!r} {gap[key]!r} is not one of its cells "
                               f"({', '.join(short.get(c, c) for c in cells)})")

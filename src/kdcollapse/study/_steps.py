@@ -183,7 +183,8 @@ def lm_collapse(run_dir: Path) -> dict:
     tokens seen at least twice, no NC4) of a finished ``distill_lm`` run's student (``student/``) on the run's
     own test blocks, the positions its evaluation counts: ``perplexity`` (equal to the run's
     ``test_perplexity``), ``cross_entropy``, ``classes``, ``parameters`` and ``layers`` (hidden state → metrics;
-    a summary reads e.g. ``layers/15/nc1``)."""
+    a summary reads e.g. ``layers/15/nc1``), and ``last``, the last hidden state's metrics again (``last/nc1``:
+    one key for students of different depths)."""
     from kdcollapse.analysis import analyze_tokens
     from kdcollapse.losses import IGNORE_INDEX
     from kdcollapse.train import load_lm_config
@@ -202,8 +203,9 @@ def lm_collapse(run_dir: Path) -> dict:
 
     model = lm.load_language_model(run_dir / "student").model
     result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=str(run_dir / "student"))
+    layers = {str(layer): values for layer, values in result["layers"].items()}
     return {k: result[k] for k in ("perplexity", "cross_entropy", "tokens_scored", "classes", "parameters")} | {
-        "layers": {str(layer): values for layer, values in result["layers"].items()}}
+        "layers": layers, "last": layers[str(max(map(int, layers)))]}
 
 
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
