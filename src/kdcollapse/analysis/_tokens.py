@@ -13,14 +13,16 @@ and what was excluded are part of the report.
 
 **Passes.** One model pass accumulates a :class:`~kdcollapse.metrics.FeatureStatistics` per chosen layer
 from ``output_hidden_states`` (memory: the K' x d and d x d states per layer, plus one batch of hidden
-states; nothing grows with the number of tokens). NC4 needs the class means before it can classify: the
-statistics pass also keeps the kept positions' hidden states of the chosen layers (in the model's dtype) and
-the network's predicted class, batch by batch (:class:`NccCache`), when they fit in ``ncc_cache_bytes``
-(default 2 GiB; the size is known before the pass, from the counts), and
-:class:`~kdcollapse.metrics.NearestClassMeanAccuracy` classifies them once the means are known; when they
-do not fit, a second model pass recomputes them (the result records which, ``"ncc_features"``). Both give
-the same answers bit for bit: the same values (the model's hidden states, widened to float32 only at use,
-as the second pass widens them) in the same batches (``ncc=False`` skips NC4). The network's prediction is the argmax of its logits over the kept classes.
+states). NC4 needs the class means before it can classify: the statistics pass also keeps the kept
+positions' hidden states of the chosen layers (in the model's dtype) and the network's predicted class,
+batch by batch (:class:`NccCache`), when they fit in ``ncc_cache_bytes`` (default 2 GiB; the size is known
+before the pass, from the counts: positions x chosen layers x d x element size), and
+:class:`~kdcollapse.metrics.NearestClassMeanAccuracy` classifies them once the means are known. When they
+do not fit, a second model pass recomputes them, and memory does not grow with the number of tokens; the
+result records which ran (``"ncc_features"``). Both give the same answers bit for bit on a deterministic
+device: the same values (the model's hidden states, widened to float32 only at use, as the second pass
+widens them) in the same batches (``ncc=False`` skips NC4). The network's prediction is the argmax of its
+logits over the kept classes.
 The classifier metrics (NC3, GNC2, GNC3, NC2 of W) use the output embedding's kept rows and are computed
 for the last hidden state only, the features that classifier reads.
 """
