@@ -1,4 +1,5 @@
-"""What the speed benchmarks share: interleaved rounds and the line that names the machine they ran on."""
+"""What the speed benchmarks share: timers, medians and interleaved rounds, and the line that names the machine
+they ran on."""
 
 from __future__ import annotations
 
@@ -9,11 +10,32 @@ import random
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from kdcollapse.distributed import cpu_capability  # e.g. "AVX512 + avx512_bf16"
+
+
+def timer(fn: Callable[[], object], cpu: bool = False) -> Callable[[], float]:
+    """A timer for :func:`interleave`: the seconds of one call of ``fn``, wall or (``cpu``) this process's CPU."""
+    clock = time.process_time if cpu else time.perf_counter
+
+    def run() -> float:
+        start = clock()
+        fn()
+        return clock() - start
+    return run
+
+
+def median_seconds(fn: Callable[[], object], runs: int, cpu: bool = False, warm_up: bool = True) -> float:
+    """Median seconds (wall, or ``cpu`` time) of ``runs`` calls of ``fn``, after one untimed call if ``warm_up``."""
+    if warm_up:
+        fn()
+    run = timer(fn, cpu)
+    return statistics.median(run() for _ in range(runs))
 
 
 def interleave(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, float]:
@@ -32,18 +54,24 @@ def machine(device: torch.device) -> str:
     """Processor, cores, torch, threads, and the GPU used, or that none was (and whether one is present)."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU used" + (
         "" if torch.cuda.is_available() else " (none present)")
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, device {device} ({gpu}), CPU capability {cpu_capability()}")
 
 
 def cpu_model() -> str:
-    """The processor's model name as ``lscpu`` reports it ("unknown" without lscpu)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown")
+    """The processor's model name, from /proc/cpuinfo or else ``lscpu`` (else the platform's word for it)."""
+    def named(lines: list[str]) -> str | None:
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(("model name", "Model name"))),
+                    None)
+
+    info = Path("/proc/cpuinfo")
+    found = named(info.read_text().splitlines()) if info.is_file() else None
+    if found is None:
+        try:
+            found = named(subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return found or platform.processor() or platform.machine() or "unknown"
 
 
 def shared_machine(load: tuple[float, float]) -> str:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import statistics
 import time
 
 import torch
 
+from _timing import machine  # benchmarks/_timing.py
 from kdcollapse.adversarial import parse_eps
 from kdcollapse.config import method_config
 from kdcollapse.methods import build_method
@@ -116,8 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     args.eps = parse_eps(args.eps)
     load = os.getloadavg()
-    print(f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} "
-          f"thread(s), load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
+    print(f"{machine(torch.device('cpu'))}, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
     if args.steps:
         print("| timed | model | batch | repeats per method | TRADES median (ms) | IKL-AT median (ms) | "
               "IKL-AT / TRADES (medians) | (minima) |")

@@ -13,8 +13,6 @@ interleaved, one process; ratios are medians over rounds.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import statistics
 import tempfile
@@ -22,6 +20,7 @@ import time
 
 import torch
 
+from _timing import machine  # benchmarks/_timing.py
 from kdcollapse.analysis import AnalyzeOptions, Subject, analyze
 from kdcollapse.data import load_dataset, make_loader
 from kdcollapse.errors import DataError
@@ -76,10 +75,7 @@ def main() -> None:
             start = time.perf_counter()
             cases[name]()
             times[name].append(time.perf_counter() - start)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU used" + (
-        "" if torch.cuda.is_available() else " (none present)")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, device {device} ({gpu}); {args.model} on {dataset.name} test "
+    print(f"# {machine(device)}; {args.model} on {dataset.name} test "
           f"({len(dataset)} images), {args.rounds} interleaved rounds\n")
     base = statistics.median(times["bare forward"])
     print("| case | median s | ratio to bare forward |\n|---|---|---|")

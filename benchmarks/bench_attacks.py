@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
-import time
 
 import torch
 from torch import nn
 
+from _timing import machine, median_seconds  # benchmarks/_timing.py
 from kdcollapse.adversarial import (
     apgd_attack,
     apgd_targeted_attack,
@@ -76,15 +74,6 @@ class Counted(nn.Module):
         return self.model(x)
 
 
-def seconds(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -122,19 +111,19 @@ def main() -> None:
             model(x)
 
     grad_step(), forward()  # warm-up
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}; load {os.getloadavg()[0]:.2f} (1-min) at start")
+    print(f"machine: {machine(torch.device('cpu'))}; load {os.getloadavg()[0]:.2f} (1-min) at start")
     print(f"model: {description}; batch {args.batch_size}, norm {args.norm}, runs {args.runs}\n")
     print("| attack | images/s | s per batch | grad evals / image | forwards / image | model-call baseline (s) "
           "| overhead |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, attack in attacks.items():
         counted.with_grad = counted.without_grad = 0
-        t = seconds(attack, args.runs)
+        t = median_seconds(attack, args.runs, warm_up=False)
         per_image_grad = counted.with_grad / args.batch_size / args.runs
         per_image_fwd = counted.without_grad / args.batch_size / args.runs
         # the baseline is measured next to each attack: the machine's load drifts
-        ideal = per_image_grad * seconds(grad_step, 5) + per_image_fwd * seconds(forward, 5)
+        ideal = (per_image_grad * median_seconds(grad_step, 5, warm_up=False)
+                 + per_image_fwd * median_seconds(forward, 5, warm_up=False))
         print(f"| {name} | {args.batch_size / t:.2f} | {t:.2f} | {per_image_grad:.0f} | {per_image_fwd:.0f} | "
               f"{ideal:.2f} | {t / ideal:.2f} |", flush=True)
     print(f"\nload {os.getloadavg()[0]:.2f} (1-min) at the end")

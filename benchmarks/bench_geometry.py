@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kdcollapse.geometry import one_vs_rest_distances, softmax_code, softmax_code_bounds  # noqa: E402
 from kdcollapse.geometry._distances import unit_rows  # noqa: E402
 from kdcollapse.distributed import cpu_capability  # noqa: E402
+from _timing import cpu_model  # noqa: E402  (benchmarks/_timing.py)
 
 PGD_STEPS = 10_000  # the paper's official code: 10,000 projected-gradient steps per class
 
@@ -138,9 +138,7 @@ def bench_softmax_code(K: int, d: int, restarts: int) -> list[str]:
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return (f"{model}, {os.cpu_count()} cores, CPU capability {cpu_capability()}, torch {torch.__version__} with "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, CPU capability {cpu_capability()}, torch {torch.__version__} with "
             f"{torch.get_num_threads()} thread(s), Python {sys.version.split()[0]}")
 
 

@@ -15,23 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import interleave, machine, revision_module  # noqa: E402
+from _timing import interleave, machine, revision_module, timer  # noqa: E402
 
 SIZES = [(10, 16, 0.0), (10, 512, 0.0), (32, 64, 0.0), (32, 512, 1.0), (33, 64, 0.0), (64, 64, 0.0),
          (64, 512, 0.0), (129, 512, 0.0)]
-
-
-def timer(fn):
-    def run() -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    return run
 
 
 def compare(baseline, num: int, dim: int, offset: float, rounds: int) -> str:

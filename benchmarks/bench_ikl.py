@@ -16,10 +16,8 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from loss_references import ikl_pairwise  # noqa: E402  (the official B×K×K form, also the test oracle)
 
-from _timing import shared_machine  # noqa: E402  (benchmarks/_timing.py)
+from _timing import median_seconds, shared_machine  # noqa: E402  (benchmarks/_timing.py)
 from kdcollapse.losses import ikl_loss  # noqa: E402
 from kdcollapse.losses._shapes import check_values  # noqa: E402
 
@@ -60,16 +58,6 @@ def make_step(form: str, lead: tuple[int, ...], k: int):
         loss.backward()
 
     return step
-
-
-def median_seconds(step, runs: int) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _status_mib(field: str) -> float:

@@ -26,15 +26,7 @@ from statistics import median
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import cpu_model, interleave  # noqa: E402
-
-
-def cpu(fn):
-    def run() -> float:
-        start = time.process_time()
-        fn()
-        return time.process_time() - start
-    return run
+from _timing import cpu_model, interleave, timer  # noqa: E402
 
 
 def main() -> None:
@@ -98,10 +90,10 @@ def main() -> None:
         model(input_ids=batches[0]["input_ids"])
     statistics()  # the metrics need the statistics
     state["nc4"].clear()
-    timers = {"bare forward": cpu(forward), "analyze": cpu(analyze(NCC_CACHE_BYTES))}
+    timers = {"bare forward": timer(forward, cpu=True), "analyze": timer(analyze(NCC_CACHE_BYTES), cpu=True)}
     if not args.no_two_pass:
-        timers["analyze, two passes"] = cpu(analyze(0))
-    timers |= {"statistics pass (keeping NC4's features)": statistics, "metrics": cpu(metrics)}
+        timers["analyze, two passes"] = timer(analyze(0), cpu=True)
+    timers |= {"statistics pass (keeping NC4's features)": statistics, "metrics": timer(metrics, cpu=True)}
     raw: dict[str, list[float]] = {name: [] for name in timers}
 
     def recorded(name, fn):

@@ -21,14 +21,13 @@ import argparse
 import contextlib
 import math
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from _timing import cpu_model  # benchmarks/_timing.py
+from _timing import cpu_model, median_seconds  # benchmarks/_timing.py
 from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig
 from kdcollapse.distributed import cpu_capability
@@ -41,8 +40,8 @@ def perplexities_and_forward(args, cfg, teacher, model, train, val, key, batch, 
     tokens = batch.numel()
     # ---- the teacher's forward
     with torch.no_grad():
-        fwd = {bf16: cpu_seconds(lambda: [model(batch).logits.float().topk(64)] if not bf16 else
-                                 _bf16_forward(model, batch), args.repeats) for bf16 in (False, True)}
+        fwd = {bf16: median_seconds(lambda: [model(batch).logits.float().topk(64)] if not bf16 else
+                                    _bf16_forward(model, batch), args.repeats, cpu=True) for bf16 in (False, True)}
     rows.append(f"| teacher forward + top-64 (30 layers) | {tokens / fwd[False]:.0f} | {tokens / fwd[True]:.0f} | "
                 f"{fwd[True] / fwd[False]:.2f} |")
     print(rows[-1])
@@ -84,17 +83,6 @@ def perplexities_and_forward(args, cfg, teacher, model, train, val, key, batch, 
         print(ppl[-1])
 
     return ppl, fwd
-
-
-def cpu_seconds(fn, repeats: int) -> float:
-    """Median CPU seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
 
 
 def autocast(bf16: bool):
@@ -160,7 +148,7 @@ def main() -> None:
                 _loss(step_cfg, student, teacher, batch, stored, micro, torch.Generator().manual_seed(0),
                       tokenizer.eos_token_id).backward()
                 optimizer.step()
-            seconds = cpu_seconds(step, args.repeats)
+            seconds = median_seconds(step, args.repeats, cpu=True)
             fwd[(keep, bf16)] = seconds
         rows.append(f"| training step of a {keep}-layer student (forward KL on stored top-64, AdamW) | "
                     f"{tokens / fwd[(keep, False)]:.0f} | {tokens / fwd[(keep, True)]:.0f} | "

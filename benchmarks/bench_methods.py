@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from _timing import cpu_model  # benchmarks/_timing.py
 from kdcollapse.config import method_config
 from kdcollapse.methods import FrozenTeacher, build_method
 from kdcollapse.models import create_model
@@ -63,15 +63,7 @@ def load() -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return f"{cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def main(argv: list[str] | None = None) -> int:

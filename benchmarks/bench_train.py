@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import platform
 import time
 
 import torch
 
+from _timing import machine  # benchmarks/_timing.py
 from kdcollapse.config import load_config
 from kdcollapse.data import TensorDataset, register_dataset
 from kdcollapse.train import Trainer
@@ -86,8 +86,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     import tempfile
 
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, device {args.device}, amp {args.amp}, "
+    print(f"# {machine(torch.device(args.device))}, amp {args.amp}, "
           f"channels_last {args.channels_last}, {args.steps} timed steps")
     print("| model | batch | images/s | step ms | data+aug ms | data share |")
     print("|---|---|---|---|---|---|")

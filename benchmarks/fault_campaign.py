@@ -101,13 +101,6 @@ def trial(method: str, args: list[str], reference: Path, delay: float, folder: P
     return "FAILED", "resume never finished"
 
 
-def cpu_model() -> str:
-    info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
-             if line.startswith("model name")]
-    return names[0] if names else "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8, help="kills per method")
@@ -143,6 +136,7 @@ def main() -> None:
     print(dict(outcomes))
     if args.markdown:
         import torch
+        from _timing import cpu_model  # benchmarks/_timing.py
 
         table = ["| method | kill at (s after config.yaml, of the uninterrupted run's) | outcome | detail |", "|---|---|---|---|"]
         table += [f"| {m} | {d} | {o} | {x.replace('|', '/')} |" for m, d, o, x in rows]

@@ -7,6 +7,7 @@ tests/test_train.py."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -126,6 +127,10 @@ class Forked:
                 sys.stdout, sys.stderr = out, err
                 os.environ["OMP_NUM_THREADS"] = "1"
                 torch.set_num_threads(1)  # a forked process must not start OpenMP's thread pool
+                # Ctrl-C as a started interpreter has it: a test process launched in the background by a
+                # non-interactive shell inherits SIGINT ignored, and a fork would keep that (a SIGINT test then
+                # waited on a run of 100,000 epochs)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 from kdcollapse.cli import main
 
                 code = main(list(args))
@@ -151,8 +156,14 @@ class Forked:
         if self.poll() is None:
             os.kill(self.pid, sig)
 
-    def wait(self) -> int:
+    def wait(self, timeout: float = 300.0) -> int:
+        """The exit code; a child still running after ``timeout`` seconds is killed (SIGKILL: -9), so a test
+        that waits on a child that ignored its signal fails instead of hanging."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
 

@@ -15,7 +15,7 @@ from kdcollapse.errors import DataError
 from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers")
-from tiny_lm import TEXT, llama_config, tiny_tokenizer, with_bos, write_corpus  # noqa: E402
+from tiny_lm import TEXT, distill_lm_files, llama_config, tiny_tokenizer, with_bos  # noqa: E402
 
 PAIRS = [("Question: what does the cat do?", " The cat sat on the mat, quietly."),
          ("Explain distillation.", " A small student matches a large teacher's probabilities.")]
@@ -196,14 +196,9 @@ def test_the_micro_batch_loss_is_uld_plus_ce_by_the_slow_reference(pair):
 def setup(tmp_path_factory, pair):
     root = tmp_path_factory.mktemp("xtok")
     student_tok, teacher_tok = pair
-    teacher = lm.load_language_model(llama_config(len(teacher_tok), hidden=48), tokenizer=teacher_tok, seed=0)
-    teacher.model.save_pretrained(root / "teacher")
-    teacher_tok.save_pretrained(root / "teacher")
+    _, files = distill_lm_files(root, tokenizer=teacher_tok)  # the student's vocabulary: its own tokenizer's
     student_tok.save_pretrained(root / "student-tokenizer")
-    write_corpus(root / "corpus", copies=12)
-    student = {k: v for k, v in llama_config(len(student_tok), hidden=16, layers=1).items() if k != "vocab_size"}
-    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
-                  f"student={json.dumps(student)}", f"student_tokenizer={root / 'student-tokenizer'}",
+    return root, [*files, f"student_tokenizer={root / 'student-tokenizer'}",
                   "teacher_k=null", "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=4",
                   "eval_every=2", "warmup=1", "progress=false"]
 

@@ -13,21 +13,14 @@ from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
 from ranks import run_on_ranks, run_ranks  # noqa: E402
-from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from tiny_lm import distill_lm_files, llama_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
-    tokenizer = tiny_tokenizer()
-    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=48), tokenizer=tokenizer, seed=0)
-    teacher.model.save_pretrained(root / "teacher")
-    tokenizer.save_pretrained(root / "teacher")
-    write_corpus(root / "corpus", copies=12)
-    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=3).items() if k != "vocab_size"}
-    return root, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
-                  f"student={json.dumps(student)}", "block_size=8", "train_blocks=40", "eval_blocks=4",
-                  "steps=4", "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10", "lr=0.01",
+    _, files = distill_lm_files(root, student_layers=3)
+    return root, [*files, "block_size=8", "train_blocks=40", "eval_blocks=4", "steps=4", "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10", "lr=0.01",
                   "loss.ce_weight=0.5", "progress=false"]
 
 

@@ -14,7 +14,7 @@ from kdcollapse.train import distill_lm, load_lm_config
 
 pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
 pytest.importorskip("peft", reason="pip install 'kdcollapse[peft]'")
-from tiny_lm import llama_config, tiny_tokenizer, write_corpus  # noqa: E402
+from tiny_lm import distill_lm_files  # noqa: E402
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
@@ -22,13 +22,8 @@ LORA = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
-    tokenizer = tiny_tokenizer()
-    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=48), tokenizer=tokenizer, seed=0)
-    teacher.model.save_pretrained(root / "teacher")
-    tokenizer.save_pretrained(root / "teacher")
-    write_corpus(root / "corpus", copies=12)
-    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=2).items() if k != "vocab_size"}
-    return root, student, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
+    student, files = distill_lm_files(root, student_layers=2)
+    return root, student, [*files[:-1],  # its student= is the one of options(), with the adapter
                            "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=4",
                            "eval_every=2", "warmup=1", "teacher_k=16", "chunk_size=10", "lr=0.05",
                            "loss.ce_weight=0.5", "progress=false"]

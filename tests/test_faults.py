@@ -115,24 +115,26 @@ def crash_at(monkeypatch, run_dir, point, snapshot):
     return count
 
 
-def crashed_copies(one_epoch, tmp_path, monkeypatch):
-    """Copies of the one-epoch run, each with epoch 2 crashed at one write point (every point in turn): the
-    directory as the crash left it. A point where nothing had been written yet yields nothing."""
+def crashed_copies(start, tmp_path, monkeypatch, go_on=lambda run_dir: resume(run_dir, 2)):
+    """Copies of the run directory ``start``, each with ``go_on(copy)`` (by default the resume of a one-epoch run
+    to epoch 2) crashed at one write point (every point in turn): the directory as the crash left it. A point
+    where nothing had been written yet yields nothing. Image and LM runs (tests/test_faults_lm.py) alike."""
     point, points = 0, None
     while points is None or point < points:
         run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
-        shutil.copytree(one_epoch, run_dir)
+        shutil.copytree(start, run_dir)
         with monkeypatch.context() as m:
             count = crash_at(m, run_dir, point, snapshot)
             try:
-                resume(run_dir, 2)
-                points = count["n"]  # no crash: every write point of epoch 2 was tried
+                go_on(run_dir)
+                points = count["n"]  # no crash: every write point was tried
             except Crash:
                 pass
         point += 1
         if snapshot.exists():
             yield snapshot
-    assert points >= 6  # checkpoint, model and best files, their renames (and more)
+    assert points >= 6  # an epoch's checkpoint, model and best files, their renames (and more); an LM run's
+    # checkpoint file, its renames and the metrics files, in two commits
 
 
 def test_a_crash_at_any_write_point_of_an_epoch_resumes_consistently_and_bit_identically(

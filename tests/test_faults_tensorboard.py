@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_faults import MLP, Crash, crash_at
+from test_faults import MLP, Crash, crash_at, crashed_copies, resume
 
 from kdcollapse.config import load_config
 from kdcollapse.runs import read_metrics
@@ -83,35 +83,13 @@ def tb_run(run_dir, epochs):
     return fit(load_config(None, [*MLP, *TB, f"run_dir={run_dir}", f"train.epochs={epochs}"]))
 
 
-def resume(run_dir, epochs):
-    overrides = [f"train.epochs={epochs}", f"run_dir={run_dir}"]
-    return fit(load_config(Path(run_dir) / "config.yaml", overrides), resume=True)
-
-
 def test_a_crash_at_any_write_point_leaves_only_committed_steps_and_resume_logs_each_once(tmp_path, monkeypatch):
-    import shutil
-
     one = tb_run(tmp_path / "one", 1).run_dir
     assert_matches_metrics(one, 1)
-    point, points, crashed = 0, None, 0
-    while points is None or point < points:
-        run_dir, snapshot = tmp_path / f"run{point}", tmp_path / f"crashed{point}"
-        shutil.copytree(one, run_dir)
-        with monkeypatch.context() as m:
-            count = crash_at(m, run_dir, point, snapshot)
-            try:
-                resume(run_dir, 2)
-                points = count["n"]
-            except Crash:
-                pass
-        point += 1
-        if not snapshot.exists():
-            continue
-        crashed += 1
+    for snapshot in crashed_copies(one, tmp_path, monkeypatch):  # epoch 2 crashed at each write point
         assert_prefix_of_committed(snapshot)  # what kill -9 at this instant leaves
         resume(snapshot, 3)
         assert_matches_metrics(snapshot, 3)
-    assert crashed >= 6
 
 
 def test_turning_tensorboard_on_in_a_resume_logs_the_earlier_epochs(tmp_path):

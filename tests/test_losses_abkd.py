@@ -12,16 +12,13 @@ import torch.nn.functional as F
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.abkd import abkd_rows
+from token_cases import FORMS, assert_fused_equals, head_case, kept_probabilities, token_logits
 
-B, T, V = 3, 4, 11
+V = 11  # logits (3, 4, V): tests/token_cases.py
 
 
 def logits(seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    s, t = (scale * torch.randn(2, B, T, V, generator=g, dtype=torch.float64)).unbind()
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[0, 1] = labels[2, 3] = -100
-    return s.requires_grad_(), t.requires_grad_(), labels
+    return token_logits(V, seed, scale)
 
 
 # ghwang-s/abkd @ df813185e69d21d1e99510272cd94e49be7250c0, distillation_llm/distillm/losses.py, ab_div
@@ -105,28 +102,23 @@ def reference(s, t, alpha, beta, temperature, keep):
     """Token by token on explicit probabilities: the general formula, or its limit as Cichocki, Cruces &
     Amari (2011) state it."""
     values = []
-    for b in range(s.shape[0]):
-        for i in range(s.shape[1]):
-            if not keep[b, i]:
-                continue
-            q = torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum()
-            p = torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum()
-            if alpha == 0 and beta == 0:
-                d = 0.5 * sum((torch.log(q[v]) - torch.log(p[v])) ** 2 for v in range(V))
-            elif alpha == 0:
-                d = sum(q[v] ** beta * torch.log(q[v] ** beta / p[v] ** beta) - q[v] ** beta + p[v] ** beta
-                        for v in range(V)) / beta ** 2
-            elif beta == 0:
-                d = sum(p[v] ** alpha * torch.log(p[v] ** alpha / q[v] ** alpha) - p[v] ** alpha + q[v] ** alpha
-                        for v in range(V)) / alpha ** 2
-            elif alpha + beta == 0:
-                d = sum(torch.log(q[v] ** alpha / p[v] ** alpha) + p[v] ** alpha / q[v] ** alpha - 1
-                        for v in range(V)) / alpha ** 2
-            else:
-                a, c = alpha, beta
-                d = -sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
-                         for v in range(V)) / (a * c)
-            values.append(d)
+    for q, p in kept_probabilities(s, t, temperature, keep):  # one kept token at a time
+        if alpha == 0 and beta == 0:
+            d = 0.5 * sum((torch.log(q[v]) - torch.log(p[v])) ** 2 for v in range(V))
+        elif alpha == 0:
+            d = sum(q[v] ** beta * torch.log(q[v] ** beta / p[v] ** beta) - q[v] ** beta + p[v] ** beta
+                    for v in range(V)) / beta ** 2
+        elif beta == 0:
+            d = sum(p[v] ** alpha * torch.log(p[v] ** alpha / q[v] ** alpha) - p[v] ** alpha + q[v] ** alpha
+                    for v in range(V)) / alpha ** 2
+        elif alpha + beta == 0:
+            d = sum(torch.log(q[v] ** alpha / p[v] ** alpha) + p[v] ** alpha / q[v] ** alpha - 1
+                    for v in range(V)) / alpha ** 2
+        else:
+            a, c = alpha, beta
+            d = -sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
+                     for v in range(V)) / (a * c)
+        values.append(d)
     return sum(values) / len(values)
 
 
@@ -181,31 +173,16 @@ def test_parameters_are_checked():
             L.abkd_loss(s, t, 0.5, bad)
 
 
-@pytest.mark.parametrize("form", ["logits", "head", "top-k with k = V"])
+@pytest.mark.parametrize("form", FORMS)
 def test_fused_abkd_equals_the_unfused_loss(form):
-    g = torch.Generator().manual_seed(6)
-    n, h, v = 19, 5, 11
-    hidden = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_()
-    weight = torch.randn(v, h, generator=g, dtype=torch.float64).requires_grad_()
-    t_hidden, t_weight = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(v, 4, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, v, (n,), generator=g)
-    labels[[1, 8]] = -100
-    teacher_logits = t_hidden @ t_weight.T
-    temperature = 2.0
-    teacher = {"logits": L.TeacherLogits(teacher_logits), "head": L.TeacherHead(t_hidden, t_weight),
-               "top-k with k = V": L.TopKTeacher.from_logits(teacher_logits, v, temperature)}[form]
-    keep = labels != -100
-    z = hidden @ weight.T
+    case, temperature = head_case(19, [1, 8]), 2.0
+    teacher, keep, z, labels = case.teacher(form, temperature), case.keep, case.student_logits, case.labels
     if form.startswith("top-k"):  # the stored float32 log-probabilities as they are
-        stored = teacher.log_probs(slice(None), v, temperature).double()
+        stored = teacher.log_probs(slice(None), case.vocab, temperature).double()
         distill = abkd_rows(F.log_softmax(z / temperature, -1), stored, 0.2, 0.7)[keep].mean()
     else:
-        distill = L.abkd_loss(z, teacher_logits, 0.2, 0.7, temperature, mask=keep)
+        distill = L.abkd_loss(z, case.teacher_logits, 0.2, 0.7, temperature, mask=keep)
     expected = distill + 0.5 * F.cross_entropy(z[keep], labels[keep])
-    want = (expected.detach(), *torch.autograd.grad(expected, (hidden, weight)))
-    for chunk in (4, 64):
-        loss = L.fused_head_loss(hidden, weight, teacher, "abkd", temperature, labels=labels,
-                                 ce_weight=0.5, chunk_size=chunk, alpha=0.2, beta=0.7)
-        got = (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert_fused_equals(lambda chunk: L.fused_head_loss(case.hidden, case.weight, teacher, "abkd", temperature,
+                                                        labels=labels, ce_weight=0.5, chunk_size=chunk, alpha=0.2,
+                                                        beta=0.7), expected, case)

@@ -13,16 +13,13 @@ import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.akl import akl_rows, akl_weights
 from kdcollapse.losses.llm import token_divergence
+from token_cases import FORMS, assert_fused_equals, head_case, kept_probabilities, token_logits
 
-B, T, V = 3, 4, 13
+V = 13  # logits (3, 4, V): tests/token_cases.py
 
 
 def logits(seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    s, t = (scale * torch.randn(2, B, T, V, generator=g, dtype=torch.float64)).unbind()
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[0, 1] = labels[2, 3] = -100
-    return s.requires_grad_(), t.requires_grad_(), labels
+    return token_logits(V, seed, scale)
 
 
 # --- the authors' code, transcribed ------------------------------------------------------------------
@@ -94,23 +91,18 @@ def reference(s, t, mu, temperature, keep):
     """One token at a time: head = the most probable teacher tokens while their running sum stays <= μ (and
     the first), the gaps, the weights as numbers (no gradient through them), then the two KLs."""
     values = []
-    for b in range(s.shape[0]):
-        for i in range(s.shape[1]):
-            if not keep[b, i]:
-                continue
-            q = torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum()
-            p = torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum()
-            order = sorted(range(V), key=lambda v: -p[v].item())
-            head, running = set(), 0.0
-            for rank, v in enumerate(order):
-                running += p[v].item()
-                if rank == 0 or running <= mu:
-                    head.add(v)
-            g_head = sum(abs((p[v] - q[v]).item()) for v in head)
-            g_tail = sum(abs((p[v] - q[v]).item()) for v in range(V) if v not in head)
-            forward = sum(p[v] * torch.log(p[v] / q[v]) for v in range(V))
-            reverse = sum(q[v] * torch.log(q[v] / p[v]) for v in range(V))
-            values.append(g_head / (g_head + g_tail) * forward + g_tail / (g_head + g_tail) * reverse)
+    for q, p in kept_probabilities(s, t, temperature, keep):  # one kept token at a time
+        order = sorted(range(V), key=lambda v: -p[v].item())
+        head, running = set(), 0.0
+        for rank, v in enumerate(order):
+            running += p[v].item()
+            if rank == 0 or running <= mu:
+                head.add(v)
+        g_head = sum(abs((p[v] - q[v]).item()) for v in head)
+        g_tail = sum(abs((p[v] - q[v]).item()) for v in range(V) if v not in head)
+        forward = sum(p[v] * torch.log(p[v] / q[v]) for v in range(V))
+        reverse = sum(q[v] * torch.log(q[v] / p[v]) for v in range(V))
+        values.append(g_head / (g_head + g_tail) * forward + g_tail / (g_head + g_tail) * reverse)
     return sum(values) / len(values)
 
 
@@ -171,34 +163,21 @@ def test_bad_mu_is_one_error():
             L.akl_loss(s, t, bad)
 
 
-@pytest.mark.parametrize("form", ["logits", "head", "top-k with k = V"])
+@pytest.mark.parametrize("form", FORMS)
 def test_fused_akl_equals_the_unfused_loss(form):
-    g = torch.Generator().manual_seed(6)
-    n, h, v = 19, 5, 11
-    hidden = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_()
-    weight = torch.randn(v, h, generator=g, dtype=torch.float64).requires_grad_()
-    t_hidden, t_weight = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(v, 4, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, v, (n,), generator=g)
-    labels[[1, 8]] = -100
-    teacher_logits = t_hidden @ t_weight.T
-    teacher = {"logits": L.TeacherLogits(teacher_logits), "head": L.TeacherHead(t_hidden, t_weight),
-               "top-k with k = V": L.TopKTeacher.from_logits(teacher_logits, v, 2.0)}[form]
+    case = head_case(19, [1, 8])
+    teacher = case.teacher(form, 2.0)
     temperature = 2.0 if form.startswith("top-k") else 1.5
-    keep = labels != -100
-    z = hidden @ weight.T
+    keep, z, labels = case.keep, case.student_logits, case.labels
     if form.startswith("top-k"):  # the stored float32 log-probabilities as they are (they sum to 1 ± 1e-7)
-        stored = teacher.log_probs(slice(None), v, temperature).double()
+        stored = teacher.log_probs(slice(None), case.vocab, temperature).double()
         distill = akl_rows(F.log_softmax(z / temperature, -1), stored, 0.4)[keep].mean()
     else:
-        distill = L.akl_loss(z, teacher_logits, 0.4, temperature, mask=keep)
+        distill = L.akl_loss(z, case.teacher_logits, 0.4, temperature, mask=keep)
     expected = distill + 0.5 * F.cross_entropy(z[keep], labels[keep])
-    want = (expected.detach(), *torch.autograd.grad(expected, (hidden, weight)))
-    for chunk in (4, 64):
-        loss = L.fused_head_loss(hidden, weight, teacher, "akl", temperature, labels=labels, ce_weight=0.5,
-                                 chunk_size=chunk, mu=0.4)
-        got = (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert_fused_equals(lambda chunk: L.fused_head_loss(case.hidden, case.weight, teacher, "akl", temperature,
+                                                        labels=labels, ce_weight=0.5, chunk_size=chunk, mu=0.4),
+                        expected, case)
 
 
 def test_akl_on_stored_top_k_ties_are_ordered_by_token():

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.distillm2 import distillm2_fused_loss, distillm2_rows
+from token_cases import FORMS, assert_fused_equals, head_case
 
 P, T, V = 3, 7, 13  # P prompts, each with a teacher and a student response
 
@@ -165,31 +166,16 @@ def test_bad_inputs_are_one_error_each():
         L.distillm2_loss(a[0], c[0], torch.ones(6, dtype=torch.bool), reduction="sequence")
 
 
-@pytest.mark.parametrize("form", ["logits", "head", "top-k with k = V"])
+@pytest.mark.parametrize("form", FORMS)
 def test_fused_distillm2_equals_the_unfused_token_mean(form):
-    g = torch.Generator().manual_seed(6)
-    n, h, v = 21, 5, 11
-    hidden = torch.randn(n, h, generator=g, dtype=torch.float64).requires_grad_()
-    weight = torch.randn(v, h, generator=g, dtype=torch.float64).requires_grad_()
-    t_hidden, t_weight = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(v, 4, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, v, (n,), generator=g)
-    labels[[1, 8, 15]] = -100
-    own = torch.arange(n) % 3 == 0
-    teacher_logits = t_hidden @ t_weight.T
-    temperature = 1.5
-    teacher = {"logits": L.TeacherLogits(teacher_logits), "head": L.TeacherHead(t_hidden, t_weight),
-               "top-k with k = V": L.TopKTeacher.from_logits(teacher_logits, v, temperature)}[form]
-    keep = labels != -100
-    z = hidden @ weight.T
-    log_p = (teacher.log_probs(slice(None), v, temperature).double() if form.startswith("top-k")
-             else F.log_softmax(teacher_logits / temperature, -1))
+    case, temperature = head_case(21, [1, 8, 15]), 1.5
+    own = torch.arange(21) % 3 == 0
+    teacher, keep, z, labels = case.teacher(form, temperature), case.keep, case.student_logits, case.labels
+    log_p = (teacher.log_probs(slice(None), case.vocab, temperature).double() if form.startswith("top-k")
+             else F.log_softmax(case.teacher_logits / temperature, -1))
     distill = distillm2_rows(F.log_softmax(z / temperature, -1), log_p, own, 0.1)[keep].mean()
     ce = F.cross_entropy(z[keep & ~own], labels[keep & ~own], reduction="sum") / keep.sum()
     expected = distill + 0.5 * ce
-    want = (expected.detach(), *torch.autograd.grad(expected, (hidden, weight)))
-    for chunk in (4, 64):
-        loss = distillm2_fused_loss(hidden, weight, teacher, own, 0.1, temperature, labels=labels, ce_weight=0.5,
-                                    chunk_size=chunk)
-        got = (loss.detach(), *torch.autograd.grad(loss, (hidden, weight)))
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert_fused_equals(lambda chunk: distillm2_fused_loss(case.hidden, case.weight, teacher, own, 0.1, temperature,
+                                                           labels=labels, ce_weight=0.5, chunk_size=chunk),
+                        expected, case)

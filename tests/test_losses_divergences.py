@@ -13,18 +13,15 @@ import torch.nn.functional as F
 import kdcollapse.losses as L
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.losses.llm import token_divergence, token_divergences
+from token_cases import kept_probabilities, token_logits
 
-B, T, V = 3, 4, 11
+V = 11  # logits (3, 4, V): tests/token_cases.py
 WEIGHTED = {"jsd": (L.jsd_loss, "beta"), "skew_forward_kl": (L.skew_forward_kl_loss, "alpha"),
             "skew_reverse_kl": (L.skew_reverse_kl_loss, "alpha")}
 
 
 def logits(seed=0, scale=3.0):
-    g = torch.Generator().manual_seed(seed)
-    s, t = (scale * torch.randn(2, B, T, V, generator=g, dtype=torch.float64)).unbind()
-    labels = torch.randint(0, V, (B, T), generator=g)
-    labels[0, 1] = labels[2, 3] = -100
-    return s.requires_grad_(), t.requires_grad_(), labels
+    return token_logits(V, seed, scale)
 
 
 def named(name, weight):
@@ -46,47 +43,41 @@ def ours(name, s, t, weight, temperature, mask):
 def reference(name, s, t, weight, temperature, keep):
     """Mean over kept tokens, each divergence from its textbook formula on explicit probabilities."""
     values = []
-    for b in range(s.shape[0]):
-        for i in range(s.shape[1]):
-            if not keep[b, i]:
-                continue
-            q = torch.exp(s[b, i] / temperature) / torch.exp(s[b, i] / temperature).sum()
-            p = torch.exp(t[b, i] / temperature) / torch.exp(t[b, i] / temperature).sum()
+    for q, p in kept_probabilities(s, t, temperature, keep):  # one kept token at a time
+        def kl(a, c):
+            return sum(a[v] * torch.log(a[v] / c[v]) for v in range(len(a)))
 
-            def kl(a, c):
-                return sum(a[v] * torch.log(a[v] / c[v]) for v in range(len(a)))
-
-            if name == "forward_kl":
-                values.append(kl(p, q))
-            elif name == "reverse_kl":
-                values.append(kl(q, p))
-            elif name == "jsd":
-                m = weight * p + (1 - weight) * q
-                values.append(kl(p, q) if weight == 0 else kl(q, p) if weight == 1
-                              else weight * kl(p, m) + (1 - weight) * kl(q, m))
-            elif name == "skew_forward_kl":
-                values.append(kl(p, weight * p + (1 - weight) * q))
-            elif name == "skew_reverse_kl":
-                values.append(kl(q, weight * q + (1 - weight) * p))
-            elif name == "tvd":
-                values.append(0.5 * sum(abs(p[v] - q[v]) for v in range(len(p))))
-            elif name == "akl":  # head: the most probable tokens while their running sum stays <= μ, and the first
-                mu = 0.5 if weight is None else weight
-                order = sorted(range(len(p)), key=lambda v: -p[v].item())
-                head = {v for rank, v in enumerate(order) if rank == 0 or sum(p[u].item() for u in order[:rank + 1]) <= mu}
-                g_head = sum((p[v] - q[v].detach()).abs() for v in head)  # constants for the student only,
-                g_tail = sum((p[v] - q[v].detach()).abs() for v in range(len(p)) if v not in head)  # as the authors
-                values.append((g_head * kl(p, q) + g_tail * kl(q, p)) / (g_head + g_tail))
-            elif name == "abkd":  # the general case of the α-β divergence
-                a, c = (weight or {}).get("alpha", 0.2), (weight or {}).get("beta", 0.7)
-                values.append(-sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
-                                   for v in range(len(p))) / (a * c))
-            elif name == "distillm2_student_kl":  # the student's share of the mixture is a constant
-                alpha = 0.1 if weight is None else weight
-                values.append(kl(q, (1 - alpha) * p + alpha * q.detach()))
-            else:
-                raise AssertionError(f"no reference for the declared divergence {name!r}: write its textbook "
-                                     "formula here and its cases in VALUES")
+        if name == "forward_kl":
+            values.append(kl(p, q))
+        elif name == "reverse_kl":
+            values.append(kl(q, p))
+        elif name == "jsd":
+            m = weight * p + (1 - weight) * q
+            values.append(kl(p, q) if weight == 0 else kl(q, p) if weight == 1
+                          else weight * kl(p, m) + (1 - weight) * kl(q, m))
+        elif name == "skew_forward_kl":
+            values.append(kl(p, weight * p + (1 - weight) * q))
+        elif name == "skew_reverse_kl":
+            values.append(kl(q, weight * q + (1 - weight) * p))
+        elif name == "tvd":
+            values.append(0.5 * sum(abs(p[v] - q[v]) for v in range(len(p))))
+        elif name == "akl":  # head: the most probable tokens while their running sum stays <= μ, and the first
+            mu = 0.5 if weight is None else weight
+            order = sorted(range(len(p)), key=lambda v: -p[v].item())
+            head = {v for rank, v in enumerate(order) if rank == 0 or sum(p[u].item() for u in order[:rank + 1]) <= mu}
+            g_head = sum((p[v] - q[v].detach()).abs() for v in head)  # constants for the student only,
+            g_tail = sum((p[v] - q[v].detach()).abs() for v in range(len(p)) if v not in head)  # as the authors
+            values.append((g_head * kl(p, q) + g_tail * kl(q, p)) / (g_head + g_tail))
+        elif name == "abkd":  # the general case of the α-β divergence
+            a, c = (weight or {}).get("alpha", 0.2), (weight or {}).get("beta", 0.7)
+            values.append(-sum(p[v] ** a * q[v] ** c - a / (a + c) * p[v] ** (a + c) - c / (a + c) * q[v] ** (a + c)
+                               for v in range(len(p))) / (a * c))
+        elif name == "distillm2_student_kl":  # the student's share of the mixture is a constant
+            alpha = 0.1 if weight is None else weight
+            values.append(kl(q, (1 - alpha) * p + alpha * q.detach()))
+        else:
+            raise AssertionError(f"no reference for the declared divergence {name!r}: write its textbook "
+                                 "formula here and its cases in VALUES")
     return sum(values) / len(values)
 
 

@@ -36,6 +36,25 @@ def test_committed_recipes_are_the_generator_output():
     assert generator().main(["--check"]) == 0
 
 
+def test_regenerate_checks_without_writing_and_writes_only_what_differs(tmp_path, capsys):
+    """The generators' one command line (kdcollapse.recipes.regenerate): --check names a stale or missing file,
+    returns 1 and writes nothing; a plain run writes those (folders included) and leaves the others alone."""
+    from kdcollapse.recipes import regenerate
+
+    same, stale, missing = tmp_path / "same.yaml", tmp_path / "stale.yaml", tmp_path / "new" / "missing.yaml"
+    same.write_text("a: 1\n")
+    stale.write_text("b: 0\n")
+    files = {same: "a: 1\n", stale: "b: 2\n", missing: "c: 3\n"}
+    before = same.stat().st_mtime_ns
+    assert regenerate(files, ["--check"], "doc", "configs/generate.py") == 1
+    out = capsys.readouterr().out
+    assert "run python configs/generate.py" in out and "stale.yaml" in out and "missing.yaml" in out
+    assert "same.yaml" not in out and stale.read_text() == "b: 0\n" and not missing.parent.exists()
+    assert regenerate(files, [], "doc", "configs/generate.py") == 0
+    assert all(path.read_text() == text for path, text in files.items()) and same.stat().st_mtime_ns == before
+    assert regenerate(files, ["--check"], "doc", "configs/generate.py") == 0
+
+
 def test_recipe_set_is_complete():
     for method in ("kd", "dkd", "dhkd", "ikl_kd", "fitnet", "ofd"):
         assert len([p for p in GENERATED if p.parts[:2] == ("cifar100", method)]) == 11  # DHKD Tables 1-2

@@ -250,3 +250,51 @@ def test_analyze_lm_into_a_run_directory_is_listed_removed_by_overwrite_and_flag
     removed = remove_outputs(run)  # what train/distill-lm --overwrite does first
     assert {p.name for p in removed} >= {"analysis.json", "analysis.md", "token_counts.json"}
     assert not (run / "lm_analysis").exists() and (student / "config.json").is_file()
+
+
+def _direction_metrics(h: torch.Tensor, y: torch.Tensor, W: torch.Tensor, keep: torch.Tensor) -> dict:
+    """The metrics of classifier-row directions by their definitions (docs/metrics.md), over the rows ``keep``:
+    mean |cos(w_k, w_k') + 1/(K'−1)| over pairs, 1 − ŵ_k·(mean of the unit features of class k), and the
+    variance (Bessel) of cos(w_k, μ_k − μ̄), μ̄ the mean of the class means."""
+    K = W.shape[0]
+    means = torch.stack([h[y == k].mean(0) for k in range(K)])
+    unit_means = torch.stack([torch.nn.functional.normalize(h[y == k], dim=1).mean(0) for k in range(K)])
+    centred = means - means.mean(0)
+    w = W[keep] / W[keep].norm(dim=1, keepdim=True)
+    n = len(w)
+    cos = w @ w.T
+    off = ~torch.eye(n, dtype=torch.bool)
+    return {"nc2_equiangle_w": float((cos[off] + 1 / (n - 1)).abs().mean()),
+            "gnc3": float((1 - (w * unit_means[keep]).sum(1)).mean()),
+            "unc3_cosine": float(torch.nn.functional.cosine_similarity(W[keep], centred[keep], dim=1).var())}
+
+
+def test_a_zero_classifier_row_is_left_out_of_the_direction_metrics_only(tmp_path):
+    """A fresh Hugging Face model zeroes its padding token's embedding row and a tied head inherits it (what
+    ``analyze --lm --random-init`` met on SmolLM2, pad = eos): a real classifier row with no direction. The
+    direction metrics are those of the nonzero rows, by their definitions; the magnitude metrics keep the zero
+    row; ``classifier_zero_rows`` counts it. The reference formulas are first checked on a model without one."""
+    from kdcollapse.geometry import min_one_vs_rest_distance
+
+    batches = corpus()
+    classes = token_classes(batches, VOCAB, min_count=2)
+    for pad in (None, 2):
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                          tie_word_embeddings=True, pad_token_id=pad)
+        model = transformers.LlamaForCausalLM(config).eval()
+        weight = model.get_output_embeddings().weight.detach()[classes.kept].double()
+        keep = (weight != 0).any(1)
+        assert int((~keep).sum()) == (0 if pad is None else 1)  # the pad row (a kept class here) is zero
+        ours = analyze_tokens(model, batches, layers="last", min_count=2, ncc=False)["layers"][2]
+        h, y, _ = gathered(model, batches, classes, 2)
+        assert ours["classifier_zero_rows"] == (0 if pad is None else 1)
+        for key, value in _direction_metrics(h, y, weight, keep).items():
+            assert ours[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (pad, key)
+        assert ours["gnc2"] == pytest.approx(float(min_one_vs_rest_distance(weight[keep]).value), rel=1e-6)
+        norms = weight.norm(dim=1)  # a magnitude metric keeps the zero row: its norm 0 is part of the spread
+        assert ours["nc2_equinorm_w"] == pytest.approx(float(norms.std() / norms.mean()), rel=1e-6)
+        if pad is not None:
+            whole = collapse_metrics_from_features(h, y, classes.num_classes, weight)
+            assert {k: float(v) for k, v in whole.items()} == pytest.approx(ours, rel=1e-6, abs=1e-9)

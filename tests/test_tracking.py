@@ -173,21 +173,13 @@ def _image_run(tmp_path, tiny_config, *extra):
 
 def _lm_run(tmp_path, tiny_config, *extra):
     """A tiny distill-lm run (tests/tiny_lm.py): 5 steps, an evaluation every 2, per-step scalars every 2."""
-    from kdcollapse import lm
     from kdcollapse.config_lm import load_lm_config
     from kdcollapse.train import distill_lm
-    from tiny_lm import llama_config, tiny_tokenizer, write_corpus
+    from tiny_lm import distill_lm_files
 
-    tokenizer = tiny_tokenizer()
-    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=32), tokenizer=tokenizer, seed=0)
-    teacher.model.save_pretrained(tmp_path / "teacher")
-    tokenizer.save_pretrained(tmp_path / "teacher")
-    write_corpus(tmp_path / "corpus", copies=6)
-    student = {k: v for k, v in llama_config(len(tokenizer), hidden=16, layers=1).items() if k != "vocab_size"}
-    cfg = load_lm_config(None, [f"teacher={tmp_path / 'teacher'}", f"corpus={tmp_path / 'corpus'}",
-                                f"cache_dir={tmp_path / 'cache'}", f"student={json.dumps(student)}", "block_size=8",
-                                "train_blocks=20", "eval_blocks=2", "batch_size=2", "steps=5", "eval_every=2",
-                                "warmup=1", "log_every=2", f"run_dir={tmp_path / 'run'}",
+    _, files = distill_lm_files(tmp_path, teacher_hidden=32, copies=6)
+    cfg = load_lm_config(None, [*files, "block_size=8", "train_blocks=20", "eval_blocks=2", "batch_size=2", "steps=5",
+                                "eval_every=2", "warmup=1", "log_every=2", f"run_dir={tmp_path / 'run'}",
                                 *(x.removeprefix("train.") for x in extra)])
     distill_lm(cfg, log=lambda *_: None)
     return tmp_path / "run"

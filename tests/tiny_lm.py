@@ -1,6 +1,7 @@
 """Tiny language models, a tiny tokenizer and a tiny text corpus that tests share (no download, no
 90 MB model): a byte-level BPE trained in milliseconds on a few sentences, random Llama/GPT-2 configs."""
 
+import json
 from pathlib import Path
 
 TEXT = [
@@ -57,3 +58,22 @@ def write_corpus(root: Path, copies: int = 5) -> Path:
             path.write_text(f"{line} (copy {i})\n{line}\n", encoding="utf-8")
     (root / "empty.txt").write_text("  \n", encoding="utf-8")
     return root
+
+
+def distill_lm_files(root: Path, tokenizer=None, teacher_hidden: int = 48, teacher_layers: int = 2,
+                     student_layers: int = 1, copies: int = 12) -> tuple[dict, list[str]]:
+    """What a tiny ``distill-lm`` run reads, written under ``root``: ``teacher/``, a random Llama (seed 0) saved
+    with ``tokenizer`` (by default :func:`tiny_tokenizer`), and ``corpus/`` (:func:`write_corpus`). Returns the
+    student's config (a Llama of hidden size 16 with ``student_layers`` layers; its vocabulary is the
+    tokenizer's) and the options naming the teacher, the corpus, a cache under ``root`` and that student."""
+    from kdcollapse import lm
+
+    tokenizer = tiny_tokenizer() if tokenizer is None else tokenizer
+    teacher = lm.load_language_model(llama_config(len(tokenizer), hidden=teacher_hidden, layers=teacher_layers),
+                                     tokenizer=tokenizer, seed=0)
+    teacher.model.save_pretrained(root / "teacher")
+    tokenizer.save_pretrained(root / "teacher")
+    write_corpus(root / "corpus", copies=copies)
+    student = {k: v for k, v in llama_config(0, hidden=16, layers=student_layers).items() if k != "vocab_size"}
+    return student, [f"teacher={root / 'teacher'}", f"corpus={root / 'corpus'}", f"cache_dir={root / 'cache'}",
+                     f"student={json.dumps(student)}"]

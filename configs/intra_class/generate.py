@@ -14,13 +14,14 @@ the paper, chosen here: momentum 0.9, weight decay 5e-4, δ = 0.5, cache 64 / mi
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from kdcollapse.recipes import regenerate
 
 ROOT = Path(__file__).resolve().parent
 
@@ -147,22 +148,8 @@ def recipes() -> dict[Path, str]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    args = parser.parse_args()
-    stale = []
-    for path, text in recipes().items():
-        if args.check:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(path)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("out of date (run python configs/intra_class/generate.py):", *map(str, stale), sep="\n  ")
-        return 1
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return regenerate(recipes(), argv, __doc__, "configs/intra_class/generate.py")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ checkout ``src/kdcollapse/configs`` links to ``configs/``). A recipe's name is i
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import fnmatch
+import os
 from pathlib import Path
 
 from kdcollapse.errors import ConfigError
@@ -40,3 +42,23 @@ def config_file(value: str | Path) -> Path:
     """What ``--config`` names: an existing file, else a recipe."""
     path = Path(value)
     return path if path.is_file() else recipe_path(str(value))
+
+
+def regenerate(files: dict[Path, str], argv: list[str] | None, doc: str, script: str) -> int:
+    """The command line of a script that generates files of the repository from tables (``configs/generate.py``
+    and ``configs/intra_class/generate.py``, the recipes; ``studies/papers/generate.py``, the papers' study
+    files), ``script`` its path: write each file of ``files`` ({path: text}) whose text on disk differs; with
+    ``--check``, write nothing and return 1, naming them, where one differs. ``doc``: the script's help."""
+    parser = argparse.ArgumentParser(prog=f"python {script}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    check = parser.parse_args(argv).check
+    stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+    if check:
+        if stale:
+            print(f"out of date (run python {script}):", *map(os.path.relpath, stale), sep="\n  ")
+        return 1 if stale else 0
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[path])
+    return 0

@@ -19,12 +19,13 @@ to end on fake CIFAR-format data, with teachers converted from a tar of the form
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from pathlib import Path
 
 import yaml
+
+from kdcollapse.recipes import regenerate
 
 ROOT = Path(__file__).resolve().parent
 CONFIGS = ROOT.parents[1] / "configs"
@@ -227,22 +228,8 @@ def studies() -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, body in studies().items():
-        path, text = ROOT / name / "study.yaml", render(name, body)
-        if args.check:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print("out of date (run python studies/papers/generate.py):", *stale, sep="\n  ")
-        return 1
-    return 0
+    files = {ROOT / name / "study.yaml": render(name, body) for name, body in studies().items()}
+    return regenerate(files, argv, __doc__, "studies/papers/generate.py")
 
 
 if __name__ == "__main__":

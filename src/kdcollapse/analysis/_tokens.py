@@ -349,7 +349,8 @@ def analyze_tokens(
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
     result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden, **loss,
               "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc,
-              "ncc_features": ncc_features, "source": source, "seconds": time.perf_counter() - start}
+              "ncc_features": ncc_features, "source": source, "parameters": sum(p.numel() for p in model.parameters()),
+              "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result

@@ -99,22 +99,31 @@ class Divergence:
         return lambda log_q, log_p: gradient(log_q, log_p, **values)
 
 
+def tempered_rows(rows: Callable[[Tensor, Tensor], Tensor], student: Tensor, teacher: Tensor, temperature: float, *,
+                  mask: Tensor | None, reduction: str, vocab_size: int | None, chunk_size: int | None,
+                  validate: bool | None) -> Tensor:
+    """``rows(log_softmax(student / τ), log_softmax(teacher / τ))`` over the kept tokens of logits (B, K) or
+    (B, T, K), reduced by ``reduction``: every unfused token divergence (:func:`divergence_loss`,
+    ``kdcollapse.losses.llm.token_divergence``)."""
+    from kdcollapse.losses._reduce import logit_samples
+    from kdcollapse.losses._shapes import check_positive
+
+    check_positive("temperature", temperature)
+    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask, vocab_size=vocab_size,
+                            validate=validate, reduction=reduction)
+    values = samples.per_row(lambda s, t: rows(F.log_softmax(s / temperature, -1),
+                                               F.log_softmax(t / temperature, -1)), chunk_size=chunk_size)
+    return samples.reduce(values, reduction)
+
+
 def divergence_loss(name: str, divergence: Divergence) -> Callable[..., Tensor]:
     """The unfused loss function of a declared divergence (``target``-free ones): ``f(student, teacher,
     <parameters...>, temperature=1.0, *, mask=None, reduction="mean", vocab_size=None, chunk_size=None,
     validate=None)``, the mean over kept tokens of the divergence between softmax(teacher / τ) and
     softmax(student / τ); its signature lists the declared parameters by name, with their defaults."""
-    from kdcollapse.losses._reduce import logit_samples
-    from kdcollapse.losses._shapes import check_positive
-
     def run(student, teacher, given, temperature, mask, reduction, vocab_size, chunk_size, validate) -> Tensor:
-        rows = divergence.bind(name, given, unset=False)
-        check_positive("temperature", temperature)
-        samples = logit_samples({"student": student, "teacher": teacher}, mask=mask, vocab_size=vocab_size,
-                                validate=validate, reduction=reduction)
-        values = samples.per_row(lambda s, t: rows(F.log_softmax(s / temperature, -1),
-                                                   F.log_softmax(t / temperature, -1)), chunk_size=chunk_size)
-        return samples.reduce(values, reduction)
+        return tempered_rows(divergence.bind(name, given, unset=False), student, teacher, temperature, mask=mask,
+                             reduction=reduction, vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
 
     if not name.isidentifier():
         raise KdcollapseError(f"token divergence {name!r}: its name must be a Python identifier ({name}_loss)")

@@ -31,15 +31,14 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from kdcollapse.errors import KdcollapseError, unknown_choice
 from kdcollapse.losses import _token_references as _ref
 from kdcollapse.losses._catalog import LossInfo, get_loss, list_losses, register_loss
-from kdcollapse.losses._divergence import Divergence, Parameter
-from kdcollapse.losses._reduce import IGNORE_INDEX, check_mask, check_target, logit_samples
-from kdcollapse.losses._shapes import check_positive, check_tensor
+from kdcollapse.losses._divergence import Divergence, Parameter, tempered_rows
+from kdcollapse.losses._reduce import IGNORE_INDEX, check_mask, check_target
+from kdcollapse.losses._shapes import check_tensor
 
 
 class CausalLMBatch(NamedTuple):
@@ -239,10 +238,5 @@ def token_divergence(student: Tensor, teacher: Tensor, divergence: str = "forwar
     ``chunk_size``, ``validate`` as in every logit loss (``docs/losses.md``). Gradients flow into both
     arguments as in the formula.
     """
-    rows = divergence_rows(divergence, parameters)
-    check_positive("temperature", temperature)
-    samples = logit_samples({"student": student, "teacher": teacher}, mask=mask, vocab_size=vocab_size,
-                            validate=validate, reduction=reduction)
-    values = samples.per_row(lambda s, t: rows(F.log_softmax(s / temperature, -1),
-                                               F.log_softmax(t / temperature, -1)), chunk_size=chunk_size)
-    return samples.reduce(values, reduction)
+    return tempered_rows(divergence_rows(divergence, parameters), student, teacher, temperature, mask=mask,
+                         reduction=reduction, vocab_size=vocab_size, chunk_size=chunk_size, validate=validate)
