@@ -146,6 +146,31 @@ def test_every_layer_in_one_pass_equals_the_metrics_of_gathered_features(build, 
     assert plot_token_layers({"a": [result, written], "b": [written]}, tmp_path / "models.png") == "models.png"
 
 
+@pytest.mark.parametrize("build, dtype, layers", [(tiny_llama, torch.float32, "all"), (tiny_gpt2, torch.bfloat16, [0, 2])])
+def test_nc4_from_the_statistics_pass_equals_a_second_pass_bit_for_bit(build, dtype, layers):
+    """NC4's features kept from the statistics pass (NccCache) give the very floats of the second model pass the
+    budget forces: every metric equal, the model run once per batch instead of twice."""
+    model, batches = build().to(dtype), corpus()
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    classes = token_classes(batches, VOCAB, min_count=2)
+    chosen = resolve_layers(layers, 3)
+    needed = int(classes.counts[classes.kept].sum()) * (len(chosen) * 16 * dtype.itemsize + 16)
+    results = {}
+    for budget in (needed, needed - 1, 0):
+        calls.clear()
+        results[budget] = analyze_tokens(model, batches, layers=layers, ncc_cache_bytes=budget)
+        cached = budget == needed
+        assert len(calls) == len(batches) * (1 if cached else 2), budget
+        assert results[budget]["ncc_features"] == {"bytes_needed": needed, "budget_bytes": budget, "features": (
+            "cached from the statistics pass" if cached else "a second model pass (over the budget)")}
+    assert results[needed]["layers"] == results[needed - 1]["layers"] == results[0]["layers"]  # exact floats
+    assert all(0 < v["ncc_accuracy"] < 1 for v in results[needed]["layers"].values())
+    assert analyze_tokens(model, batches, layers=layers, ncc=False)["ncc_features"] is None
+    with pytest.raises(KdcollapseError, match="NC4 cache budget must be a non-negative number of bytes, got -1"):
+        analyze_tokens(model, batches, layers=layers, ncc_cache_bytes=-1)
+
+
 def test_layer_choice():
     assert resolve_layers(None, 31) == [30] == resolve_layers("last", 31)
     assert resolve_layers("all", 3) == [0, 1, 2]
@@ -180,6 +205,14 @@ def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkey
     fresh = json.loads((tmp_path / "fresh" / "analysis.json").read_text())
     assert fresh["source"] == f"{model_dir} (random initialisation, seed 0)" and result["source"] == str(model_dir)
     assert fresh["layers"] == result["layers"] and fresh["perplexity"] == result["perplexity"]
+    # --ncc-cache-gib 0: NC4 runs the model a second time, says so, and gives the same numbers.
+    capsys.readouterr()
+    assert main([*argv[:-3], "--ncc-cache-gib", "0", "--out", str(tmp_path / "twice"), "--no-progress"]) == 0
+    assert "NC4 ran the model a second time" in capsys.readouterr().out
+    twice = json.loads((tmp_path / "twice" / "analysis.json").read_text())
+    assert twice["layers"] == result["layers"] and result["ncc_features"]["features"].startswith("cached")
+    assert main([*argv[:-3], "--ncc-cache-gib", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "--ncc-cache-gib: must be a finite number >= 0, got '-1'" in capsys.readouterr().err
     assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
     assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err
 
