@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from kdcollapse.train import distill_lm, load_lm_config
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from naming import raises_naming  # noqa: E402
-from test_faults import crashed_copies  # noqa: E402
+from test_faults import Crash, crashed_copies  # noqa: E402
 from tiny_lm import distill_lm_files  # noqa: E402
 
 

@@ -170,7 +170,7 @@ def _held_out_task(cfg):
     its students are evaluated on (no training tokens are needed, so none are stored or loaded)."""
     import dataclasses
 
-    from kdcollapse.train._lm_task import LMTask
+    from kdcollapse.train import LMTask
 
     task = LMTask(dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0)))
     task.prepare()
