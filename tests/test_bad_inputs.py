@@ -368,7 +368,7 @@ CLI: list[tuple[list[str], list[str]]] = [
     # language-model options are refused for an image run, not ignored
     *[(["analyze", "runs/t", *option], [option[0], "--lm"]) for option in (
         ["--layers", "all"], ["--block-size", "64"], ["--max-tokens", "100"], ["--min-count", "5"], ["--no-ncc"],
-        ["--corpus", "text"], ["--gnc-convention", "official"], ["--accumulate", "float32"], ["--random-init", "1"])],
+        ["--corpus", "text"], ["--gnc-convention", "official"], ["--accumulate", "float32"], ["--random-init", "1"], ["--ncc-cache-gib", "1"])],
     # YAML: a key given twice, 5,000 levels deep (block and flow), in a config, an override, a spec, --model-kwargs
     (["train", "--config", "dup.yaml", "run_dir=runs/new"], ["dup.yaml", "duplicate key 'optim'"]),
     (["train", *TRAIN, "optim.kwargs={momentum: 0.9, momentum: 0.8}"], ["duplicate key 'momentum'"]),

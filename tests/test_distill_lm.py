@@ -484,3 +484,124 @@ for argv in json.loads(sys.argv[1]):
         status = main(argv)
     print("MAIN " + json.dumps({"status": status, "stderr": err.getvalue()}), flush=True)
 """
+
+
+def test_a_study_evaluates_the_teacher_once_and_its_page_shows_the_gap_each_arm_closes(setup, tmp_path):
+    """The run step ``teacher_lm`` evaluates the config's teacher as its students are (same test blocks, same
+    evaluation: its perplexity by hand here); a section's ``gap`` gives each arm's fraction of the gap from the
+    cross-entropy student to the teacher closed, per seed in log perplexity, mean ± std, from the records."""
+    import dataclasses
+    import math
+
+    import yaml
+
+    from kdcollapse.errors import ConfigError
+    from kdcollapse.study import collect, load_study, summarise
+    from kdcollapse.study._execute import execute
+    from kdcollapse.train._lm_task import LMTask
+
+    root, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    study_text = f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0, 1]
+groups:
+  - {{group: teacher, run: "teacher/seed{{seed}}", step: teacher_lm, seeds: [0], params: {{config: {config}}}}}
+  - group: arms
+    run: "{{arm}}/seed{{seed}}"
+    step: distill_lm
+    grid:
+      arm: [{{arm: ce, divergence: none, ce: 1.0, distill: 0.0}}, {{arm: fkl, divergence: forward_kl, ce: 0.0, distill: 1.0}}]
+    params: {{config: {config}, loss.divergence: "{{divergence}}", loss.ce_weight: "{{ce}}",
+              loss.distill_weight: "{{distill}}", lr: 0.01}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  better: lower
+  columns: [{{metric: test_perplexity}}]
+  sections:
+    - title: arms
+      cells: [{{label: the teacher, short: teacher, group: teacher}}, {{label: "{{arm}}", short: "{{arm}}", group: arms}}]
+      gap: {{to: teacher, from: ce, metric: test_perplexity, log: true, label: gap to the teacher closed}}
+"""
+    (tmp_path / "study.yaml").write_text(study_text)
+    study = load_study(tmp_path / "study.yaml")
+    for run in study.runs.values():
+        assert execute(run).status == "finished"
+    teacher = json.loads((study.runs["teacher/seed0"].run_dir / "result.json").read_text())
+    task = LMTask(load_lm_config(config, []))
+    task.prepare()
+    model = lm.load_language_model(root / "teacher").model.eval()
+    ids, mask = task.held_out["test"], task.held_out_masks["test"]
+    with torch.no_grad():
+        logits = model(ids).logits[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(logits[mask], ids[:, 1:][mask])
+    assert teacher["test_perplexity"] == pytest.approx(math.exp(float(ce)), rel=1e-5)
+    assert teacher["test_agreement"] == 1.0 and teacher["val_perplexity"] > 1 and teacher["cpu_seconds"] > 0
+    text, summary = summarise(study, collect(study))
+    result = {name: json.loads((r.run_dir / "result.json").read_text())["test_perplexity"]
+              for name, r in study.runs.items()}
+    log_t = math.log(teacher["test_perplexity"])
+    expected = [(math.log(result[f"ce/seed{s}"]) - math.log(result[f"fkl/seed{s}"]))
+                / (math.log(result[f"ce/seed{s}"]) - log_t) for s in (0, 1)]
+    (gap,) = summary["sections"][0]["gap_closed"]
+    assert gap["cell"] == "fkl" and gap["seeds"] == [0, 1] and gap["per_seed"] == pytest.approx(expected)
+    assert gap["mean"] == pytest.approx(sum(expected) / 2)
+    assert "gap to the teacher closed (log test_perplexity at last epoch; 0 = ce, 1 = teacher)" in text
+    # while the reference's runs have not finished, the page has no gap (and no error): a partial study renders
+    partial = {name: r for name, r in collect(study).items() if not name.startswith("ce/")}
+    assert "gap_closed" not in summarise(study, partial)[1]["sections"][0]
+    (tmp_path / "study.yaml").write_text(study_text.replace("from: ce,", "from: nothing,"))
+    with pytest.raises(ConfigError, match="gap 'from' 'nothing' is not one of its cells"):
+        summarise(load_study(tmp_path / "study.yaml"), collect(study))
+    (tmp_path / "study.yaml").write_text(study_text.replace("from: ce,", "form: ce,"))
+    with pytest.raises(ConfigError, match="'gap' is"):
+        load_study(tmp_path / "study.yaml")
+
+
+def test_a_distill_lm_run_step_takes_the_post_step_lm_collapse_on_its_own_test_tokens(setup, tmp_path):
+    """``post: [{step: lm_collapse, ...}]`` on a ``distill_lm`` group: the student's next-token collapse per
+    hidden state on the run's test blocks (its perplexity is the run's test perplexity: the same positions),
+    read by the summary as the run's numbers; a command post step is refused for a run step."""
+    import dataclasses
+
+    import yaml
+
+    from kdcollapse.errors import ConfigError
+    from kdcollapse.study import collect, load_study
+    from kdcollapse.study._execute import execute, pending
+
+    root, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    text = f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0]
+groups:
+  - {{group: arms, run: "ce/seed{{seed}}", step: distill_lm, params: {{config: {config}, loss.divergence: none,
+      loss.ce_weight: 1.0, loss.distill_weight: 0.0}}, post: [{{step: lm_collapse, creates: lm_collapse.json}}]}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  columns: [{{metric: test_perplexity}}, {{metric: perplexity}}, {{metric: layers/1/nc1}}, {{metric: parameters}}]
+  sections: [{{title: arms, cells: [{{label: ce, group: arms}}]}}]
+"""
+    (tmp_path / "study.yaml").write_text(text)
+    study = load_study(tmp_path / "study.yaml")
+    (run,) = study.runs.values()
+    assert execute(run).status == "finished" and not pending(study)
+    measured = json.loads((run.run_dir / "lm_collapse.json").read_text())
+    result = json.loads((run.run_dir / "result.json").read_text())
+    assert measured["perplexity"] == pytest.approx(result["test_perplexity"], rel=1e-5)
+    assert set(measured["layers"]) == {"0", "1"} and "gnc2" in measured["layers"]["1"]
+    assert measured["last"] == measured["layers"]["1"]  # the last hidden state, one key at any depth
+    assert measured["parameters"] == result["student_parameters"]
+    (last,) = (r["last"] for r in collect(study).values())
+    assert last["layers/1/nc1"] == measured["layers"]["1"]["nc1"] and last["perplexity"] == measured["perplexity"]
+    (tmp_path / "study.yaml").write_text(text.replace("{step: lm_collapse, creates: lm_collapse.json}",
+                                                      "{command: analyze, args: [], creates: a.json}"))
+    with pytest.raises(ConfigError, match="its post steps are registered steps"):
+        load_study(tmp_path / "study.yaml")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from kdcollapse.train import distill_lm, load_lm_config
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from naming import raises_naming  # noqa: E402
-from test_faults import crashed_copies  # noqa: E402
+from test_faults import Crash, crashed_copies  # noqa: E402
 from tiny_lm import distill_lm_files  # noqa: E402
 
 
@@ -151,3 +152,55 @@ def test_a_crash_at_any_write_of_the_teacher_token_cache_is_refused_then_rebuilt
         assert {p.name: p.read_bytes() for p in directory.iterdir()} == expected, point
         point += 1
     assert points >= 7  # three shards and their renames, the manifest's rename
+
+
+def test_a_killed_then_resumed_lm_run_commits_the_cpu_seconds_of_all_its_committed_parts(options, tmp_path,
+                                                                                        monkeypatch):
+    """``cpu_seconds`` in the checkpoint's meta: the first launch's part up to its last commit plus the resumed
+    launch's (a launch stopped as kill -9 would stop it, before the commit of step 4); a run begun by a version that
+    kept no CPU time counts from the step it resumed at and says so; the study step reads the total back."""
+    import time
+
+    from kdcollapse.runs import committed_path, read_header
+    from kdcollapse.study._steps import run_cpu_seconds
+    from kdcollapse.train._lm import LMTrainer
+
+    _, opts = options
+    meta = lambda d: read_header(committed_path(d, "checkpoint.safetensors"))[0]  # noqa: E731
+    killed, snapshot = tmp_path / "killed", tmp_path / "snapshot"
+    real = LMTrainer.commit_step
+
+    def killed_at_step_4(self, step, record):  # the directory as kill -9 leaves it just before step 4's commit
+        if step == 4:
+            shutil.copytree(killed, snapshot)
+            raise Crash
+        real(self, step, record)
+
+    with monkeypatch.context() as m:
+        m.setattr(LMTrainer, "commit_step", killed_at_step_4)
+        began = time.process_time()
+        with pytest.raises(Crash):
+            run(opts, killed, 6)
+        first = time.process_time() - began
+    part = meta(snapshot)
+    assert part["step"] == 2 and part["cpu_seconds_from_step"] == 0 and 0 < part["cpu_seconds"] <= first
+    began = time.process_time()
+    run(opts, snapshot, 6, resume=True)
+    second = time.process_time() - began
+    whole = meta(snapshot)
+    assert whole["step"] == 6 and whole["cpu_seconds_from_step"] == 0
+    assert part["cpu_seconds"] < whole["cpu_seconds"] <= part["cpu_seconds"] + second
+    assert run_cpu_seconds(snapshot, None) == {"cpu_seconds": whole["cpu_seconds"], "cpu_seconds_from_step": 0}
+
+    old = tmp_path / "old"  # a checkpoint of a version that kept no CPU time
+    with monkeypatch.context() as m:
+        m.setattr(LMTrainer, "cpu_seconds", lambda self: {})
+        run(opts, old, 2)
+    assert "cpu_seconds" not in meta(old)
+    assert set(run_cpu_seconds(old, None)) == {"cpu_seconds_counted"}  # read, not trained here: no number
+    assert run_cpu_seconds(old, 1.5) == {"cpu_seconds": 1.5, "cpu_seconds_counted": "this launch only: its "
+                                         "checkpoint keeps no CPU time (an older version)"}
+    began = time.process_time()
+    run(opts, old, 4, resume=True)
+    resumed = meta(old)
+    assert resumed["cpu_seconds_from_step"] == 2 and 0 < resumed["cpu_seconds"] <= time.process_time() - began

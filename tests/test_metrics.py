@@ -134,6 +134,7 @@ def reference_metrics(features, labels, num_classes, weight=None, convention="pa
         out["nc3_self_duality"] = etf_error(m, w)
         out["gnc2"] = one_vs_rest(w_unit).min()
         out["gnc3"] = np.mean([1 - w_unit[k] @ unit_means[k] for k in k_all])
+        out["classifier_zero_rows"] = int(np.sum(~np.any(w != 0, axis=1)))
     return out
 
 

@@ -65,3 +65,20 @@ def test_blocks_and_random_data_agree_with_brute_force(monkeypatch):
     monkeypatch.setattr(ncc, "_SCORES", 500 * 13)
     brute = torch.cdist(features.double(), means.double()).argmin(1)
     assert torch.equal(nearest_class_mean(features, means.double()), brute)
+
+
+def test_predictions_given_instead_of_logits_count_the_same_agreement():
+    g = torch.Generator().manual_seed(3)
+    means, features = torch.randn(5, 4, generator=g), torch.randn(40, 4, generator=g)
+    labels, logits = torch.randint(0, 5, (40,), generator=g), torch.randn(40, 5, generator=g)
+    from_logits, from_predictions = NearestClassMeanAccuracy(means), NearestClassMeanAccuracy(means)
+    from_logits.update(features, labels, logits)
+    from_predictions.update(features, labels, predictions=logits.argmax(1))
+    assert from_logits.compute() == from_predictions.compute()
+    with pytest.raises(Exception, match="logits or its predictions, not both"):
+        from_predictions.update(features, labels, logits, predictions=logits.argmax(1))
+    with pytest.raises(Exception, match=r"predictions must have shape \(40,\), got \(39,\)"):
+        from_predictions.update(features, labels, predictions=logits.argmax(1)[:39])
+    with pytest.raises(Exception, match=r"logits must have shape \(40, 5\)"):
+        from_predictions.update(features, labels, logits[:, :4])
+    assert int(from_predictions.total) == 40  # a refused batch changes no state

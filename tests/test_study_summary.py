@@ -241,3 +241,29 @@ def test_curves_are_each_cells_mean_and_std_over_seeds_per_epoch_from_the_record
     assert image.startswith(b"\x89PNG") and figures(study, epochs)["c.png"] == image
     with pytest.raises(ConfigError, match="keep no per-epoch acc"):
         figures(study, RECORDS)  # records written without the opt-in
+
+
+def test_a_rank_correlation_across_every_run_controlling_for_a_column_matches_scipy(tmp_path):
+    """``correlate: {..., across: runs, control: METRIC}``: Spearman's ρ over every run of the cells (12 points
+    here) and the partial ρ controlling for ``control`` (the residual definition, with scipy)."""
+    import numpy as np
+
+    from kdcollapse.report import partial_spearman
+
+    study = make(tmp_path)
+    study.summary["sections"][0]["correlate"] = {"x": ["spread", "acc"], "y": "loss", "across": "runs",
+                                                 "control": "acc"}
+    text, summary = summarise(study, RECORDS)
+    spread, acc = summary["sections"][0]["correlations"]
+    xs, ys, zs = ([value(n, x, s) for x in (1, 2, 3, 4) for s in range(3)] for n in ("spread", "loss", "acc"))
+    assert spread["runs"] == 12 and spread["spearman_rho"] == pytest.approx(stats.spearmanr(xs, ys)[0])
+    rx, ry, rz = (stats.rankdata(v) for v in (xs, ys, zs))
+    design = np.column_stack([np.ones(12), rz])
+    residual = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (rx, ry)]
+    assert spread["partial_rho"] == pytest.approx(stats.pearsonr(*residual)[0])
+    assert (spread["partial_rho"], spread["partial_p"]) == pytest.approx(partial_spearman(xs, ys, zs))
+    assert np.isnan(acc["partial_rho"])  # controlling for itself: nothing is left
+    assert "partial ρ controlling for acc (%)" in text and "| Spearman ρ with loss across the runs |" in text
+    study.summary["sections"][0]["correlate"] = {"x": ["spread"], "y": "loss", "control": "acc"}
+    with pytest.raises(ConfigError, match="across: runs"):
+        summarise(study, RECORDS)

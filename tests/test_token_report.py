@@ -92,3 +92,54 @@ def test_the_committed_lm_collapse_page_is_what_the_report_writes():
 
     spec = Path(__file__).resolve().parents[1] / "results" / "lm_collapse" / "distilled.yaml"
     assert token_report(spec, check=True) == []
+
+
+def test_partial_spearman_is_the_pearson_correlation_of_rank_residuals_with_scipy_and_its_t_test():
+    """Against the slow definition: ranks (scipy, ties averaged), each of x and y regressed on z's ranks by least
+    squares, Pearson's r of the residuals (scipy), its p from Student's t with n − 3 degrees of freedom."""
+    import numpy as np
+    from scipy.stats import pearsonr, rankdata
+    from scipy.stats import t as student_t
+
+    from kdcollapse.report import partial_spearman
+
+    rng = np.random.default_rng(0)
+    for n, ties in ((6, False), (9, True), (20, False)):
+        z = rng.integers(0, 4, n).astype(float) if ties else rng.normal(size=n)
+        x, y = z + rng.normal(size=n), 2 * z + rng.normal(size=n)
+        rx, ry, rz = rankdata(x), rankdata(y), rankdata(z)
+        design = np.column_stack([np.ones(n), rz])
+        residual = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (rx, ry)]
+        expected = pearsonr(*residual)[0]
+        t = expected * math.sqrt((n - 3) / (1 - expected ** 2))
+        r, p = partial_spearman(list(x), list(y), list(z))
+        assert r == pytest.approx(expected, abs=1e-12) and p == pytest.approx(2 * student_t.sf(abs(t), n - 3), rel=1e-9)
+    assert all(math.isnan(v) for v in partial_spearman([1, 2, 3], [3, 1, 2], [1, 2, 3]))  # fewer than 4 items
+    with pytest.raises(KdcollapseError, match="triples"):
+        partial_spearman([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3])
+
+
+def test_a_correlation_controlling_for_size_reads_each_analysis_parameter_count(page):
+    from kdcollapse.report import partial_spearman
+
+    spec, models = page
+    for i, name in enumerate(sorted(n for n in models if n != "teacher")):
+        data = json.loads((spec.parent / "analyses" / name / "analysis.json").read_text())
+        models[name]["parameters"] = [7, 3, 11, 5, 13, 2][i]
+        (spec.parent / "analyses" / name / "analysis.json").write_text(json.dumps(data | {"parameters": [7, 3, 11, 5, 13, 2][i]}))
+    spec.write_text(spec.read_text().replace("with: log_perplexity}", "with: log_perplexity, control: parameters}"))
+    assert main(["token-report", str(spec)]) == 0
+    assert "partial ρ controlling for size (parameters)" in (spec.parent / "page.md").read_text()
+    summary = json.loads((spec.parent / "analyses" / "summary.json").read_text())["correlation_with_log_perplexity"]
+    chosen = [models[f"{p}_s{s}"] for p in "ab" for s in range(3)]
+    expected = partial_spearman([m["layers"]["2"]["nc1"] for m in chosen], [math.log(m["perplexity"]) for m in chosen],
+                                [m["parameters"] for m in chosen])
+    assert not math.isnan(expected[0]) and (summary["nc1"]["partial_rho"], summary["nc1"]["partial_p"]) == \
+        pytest.approx(expected)
+    older = {k: v for k, v in models["b_s1"].items() if k != "parameters"}  # an analysis of an older version
+    (spec.parent / "analyses" / "b_s1" / "analysis.json").write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match="record no parameter count"):
+        token_report(spec)
+    spec.write_text(spec.read_text().replace("control: parameters", "control: width"))
+    with pytest.raises(ConfigError, match="correlate.control 'width'; choose parameters"):
+        token_report(spec)

@@ -146,6 +146,31 @@ def test_every_layer_in_one_pass_equals_the_metrics_of_gathered_features(build, 
     assert plot_token_layers({"a": [result, written], "b": [written]}, tmp_path / "models.png") == "models.png"
 
 
+@pytest.mark.parametrize("build, dtype, layers", [(tiny_llama, torch.float32, "all"), (tiny_gpt2, torch.bfloat16, [0, 2])])
+def test_nc4_from_the_statistics_pass_equals_a_second_pass_bit_for_bit(build, dtype, layers):
+    """NC4's features kept from the statistics pass (NccCache) give the very floats of the second model pass the
+    budget forces: every metric equal, the model run once per batch instead of twice."""
+    model, batches = build().to(dtype), corpus()
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    classes = token_classes(batches, VOCAB, min_count=2)
+    chosen = resolve_layers(layers, 3)
+    needed = int(classes.counts[classes.kept].sum()) * (len(chosen) * 16 * dtype.itemsize + 16)
+    results = {}
+    for budget in (needed, needed - 1, 0):
+        calls.clear()
+        results[budget] = analyze_tokens(model, batches, layers=layers, ncc_cache_bytes=budget)
+        cached = budget == needed
+        assert len(calls) == len(batches) * (1 if cached else 2), budget
+        assert results[budget]["ncc_features"] == {"bytes_needed": needed, "budget_bytes": budget, "features": (
+            "cached from the statistics pass" if cached else "a second model pass (over the budget)")}
+    assert results[needed]["layers"] == results[needed - 1]["layers"] == results[0]["layers"]  # exact floats
+    assert all(0 < v["ncc_accuracy"] < 1 for v in results[needed]["layers"].values())
+    assert analyze_tokens(model, batches, layers=layers, ncc=False)["ncc_features"] is None
+    with pytest.raises(KdcollapseError, match="NC4 cache budget must be a non-negative number of bytes, got -1"):
+        analyze_tokens(model, batches, layers=layers, ncc_cache_bytes=-1)
+
+
 def test_layer_choice():
     assert resolve_layers(None, 31) == [30] == resolve_layers("last", 31)
     assert resolve_layers("all", 3) == [0, 1, 2]
@@ -180,6 +205,14 @@ def test_analyze_command_on_a_model_directory_and_a_text_folder(tmp_path, monkey
     fresh = json.loads((tmp_path / "fresh" / "analysis.json").read_text())
     assert fresh["source"] == f"{model_dir} (random initialisation, seed 0)" and result["source"] == str(model_dir)
     assert fresh["layers"] == result["layers"] and fresh["perplexity"] == result["perplexity"]
+    # --ncc-cache-gib 0: NC4 runs the model a second time, says so, and gives the same numbers.
+    capsys.readouterr()
+    assert main([*argv[:-3], "--ncc-cache-gib", "0", "--out", str(tmp_path / "twice"), "--no-progress"]) == 0
+    assert "NC4 ran the model a second time" in capsys.readouterr().out
+    twice = json.loads((tmp_path / "twice" / "analysis.json").read_text())
+    assert twice["layers"] == result["layers"] and result["ncc_features"]["features"].startswith("cached")
+    assert main([*argv[:-3], "--ncc-cache-gib", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "--ncc-cache-gib: must be a finite number >= 0, got '-1'" in capsys.readouterr().err
     assert main(["analyze", "--lm", str(model_dir), "--corpus", str(corpus), "--out", str(out), "--layers", "x"]) == 2
     assert "error: --layers must be comma-separated integers, got 'x'" in capsys.readouterr().err
 
@@ -217,3 +250,51 @@ def test_analyze_lm_into_a_run_directory_is_listed_removed_by_overwrite_and_flag
     removed = remove_outputs(run)  # what train/distill-lm --overwrite does first
     assert {p.name for p in removed} >= {"analysis.json", "analysis.md", "token_counts.json"}
     assert not (run / "lm_analysis").exists() and (student / "config.json").is_file()
+
+
+def _direction_metrics(h: torch.Tensor, y: torch.Tensor, W: torch.Tensor, keep: torch.Tensor) -> dict:
+    """The metrics of classifier-row directions by their definitions (docs/metrics.md), over the rows ``keep``:
+    mean |cos(w_k, w_k') + 1/(K'−1)| over pairs, 1 − ŵ_k·(mean of the unit features of class k), and the
+    variance (Bessel) of cos(w_k, μ_k − μ̄), μ̄ the mean of the class means."""
+    K = W.shape[0]
+    means = torch.stack([h[y == k].mean(0) for k in range(K)])
+    unit_means = torch.stack([torch.nn.functional.normalize(h[y == k], dim=1).mean(0) for k in range(K)])
+    centred = means - means.mean(0)
+    w = W[keep] / W[keep].norm(dim=1, keepdim=True)
+    n = len(w)
+    cos = w @ w.T
+    off = ~torch.eye(n, dtype=torch.bool)
+    return {"nc2_equiangle_w": float((cos[off] + 1 / (n - 1)).abs().mean()),
+            "gnc3": float((1 - (w * unit_means[keep]).sum(1)).mean()),
+            "unc3_cosine": float(torch.nn.functional.cosine_similarity(W[keep], centred[keep], dim=1).var())}
+
+
+def test_a_zero_classifier_row_is_left_out_of_the_direction_metrics_only(tmp_path):
+    """A fresh Hugging Face model zeroes its padding token's embedding row and a tied head inherits it (what
+    ``analyze --lm --random-init`` met on SmolLM2, pad = eos): a real classifier row with no direction. The
+    direction metrics are those of the nonzero rows, by their definitions; the magnitude metrics keep the zero
+    row; ``classifier_zero_rows`` counts it. The reference formulas are first checked on a model without one."""
+    from kdcollapse.geometry import min_one_vs_rest_distance
+
+    batches = corpus()
+    classes = token_classes(batches, VOCAB, min_count=2)
+    for pad in (None, 2):
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                          tie_word_embeddings=True, pad_token_id=pad)
+        model = transformers.LlamaForCausalLM(config).eval()
+        weight = model.get_output_embeddings().weight.detach()[classes.kept].double()
+        keep = (weight != 0).any(1)
+        assert int((~keep).sum()) == (0 if pad is None else 1)  # the pad row (a kept class here) is zero
+        ours = analyze_tokens(model, batches, layers="last", min_count=2, ncc=False)["layers"][2]
+        h, y, _ = gathered(model, batches, classes, 2)
+        assert ours["classifier_zero_rows"] == (0 if pad is None else 1)
+        for key, value in _direction_metrics(h, y, weight, keep).items():
+            assert ours[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (pad, key)
+        assert ours["gnc2"] == pytest.approx(float(min_one_vs_rest_distance(weight[keep]).value), rel=1e-6)
+        norms = weight.norm(dim=1)  # a magnitude metric keeps the zero row: its norm 0 is part of the spread
+        assert ours["nc2_equinorm_w"] == pytest.approx(float(norms.std() / norms.mean()), rel=1e-6)
+        if pad is not None:
+            whole = collapse_metrics_from_features(h, y, classes.num_classes, weight)
+            assert {k: float(v) for k, v in whole.items()} == pytest.approx(ours, rel=1e-6, abs=1e-9)

@@ -25,8 +25,8 @@ _HOME = {
     "_stages": ("parse_stages", "pooled", "resolve_stages", "stage_forward"),
     "_token_against": ("analyze_tokens_against", "markdown_tokens_against", "token_geometry_pass"),
     "_token_report": ("load_token_spec", "token_report", "token_report_text"),
-    "_tokens": ("TokenClasses", "analyze_tokens", "ncc_pass", "next_token_targets", "resolve_layers",
-                "token_batches", "token_classes", "token_pass"),
+    "_tokens": ("NCC_CACHE_BYTES", "NccCache", "TokenClasses", "analyze_tokens", "ncc_pass", "next_token_targets",
+                "resolve_layers", "token_batches", "token_classes", "token_pass"),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 

@@ -18,7 +18,9 @@ The spec::
     keys: [nc1, cdnv, vci, gnc2]            # the last hidden state's metrics in the tables and comparisons
     per_layer: {keys: [nc1, cdnv, vci, gnc1], layers: [0, 1, 2]}   # the students' per-layer table
     compare: [[forward KL, cross-entropy only], ...]               # a - b, paired by seed
-    correlate: {arms: [forward KL, ...], with: log_perplexity}     # Spearman over those arms' models
+    correlate: {arms: [forward KL, ...], with: log_perplexity, control: parameters}   # Spearman over those
+                                            # arms' models; with control, also partial Spearman controlling for
+                                            # each model's parameter count (analysis.json's "parameters")
     figure: models.png                      # written into ``directory``
 
 An analysis is done when its directory holds ``analysis.json`` (``analyze --lm`` writes it atomically, so a
@@ -66,6 +68,9 @@ def load_token_spec(path: str | Path) -> dict:
     against = spec.get("correlate", {}).get("with", "log_perplexity")
     if against not in _WITH:
         raise ConfigError(f"{path}: correlate.with {against!r}; choose one of {', '.join(_WITH)}")
+    if spec.get("correlate", {}).get("control") not in (None, "parameters"):
+        raise ConfigError(f"{path}: correlate.control {spec['correlate']['control']!r}; choose parameters (each "
+                          "model's parameter count, or leave it out)")
     return spec | {"_path": path}
 
 
@@ -90,6 +95,16 @@ def _analyses(spec: dict) -> tuple[dict, dict[str, list[dict]]]:
 
 def _last(result: dict) -> dict:
     return result["layers"][str(result["num_hidden_states"] - 1)]
+
+
+def _controls(spec: dict, results: list[dict], control: str) -> list[float]:
+    """Each model's value of the correlation's ``control`` (``parameters``: its parameter count, which
+    ``analyze --lm`` records); an analysis without it is refused, naming it."""
+    missing = [r.get("source") or "?" for r in results if "parameters" not in r]
+    if missing:
+        raise ConfigError(f"{spec['_path']}: correlate.control parameters, but the analyses of {missing[:3]} record no "
+                          "parameter count (made by an older analyze --lm): run them again")
+    return [float(r["parameters"]) for r in results]
 
 
 def token_report_text(spec: dict) -> tuple[str, dict, dict]:
@@ -123,11 +138,14 @@ def token_report_text(spec: dict) -> tuple[str, dict, dict]:
     if spec.get("correlate"):
         chosen = [r for label in spec["correlate"]["arms"] for r in arms[label]]
         against = spec["correlate"].get("with", "log_perplexity")
+        control = spec["correlate"].get("control")
         correlations = rank_correlations({k: [_last(r)[k] for r in chosen] for k in keys},
-                                         [_WITH[against](r) for r in chosen])
+                                         [_WITH[against](r) for r in chosen],
+                                         _controls(spec, chosen, control) if control else None)
         blocks += [f"Rank correlation with {against.replace('_', ' ')} over the models of "
                    f"{', '.join(spec['correlate']['arms'])} (descriptive, not part of the Holm family):",
-                   rank_correlations_table(correlations, "metric (last)", against.replace("_", " "))]
+                   rank_correlations_table(correlations, "metric (last)", against.replace("_", " "),
+                                           "size (parameters)" if control else None)]
         summary[f"correlation_with_{against}"] = correlations
     if spec.get("figure"):
         summary["figure"] = spec["figure"]

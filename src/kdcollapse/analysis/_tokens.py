@@ -13,9 +13,16 @@ and what was excluded are part of the report.
 
 **Passes.** One model pass accumulates a :class:`~kdcollapse.metrics.FeatureStatistics` per chosen layer
 from ``output_hidden_states`` (memory: the K' x d and d x d states per layer, plus one batch of hidden
-states; nothing grows with the number of tokens). NC4 needs the class means before it can classify, so
-a second model pass runs :class:`~kdcollapse.metrics.NearestClassMeanAccuracy` on the same positions
-(``ncc=False`` skips it). The network's prediction is the argmax of its logits over the kept classes.
+states). NC4 needs the class means before it can classify: the statistics pass also keeps the kept
+positions' hidden states of the chosen layers (in the model's dtype) and the network's predicted class,
+batch by batch (:class:`NccCache`), when they fit in ``ncc_cache_bytes`` (default 2 GiB; the size is known
+before the pass, from the counts: positions x chosen layers x d x element size), and
+:class:`~kdcollapse.metrics.NearestClassMeanAccuracy` classifies them once the means are known. When they
+do not fit, a second model pass recomputes them, and memory does not grow with the number of tokens; the
+result records which ran (``"ncc_features"``). Both give the same answers bit for bit on a deterministic
+device: the same values (the model's hidden states, widened to float32 only at use, as the second pass
+widens them) in the same batches (``ncc=False`` skips NC4). The network's prediction is the argmax of its
+logits over the kept classes.
 The classifier metrics (NC3, GNC2, GNC3, NC2 of W) use the output embedding's kept rows and are computed
 for the last hidden state only, the features that classifier reads.
 """
@@ -41,6 +48,9 @@ from kdcollapse.runs import write_text
 from kdcollapse.metrics import FeatureStatistics, NearestClassMeanAccuracy, accumulation_dtype, collapse_metrics
 
 Batch = Mapping[str, Tensor]  # input_ids (B, T), optional attention_mask (B, T) and labels (B, T)
+
+# analyze_tokens' default memory for NC4's features kept from the statistics pass (NccCache): 2 GiB.
+NCC_CACHE_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -139,16 +149,54 @@ def _forward(model: nn.Module, batch: Batch) -> tuple[tuple[Tensor, ...], Tensor
     return out.hidden_states, out.logits
 
 
+class NccCache:
+    """What NC4 needs of the statistics pass, kept batch by batch: the kept positions' hidden states of every
+    chosen layer (the model's dtype, on its device), their classes and the network's predicted class (the
+    argmax of the logits over the kept classes), if all of it fits in ``budget`` bytes.
+
+    ``token_pass(..., cache=)`` fills it; ``ncc_pass(..., cache=)`` classifies from it instead of running the
+    model again. The size is decided on the first batch, before anything is kept: the kept positions of all the
+    batches (``TokenClasses.counts`` of the kept classes) x (the chosen layers' widths x their element size + 16
+    bytes for a class and a prediction). ``state()``: what was decided, for the result."""
+
+    def __init__(self, budget: int) -> None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise KdcollapseError(f"the NC4 cache budget must be a non-negative number of bytes, got {budget!r}")
+        self.budget, self.needed, self.ready = budget, None, False
+        self.batches: list[tuple[dict[int, Tensor], Tensor, Tensor]] = []
+
+    def plan(self, positions: int, hidden: Sequence[Tensor], layers: list[int]) -> bool:
+        """Whether to keep features: decided once, on the first batch's hidden states."""
+        if self.needed is None:
+            per_position = sum(hidden[layer].shape[-1] * hidden[layer].element_size() for layer in layers) + 16
+            self.needed = positions * per_position
+        return self.needed <= self.budget
+
+    def state(self) -> dict[str, object]:
+        where = "cached from the statistics pass" if self.ready else "a second model pass (over the budget)"
+        return {"features": where, "bytes_needed": self.needed, "budget_bytes": self.budget}
+
+    def drain(self) -> Iterable[tuple[dict[int, Tensor], Tensor, Tensor]]:
+        """The kept batches in their order, each released once handed out."""
+        self.ready = False
+        self.batches.reverse()
+        while self.batches:
+            yield self.batches.pop()
+
+
 @torch.no_grad()
 def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses, layers: list[int], *,
-               ignore_index: int = IGNORE_INDEX, accumulate: str = "auto",
-               progress: bool = False) -> tuple[dict[int, FeatureStatistics], dict[str, float]]:
+               ignore_index: int = IGNORE_INDEX, accumulate: str = "auto", progress: bool = False,
+               cache: NccCache | None = None) -> tuple[dict[int, FeatureStatistics], dict[str, float]]:
     """One pass: a ``FeatureStatistics`` of the kept positions for each hidden-state index in ``layers``,
     and the model's next-token cross-entropy over every labelled position (excluded classes included):
     ``{"cross_entropy": nats per token, "perplexity": exp of it, "tokens_scored": positions}``.
     ``accumulate`` as ``FeatureStatistics``' for every layer; ``"auto"`` decides on the class sums of all
-    the layers together (float32 once their float64 total would pass ``ACCUMULATION_BOUND``)."""
+    the layers together (float32 once their float64 total would pass ``ACCUMULATION_BOUND``). With ``cache``
+    (an :class:`NccCache`), also keeps what NC4 needs if it fits in the cache's budget."""
     stats: dict[int, FeatureStatistics] = {}
+    positions = int(classes.counts[classes.kept].sum())
+    keeping = None
     nll, scored = torch.zeros((), dtype=torch.float64), 0
     for batch in tqdm(batches, desc="token features", disable=not progress, leave=False):
         hidden, logits = _forward(model, batch)
@@ -157,36 +205,62 @@ def token_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses
         nll += _next_token_nll(logits, labels.to(logits.device), labelled).cpu()
         scored += int(labelled.sum())
         targets, keep = _kept_targets(batch, classes, ignore_index)
+        if keeping is None:
+            keeping = cache is not None and cache.plan(positions, hidden, layers)
+        kept: dict[int, Tensor] = {}
         for layer in layers:
-            features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
+            features = hidden[layer][:, :-1][keep.to(hidden[layer].device)]  # a copy, in the model's dtype
+            if keeping:
+                kept[layer] = features
+            features = features.float()
             if layer not in stats:
                 dtype = accumulation_dtype(classes.num_classes * len(layers), features.shape[1], accumulate)
                 stats[layer] = FeatureStatistics(classes.num_classes, features.shape[1], sync_on_compute=False,
                                                  accumulate=str(dtype).removeprefix("torch.")).to(features.device)
             stats[layer].update(features, targets.to(features.device))
+        if keeping:
+            cache.batches.append((kept, targets, _network_predictions(logits, classes, keep)))
     if not stats:
         raise KdcollapseError("no token batches to analyse")
+    if keeping:
+        cache.ready = True
     loss = float(nll) / max(scored, 1)
     return stats, {"cross_entropy": loss, "perplexity": math.exp(loss), "tokens_scored": scored}
+
+
+def _network_predictions(logits: Tensor, classes: TokenClasses, keep: Tensor) -> Tensor:
+    """The network's class at the kept positions: the argmax of its logits over the kept classes (the K' kept
+    columns first, then the kept positions: no (positions x V) copy of the logits)."""
+    return logits[:, :-1, classes.kept.to(logits.device)][keep.to(logits.device)].argmax(dim=1)
 
 
 @torch.no_grad()
 def ncc_pass(model: nn.Module, batches: Iterable[Batch], classes: TokenClasses,
              stats: Mapping[int, FeatureStatistics], *, ignore_index: int = IGNORE_INDEX,
-             progress: bool = False) -> dict[int, dict[str, Tensor]]:
-    """Second pass: NC4 (nearest-class-mean accuracy and agreement with the network) for every layer."""
-    kept = classes.kept
+             progress: bool = False, cache: NccCache | None = None) -> dict[int, dict[str, Tensor]]:
+    """NC4 (nearest-class-mean accuracy and agreement with the network) for every layer: from ``cache`` when
+    ``token_pass`` filled it (emptied as it goes), else a second model pass over ``batches``."""
     metrics = {layer: NearestClassMeanAccuracy(s.class_means(), sync_on_compute=False).to(s.moment.device)
                for layer, s in stats.items()}
-    for batch in tqdm(batches, desc="nearest class means", disable=not progress, leave=False):
-        hidden, logits = _forward(model, batch)
-        targets, keep = _kept_targets(batch, classes, ignore_index)
-        # the K' kept columns first, then the kept positions: no (positions x V) copy of the logits
-        predicted = logits[:, :-1, kept.to(logits.device)][keep.to(logits.device)]
+    if cache is not None and cache.ready:
+        kept_batches = cache.drain()
+    else:
+        kept_batches = (_recomputed(model, batch, classes, ignore_index, list(metrics)) for batch in batches)
+    for kept, targets, predictions in tqdm(kept_batches, desc="nearest class means", disable=not progress,
+                                           leave=False):
         for layer, metric in metrics.items():
-            features = hidden[layer][:, :-1][keep.to(hidden[layer].device)].float()
-            metric.update(features, targets.to(features.device), predicted)
+            features = kept[layer].float()
+            metric.update(features, targets.to(features.device), predictions=predictions)
     return {layer: metric.compute() for layer, metric in metrics.items()}
+
+
+def _recomputed(model: nn.Module, batch: Batch, classes: TokenClasses, ignore_index: int,
+                layers: list[int]) -> tuple[dict[int, Tensor], Tensor, Tensor]:
+    """What ``token_pass`` keeps of one batch (``NccCache``), from the model again."""
+    hidden, logits = _forward(model, batch)
+    targets, keep = _kept_targets(batch, classes, ignore_index)
+    kept = {layer: hidden[layer][:, :-1][keep.to(hidden[layer].device)] for layer in layers}
+    return kept, targets, _network_predictions(logits, classes, keep)
 
 
 def _next_token_nll(logits: Tensor, labels: Tensor, labelled: Tensor) -> Tensor:
@@ -231,6 +305,7 @@ def analyze_tokens(
     ncc: bool = True,
     gnc_convention: str = "paper",
     accumulate: str = "auto",
+    ncc_cache_bytes: int = NCC_CACHE_BYTES,
     out_dir: str | Path | None = None,
     progress: bool = False,
     source: str | None = None,
@@ -240,7 +315,9 @@ def analyze_tokens(
     ``model`` is a Hugging Face-style causal LM (``model(input_ids=, attention_mask=,
     output_hidden_states=True)`` returns ``hidden_states`` and ``logits``; ``get_output_embeddings()`` the
     classifier). ``gnc_convention`` as in ``collapse_metrics``, ``accumulate`` as in ``token_pass``;
-    ``source`` (where the model came from) is recorded in the result as it is given.
+    ``source`` (where the model came from) is recorded in the result as it is given. ``ncc_cache_bytes``: the
+    memory NC4's features kept from the statistics pass may take (``NccCache``; 0: always a second pass);
+    ``"ncc_features"`` in the result says which ran.
     Returns ``{"classes": ..., "layers": {index: metrics}, "cross_entropy", "perplexity", "tokens_scored",
     "seconds": ...}`` (the loss over every labelled position, ``token_pass``); with ``out_dir``
     also writes ``analysis.json``, ``token_counts.json``, ``analysis.md`` and ``layers.png`` (matplotlib).
@@ -255,10 +332,13 @@ def analyze_tokens(
     chosen = resolve_layers(layers, num_hidden)
     was_training = model.training
     model.eval()
+    cache = NccCache(ncc_cache_bytes) if ncc else None
     try:
         stats, loss = token_pass(model, batches, classes, chosen, ignore_index=ignore_index, accumulate=accumulate,
-                                 progress=progress)
-        nearest = ncc_pass(model, batches, classes, stats, ignore_index=ignore_index, progress=progress) if ncc else {}
+                                 progress=progress, cache=cache)
+        ncc_features = cache.state() if cache is not None else None
+        nearest = ncc_pass(model, batches, classes, stats, ignore_index=ignore_index, progress=progress,
+                           cache=cache) if ncc else {}
     finally:
         model.train(was_training)
     weight = head.weight.detach()[classes.kept.to(head.weight.device)]
@@ -269,7 +349,8 @@ def analyze_tokens(
         per_layer[layer] = {k: float(v) if v.is_floating_point() else int(v) for k, v in values.items()}
     result = {"classes": classes.summary(), "layers": per_layer, "num_hidden_states": num_hidden, **loss,
               "gnc_convention": gnc_convention, "accumulate": next(iter(stats.values())).accumulate, "ncc": ncc,
-              "source": source, "seconds": time.perf_counter() - start}
+              "ncc_features": ncc_features, "source": source, "parameters": sum(p.numel() for p in model.parameters()),
+              "seconds": time.perf_counter() - start}
     if out_dir is not None:
         write_token_report(result, classes, Path(out_dir))
     return result

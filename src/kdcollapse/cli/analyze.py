@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 from kdcollapse._yaml import load_yaml
-from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_int,
-                                   positive_int)
+from kdcollapse.cli._common import (FIGURE_SUFFIXES, HelpFormatter, check_output, non_negative_float,
+                                   non_negative_int, positive_int)
 from kdcollapse.errors import ConfigError, KdcollapseError
 
 _ANALYZE_EXAMPLES = """examples:
@@ -41,7 +41,8 @@ _NO_DEFAULT = "%(default).0s"  # the help says the default in words; keeps "(def
 
 # analyze's options that only --lm reads, with their defaults: given for an image run, they are refused.
 LM_ONLY = {"corpus": None, "layers": "last", "block_size": 256, "max_tokens": None, "min_count": 2,
-           "gnc_convention": "paper", "no_ncc": False, "accumulate": "auto", "random_init": None}
+           "gnc_convention": "paper", "no_ncc": False, "accumulate": "auto", "random_init": None,
+           "ncc_cache_gib": 2.0}
 
 _DEFAULT_KEYS = ("test_acc", "train_loss", "train_nc1", "test_nc1", "train_vci", "test_vci")
 
@@ -97,7 +98,10 @@ def register(subparsers) -> None:
     p.add_argument("--min-count", type=int, default=2, help="classes (next tokens) seen fewer times are excluded")
     p.add_argument("--gnc-convention", choices=("paper", "official"), default="paper",
                    help="GNC1/GNC3 centring: the paper's formulas or the official code's (docs/metrics.md)")
-    p.add_argument("--no-ncc", action="store_true", help="skip NC4's second pass over the tokens")
+    p.add_argument("--no-ncc", action="store_true", help="skip NC4 (nearest class means) over the tokens")
+    p.add_argument("--ncc-cache-gib", type=non_negative_float, default=2.0, metavar="GIB",
+                   help="memory for NC4's hidden states kept from the statistics pass; over it (or 0), NC4 runs "
+                        "the model a second time (same answers)")
     p.add_argument("--accumulate", choices=("auto", "float64", "float32"), default="auto",
                    help="dtype of the K x d class sums of every layer (auto: float32 once float64 would pass 4 GiB)")
     lm("--random-init", type=non_negative_int, metavar="SEED",
@@ -267,9 +271,9 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     if args.run_dir or args.model or args.weights or args.data:
         raise ConfigError("--lm analyses a language model: give no RUN_DIR, --model, --weights or --data")
     layers = args.layers if args.layers in ("last", "all") else _int_list(args.layers, "--layers")
-    if args.against is not None and (args.no_ncc or args.gnc_convention != "paper"):
-        raise ConfigError("--against with --lm takes no --no-ncc or --gnc-convention (it runs no NC4 pass and no "
-                          "GNC metric)")
+    if args.against is not None and (args.no_ncc or args.gnc_convention != "paper" or args.ncc_cache_gib != 2.0):
+        raise ConfigError("--against with --lm takes no --no-ncc, --ncc-cache-gib or --gnc-convention (it runs no "
+                          "NC4 and no GNC metric)")
     loaded = load_language_model(args.lm, pretrained=args.random_init is None, seed=args.random_init)
     source = args.lm if args.random_init is None else f"{args.lm} (random initialisation, seed {args.random_init})"
     corpus = tokenize_corpus(loaded.tokenizer, args.corpus)
@@ -281,11 +285,15 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     with run_lock_for(args.out) as run_dir:  # a report written into a run directory: never beside its trainer
         result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
                                 ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
-                                accumulate=args.accumulate, progress=not args.no_progress, source=source)
+                                accumulate=args.accumulate, progress=not args.no_progress, source=source,
+                                ncc_cache_bytes=int(args.ncc_cache_gib * 2**30))
         if run_dir is not None:  # listed in the run's outputs.json: --overwrite removes it, stale_outputs checks it
             written = [Path(args.out) / n for n in ("analysis.json", "token_counts.json", "analysis.md", "layers.png")]
             record_outputs(run_dir, [p for p in written if p.is_file()], lm_source(args.lm, run_dir, args.random_init))
     c, last = result["classes"], result["layers"][max(result["layers"])]
+    if (cache := result["ncc_features"]) is not None and cache["bytes_needed"] > cache["budget_bytes"]:
+        print(f"NC4 ran the model a second time: its features would take {cache['bytes_needed'] / 2**30:.2f} GiB, "
+              f"over --ncc-cache-gib {args.ncc_cache_gib:g}")
     print(f"{source} ({split}, {c['tokens']} tokens, {c['classes_kept']} classes): last layer nc1 "
           f"{last['nc1']:.4g}, cdnv {last['cdnv']:.4g}, vci {last['vci']:.4g} -> {Path(args.out) / 'analysis.md'}")
     return 0

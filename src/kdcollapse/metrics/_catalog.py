@@ -88,6 +88,8 @@ METRICS: tuple[MetricInfo, ...] = (
                "GNC paper Thm 3.3", _C, needs_classifier=True),
     MetricInfo("gnc3", "mean 1 − cos(w_k, class mean of unit features); 0 = aligned (GNC3)", "GNC paper Sec. 2.2",
                _C, per_epoch=True, needs_classifier=True),
+    MetricInfo("classifier_zero_rows", "rows of W that are zero, left out of the metrics of row directions "
+               "(nc2_equiangle_w, gnc2, gnc3, unc3_cosine)", "", _C, needs_classifier=True),
     MetricInfo("rank_between", "rank of Σ_B kept by its pseudo-inverse (at most K − 1)", "", _C),
     MetricInfo("rank_total", "rank of Σ_T kept by its pseudo-inverse", "", _C),
     MetricInfo("rank_between_unit", "rank of the GNC1 Σ_B kept by its pseudo-inverse", "", _C),

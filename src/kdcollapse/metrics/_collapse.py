@@ -273,12 +273,24 @@ def _classifier(centred: LazyRows, gram: Tensor, unit: Scatter, weight: Tensor, 
     """Metrics of the classifier rows w_k: NC2 on W, NC3 (Papyan et al. 2020; Kothapalli's self-duality
     error), GNC2 and GNC3 (GNC paper; GNC3 of the centred unit class means under ``"official"``);
     ``centred`` is ``class_centred`` of the raw features' scatter, ``gram`` its ``cross_gram``. No K x d copy
-    of W or of the means: the normalised and scaled rows are formed a chunk at a time (``LazyRows``)."""
-    optimum = softmax_code_optimum(*weight.shape)
+    of W or of the means: the normalised and scaled rows are formed a chunk at a time (``LazyRows``).
+
+    A zero row w_k is a real classifier row (class k's logit is 0 for every input: Hugging Face zeroes the
+    padding token's embedding row of a fresh model, and a tied head inherits it) but has no direction. The
+    metrics of row directions, ``nc2_equiangle_w``, ``gnc2`` (and ``gnc2_optimum``), ``gnc3`` and
+    ``unc3_cosine``, are therefore taken over the nonzero rows only (NaN when fewer than two are left); those of
+    magnitudes (``nc2_equinorm_w``, ``nc3``, ``nc3_self_duality``, ``unc3``) over every row, a zero row
+    included; ``classifier_zero_rows`` counts the rows left out."""
+    keep = per_row(LazyRows.of(weight), lambda rows: (rows != 0).any(1))
+    zero_rows = int((~keep).sum())
+    directed = weight if not zero_rows else weight[keep]  # a copy only when a row is zero
+    optimum = softmax_code_optimum(*directed.shape) if len(directed) >= 2 else None
 
     rows_w = LazyRows.of(weight)
     unit_weight = rows_w.map(lambda rows: F.normalize(rows, dim=1))
-    equinorm, equiangle_w = _equinorm(weight), equiangle(weight, tile)
+    equinorm = _equinorm(weight)
+    nan = torch.tensor(math.nan, dtype=torch.float64, device=weight.device)
+    equiangle_w = equiangle(directed, tile) if len(directed) >= 2 else nan
     normalised = unit.centred.map(lambda rows: F.normalize(rows, dim=1))
     unit_means = normalised if gnc_convention == "official" else unit.class_means
     weight_norm = weight.norm()
@@ -292,14 +304,17 @@ def _classifier(centred: LazyRows, gram: Tensor, unit: Scatter, weight: Tensor, 
                            * per_row(centred, lambda rows: rows.norm(dim=1).double())).clamp_min(1e-300)
     return {
         "unc3": similarity.var(),
-        "unc3_cosine": cosine.var(),
+        "unc3_cosine": cosine[keep].var() if zero_rows else cosine.var(),
         "nc2_equinorm_w": equinorm,
         "nc2_equiangle_w": equiangle_w,
         "nc3": nc3,
         "nc3_self_duality": etf_error(centred, weight, gram),
-        "gnc2": min_one_vs_rest_distance(weight).value,  # W in its dtype: no K x d float64 copy
+        # W in its dtype: no K x d float64 copy
+        "gnc2": min_one_vs_rest_distance(directed).value if len(directed) >= 2 else nan,
         "gnc2_optimum": torch.tensor(math.nan if optimum is None else optimum, dtype=torch.float64),
-        "gnc3": (1 - row_dots(unit_weight, unit_means)).mean(),
+        "gnc3": ((1 - row_dots(unit_weight, unit_means))[keep] if zero_rows else
+                 1 - row_dots(unit_weight, unit_means)).mean(),
+        "classifier_zero_rows": torch.tensor(zero_rows),
     }
 
 

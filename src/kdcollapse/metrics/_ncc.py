@@ -144,20 +144,30 @@ class NearestClassMeanAccuracy(Metric):
         for name in ("correct", "agree", "total", "compared"):
             self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
-    def update(self, features: Tensor, labels: Tensor, logits: Tensor | None = None) -> None:
-        """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K)."""
+    def update(self, features: Tensor, labels: Tensor, logits: Tensor | None = None, *,
+               predictions: Tensor | None = None) -> None:
+        """Add a batch: ``features`` (B, d), ``labels`` (B,), optional network ``logits`` (B, K) or, instead,
+        the network's ``predictions`` (B,): ``logits.argmax(dim=1)`` taken beforehand."""
         num_classes, dim = self.centred_means.shape
         check_batch(features, labels, num_classes, dim)
-        predicted = _nearest(features.to(self.centre.device), self.centre, self.centred_means, self.norms,
-                             (self.screen_means, self.screen_norms), self.largest_mean)
-        self.correct += (predicted == labels.to(predicted.device)).sum()
-        self.total += labels.numel()
-        if logits is not None:
+        if predictions is not None:
+            if logits is not None:
+                raise KdcollapseError("give the network's logits or its predictions, not both")
+            if not isinstance(predictions, Tensor) or tuple(predictions.shape) != (features.shape[0],):
+                shape = tuple(predictions.shape) if isinstance(predictions, Tensor) else type(predictions).__name__
+                raise KdcollapseError(f"predictions must have shape {(features.shape[0],)}, got {shape}")
+        if logits is not None:  # checked before any state changes
             if not isinstance(logits, Tensor) or tuple(logits.shape) != (features.shape[0], num_classes):
                 shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
                 expected = (features.shape[0], num_classes)
                 raise KdcollapseError(f"logits must have shape {expected}, got {shape}")
-            self.agree += (predicted == logits.argmax(dim=1).to(predicted.device)).sum()
+            predictions = logits.argmax(dim=1)
+        predicted = _nearest(features.to(self.centre.device), self.centre, self.centred_means, self.norms,
+                             (self.screen_means, self.screen_norms), self.largest_mean)
+        self.correct += (predicted == labels.to(predicted.device)).sum()
+        self.total += labels.numel()
+        if predictions is not None:
+            self.agree += (predicted == predictions.to(predicted.device)).sum()
             self.compared += labels.numel()
 
     def compute(self) -> dict[str, Tensor]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.report._markdown import markdown_table
-from kdcollapse.report._stats import holm, mean_std, paired_t_test, verdict
+from kdcollapse.report._stats import holm, mean_std, paired_t_test, partial_spearman, verdict
 
 
 def seeds_cell(values: Sequence[float], digits: int = 2, single_digits: int | None = None) -> str:
@@ -91,10 +91,13 @@ def comparisons_table(tests: Sequence[dict], first: str = "comparison") -> str:
                             t["verdict"]] for t in tests])
 
 
-def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float]) -> dict[str, dict]:
+def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float],
+                      control: Sequence[float] | None = None) -> dict[str, dict]:
     """Spearman's rank correlation of each ``xs[name]`` with ``y`` (the same items in the same order): per name
     ``spearman_rho``, its two-sided ``p`` (scipy's, uncorrected: descriptive, outside a page's Holm family) and
-    the number of ``models`` (items). Needs at least 3 items.
+    the number of ``models`` (items). Needs at least 3 items. With ``control`` (a value per item, e.g. its
+    parameter count), also ``partial_rho`` and ``partial_p``: the rank correlation controlling for it
+    (:func:`partial_spearman`).
 
     >>> c = rank_correlations({"a": [1.0, 2.0, 3.0, 4.0], "b": [4.0, 3.0, 1.0, 2.0]}, [10.0, 20.0, 30.0, 40.0])
     >>> c["a"]["spearman_rho"], round(c["b"]["spearman_rho"], 12), c["a"]["models"]
@@ -102,6 +105,8 @@ def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float]) -> 
     """
     from scipy.stats import spearmanr  # scipy on use, as the tests of _stats
 
+    if control is not None and len(control) != len(y):
+        raise KdcollapseError(f"rank_correlations: {len(control)} control values for {len(y)} items")
     out = {}
     for name, x in xs.items():
         if len(x) != len(y) or len(y) < 3:
@@ -109,13 +114,21 @@ def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float]) -> 
                                   "equal numbers, at least 3, are needed")
         rho, p = spearmanr(x, y)
         out[name] = {"spearman_rho": float(rho), "p": float(p), "models": len(y)}
+        if control is not None:
+            partial, partial_p = partial_spearman(x, y, control)
+            out[name] |= {"partial_rho": partial, "partial_p": partial_p}
     return out
 
 
-def rank_correlations_table(correlations: Mapping[str, dict], first: str, against: str) -> str:
+def rank_correlations_table(correlations: Mapping[str, dict], first: str, against: str,
+                            control: str | None = None) -> str:
     """The markdown table of ``rank_correlations``: row label, Spearman ρ with ``against`` (and the number of
     items), p (uncorrected)."""
     count = {c["models"] for c in correlations.values()}
     items = f", {count.pop()} items" if len(count) == 1 else ""
-    return markdown_table([first, f"Spearman ρ with {against}{items}", "p (uncorrected)"],
-                          [[name, f"{c['spearman_rho']:+.2f}", f"{c['p']:.2g}"] for name, c in correlations.items()])
+    partial = control is not None
+    return markdown_table([first, f"Spearman ρ with {against}{items}", "p (uncorrected)",
+                           *([f"partial ρ controlling for {control}", "p (uncorrected)"] if partial else [])],
+                          [[name, f"{c['spearman_rho']:+.2f}", f"{c['p']:.2g}",
+                            *([f"{c['partial_rho']:+.2f}", f"{c['partial_p']:.2g}"] if partial else [])]
+                           for name, c in correlations.items()])

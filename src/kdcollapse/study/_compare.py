@@ -12,7 +12,8 @@ import statistics
 import numpy as np
 
 from kdcollapse.errors import ConfigError
-from kdcollapse.report import corrected_verdicts, mean_difference_ci, paired_t_test, pearson, seeds_cell
+from kdcollapse.report import (corrected_verdicts, mean_difference_ci, paired_t_test, partial_spearman, pearson,
+                               seeds_cell)
 from kdcollapse.study._cells import section_cells
 from kdcollapse.study._choice import choose
 from kdcollapse.study._spec import Study
@@ -125,9 +126,14 @@ def _front(cells: dict, columns: list[Measure], spec, title: str, short: dict) -
 def _correlate(cells: dict, columns: list[Measure], spec, title: str) -> list[dict]:
     """Pearson's r between each ``x`` column and the ``y`` column across the section's cells: of the cell means,
     and per seed (over the cells that seed finished, at least 3)."""
-    if not isinstance(spec, dict) or set(spec) != {"x", "y"} or not isinstance(spec["x"], list):
-        raise ConfigError(f"section {title!r}: 'correlate' is {{x: [metrics of columns], y: metric of a column}}, "
-                          f"got {spec!r}")
+    if not isinstance(spec, dict) or not {"x", "y"} <= set(spec) <= {"x", "y", "across", "control"} \
+            or not isinstance(spec["x"], list) or spec.get("across", "cells") not in ("cells", "runs") \
+            or ("control" in spec and spec.get("across") != "runs"):
+        raise ConfigError(f"section {title!r}: 'correlate' is {{x: [metrics of columns], y: metric of a column}} "
+                          f"(Pearson's r across the cells), or with across: runs (Spearman's ρ across every run of "
+                          f"the cells) and optionally control: a column's metric (partial Spearman), got {spec!r}")
+    if spec.get("across") == "runs":
+        return _rank_correlate(cells, columns, spec, title)
     y = column(columns, spec["y"], title)
     full = {label: runs for label, runs in cells.items() if runs}
     seeds = sorted({s for runs in full.values() for s in runs})
@@ -141,6 +147,28 @@ def _correlate(cells: dict, columns: list[Measure], spec, title: str) -> list[di
         means = [[statistics.mean(m.of(r) for r in runs.values()) for runs in full.values()] for m in (x, y)]
         out.append({"x": x.label, "y": y.label, "cells": len(full),
                     "r_of_means": pearson(*means) if len(full) >= 3 else math.nan, "per_seed": per_seed})
+    return out
+
+
+def _rank_correlate(cells: dict, columns: list[Measure], spec: dict, title: str) -> list[dict]:
+    """Spearman's ρ of each ``x`` with ``y`` across every run of the section's cells (each seed of each cell one
+    point, e.g. every trained student), and with ``control`` the partial ρ controlling for it (e.g. the
+    student's size: :func:`kdcollapse.report.partial_spearman`); descriptive, p uncorrected."""
+    from scipy.stats import spearmanr
+
+    y, control = column(columns, spec["y"], title), column(columns, spec["control"], title) if "control" in spec \
+        else None
+    out = []
+    for x in (column(columns, name, title) for name in spec["x"]):
+        runs = [r for c in cells.values() for r in c.values()
+                if x.has(r) and y.has(r) and (control is None or control.has(r))]
+        xs, ys = [x.of(r) for r in runs], [y.of(r) for r in runs]
+        rho, p = (float(v) for v in spearmanr(xs, ys)) if len(runs) >= 3 else (math.nan, math.nan)
+        row = {"x": x.label, "y": y.label, "runs": len(runs), "spearman_rho": rho, "p": p}
+        if control is not None:
+            partial, partial_p = partial_spearman(xs, ys, [control.of(r) for r in runs])
+            row |= {"control": control.label, "partial_rho": partial, "partial_p": partial_p}
+        out.append(row)
     return out
 
 

@@ -90,7 +90,7 @@ def _run_step(run: RunSpec) -> Outcome:
     """A registered computation instead of training: done once ``result.json`` exists; the run directory's lock
     keeps two launches from computing it twice."""
     if (run.run_dir / RESULT_FILE).is_file():
-        return Outcome(run.name, "finished")
+        return _step_posts(run)
     step = RUN_STEPS[run.step]
     if "run_dir" in inspect.signature(step).parameters:  # a step that locks its run directory itself
         try:
@@ -100,7 +100,7 @@ def _run_step(run: RunSpec) -> Outcome:
                 return Outcome(run.name, "running elsewhere", str(err))
             raise
         _write_json(run.run_dir / RESULT_FILE, {"step": run.step, "params": run.params, **result})
-        return Outcome(run.name, "finished")
+        return _step_posts(run)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         lock = RunLock(run.run_dir)
@@ -112,6 +112,14 @@ def _run_step(run: RunSpec) -> Outcome:
                                                  **RUN_STEPS[run.step](seed=run.values["seed"], **run.params)})
     finally:
         lock.release()
+    return Outcome(run.name, "finished")
+
+
+def _step_posts(run: RunSpec) -> Outcome:
+    """The registered post steps of a finished run step (e.g. ``lm_collapse`` of a ``distill_lm`` run)."""
+    for step in run.post:
+        if not step.done(run.run_dir):
+            _write_step(run.run_dir, step.creates, STEPS[step.step])
     return Outcome(run.name, "finished")
 
 

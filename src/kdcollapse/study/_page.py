@@ -14,6 +14,7 @@ from kdcollapse.runs import write_files
 from kdcollapse.study._cells import section_cells
 from kdcollapse.study._compare import compare_sections
 from kdcollapse.study._figures import figures
+from kdcollapse.study._gap import gap_table, section_gaps
 from kdcollapse.study._lock import page_lock
 from kdcollapse.study._records import RECORDS_FILE, collect
 from kdcollapse.study._spec import Study
@@ -41,7 +42,8 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                        "define more runs once made" if study.waiting else "")
                     + ". A cell shows its finished seeds only, and a comparison the seeds both its cells have "
                     f"(`kdcollapse study status {study.path.name}` lists what is left).\n")
-    for (title, rows, section, correlations), part in zip(sections, spec.get("sections") or []):
+    gaps = [section_gaps(study, records, spec, part) if "gap" in part else [] for part in spec.get("sections") or []]
+    for (title, rows, section, correlations), part, gap in zip(sections, spec.get("sections") or [], gaps):
         columns = measures(spec, part)
         diverged = ["diverged (seed: N.A.(epoch it broke in))"] if rows and len(rows[0]) > 2 + len(columns) else []
         text.append(f"### {title}\n\n" + markdown_table(["setting", "seeds", *(m.label for m in columns), *diverged],
@@ -55,15 +57,26 @@ def summarise(study: Study, records: dict) -> tuple[str, dict]:
                 [f"difference ({metric.label})", *(f"{h} ({spec['unit']})" if h != "seeds" and spec["unit"] else h
                                                    for h in ("seeds", "per seed", "mean", "95 % CI")),
                  "paired t-test p", "Holm p", "verdict"], [_row(c, c["_digits"]) for c in section]))
-        if correlations:
+        if correlations and "spearman_rho" in correlations[0]:  # across: runs
+            control = correlations[0].get("control")
+            text.append(markdown_table(
+                [f"Spearman ρ with {correlations[0]['y']} across the runs", "runs", "ρ", "p (uncorrected)",
+                 *([f"partial ρ controlling for {control}", "p (uncorrected)"] if control else [])],
+                [[c["x"], str(c["runs"]), _signed(c["spearman_rho"]), _p(c["p"]),
+                  *([_signed(c["partial_rho"]), _p(c["partial_p"])] if control else [])] for c in correlations]))
+        elif correlations:
             text.append(markdown_table(
                 [f"Pearson r with {correlations[0]['y']} across the {correlations[0]['cells']} cells",
                  "r of the cell means",
                  "per seed: mean ± std", "seeds with r > 0"], [_correlation_row(c) for c in correlations]))
+        if gap:
+            metric_label = next((m.label for m in columns if m.metric == part["gap"].get("metric")), metric.label)
+            text.append(markdown_table(*gap_table(part["gap"], gap, metric_label)))
     for c in comparisons:
         del c["_digits"], c["_unit"], c["_label"]
     summary = {"sections": [{"title": t, "cells": {r[0]: r[1:] for r in rows}} | (
-        {"correlations": corr} if corr else {}) for t, rows, _, corr in sections],
+        {"correlations": corr} if corr else {}) | ({"gap_closed": gap} if gap else {})
+        for (t, rows, _, corr), gap in zip(sections, gaps)],
                "comparisons": comparisons, "noise_floor": spec["noise_floor"], "alpha": spec["alpha"]}
     return "\n".join(text), summary
 
@@ -86,6 +99,14 @@ def made_on(records: dict) -> str:
     parts = [f"{n} run{'s' if n > 1 else ''} on {k}" for k, n in counts.items()]
     parts += [f"{unknown} run{'s' if unknown > 1 else ''} recorded without it"] if unknown else []
     return "Made on (the runs' run.json): " + "; ".join(parts) + "."
+
+
+def _signed(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:+.2f}"
+
+
+def _p(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:.2g}"
 
 
 def _correlation_row(c: dict) -> list[str]:

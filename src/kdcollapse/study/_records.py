@@ -116,7 +116,11 @@ def collect(study: Study) -> dict[str, dict]:
         if run.step is not None:
             if (run.run_dir / RESULT_FILE).is_file():
                 result = json.loads((run.run_dir / RESULT_FILE).read_text())
-                records[name] = {"last": {k: result[k] for k in sorted(record_keys(spec)) if k in result}}
+                keys = record_keys(spec)
+                extra = {k: v for step in run.post if (run.run_dir / step.creates).is_file()
+                         for k, v in _flat_json(json.loads((run.run_dir / step.creates).read_text()),
+                                                _folder(step.creates)).items() if k in keys}  # its post steps'
+                records[name] = {"last": {k: result[k] for k in sorted(keys) if k in result} | extra}
         elif (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
                 state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
             records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))

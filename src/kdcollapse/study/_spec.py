@@ -169,7 +169,7 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
         overrides = tuple(_fill(str(o), values, label) for o in flat(_splice(group.get("overrides") or [], values)))
         if "step" in group:
             runs.append(RunSpec(name=name, group=label, config="", overrides=(), values=values, run_dir=root / name,
-                                resources=resources, step=group["step"],
+                                resources=resources, step=group["step"], post=post,
                                 params={k: _value(v, values, label) for k, v in (group.get("params") or {}).items()}))
             continue
         runs.append(RunSpec(
@@ -183,9 +183,12 @@ def _expand(group: dict, index: int, seeds, root: Path, extra: tuple[str, ...] =
 def _step_group(group: dict, label: str) -> None:
     if group["step"] not in RUN_STEPS:
         raise ConfigError(unknown_choice(f"step of group {label!r}", group["step"], tuple(RUN_STEPS)))
-    for key in ("teacher", "overrides", "post"):
+    for key in ("teacher", "overrides"):
         if key in group:
             raise ConfigError(f"group {label!r} runs step {group['step']!r}, which takes 'params', not {key!r}")
+    if any(not isinstance(step, dict) or "step" not in step for step in flat(group.get("post") or [])):
+        raise ConfigError(f"group {label!r} runs step {group['step']!r}: its post steps are registered steps "
+                          f"({{step: NAME, creates: FILE.json}}), not commands")
     if not isinstance(group.get("params", {}), dict):
         raise ConfigError(f"group {label!r}: 'params' maps the step's keyword arguments to values")
 

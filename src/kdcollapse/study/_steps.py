@@ -1,7 +1,8 @@
 """Registered steps. Post steps (``STEPS``): measurements of a run's last saved model that no ``kdcollapse``
 command writes (``max_logit``, ``feature_geometry``). Run steps (``RUN_STEPS``): computations that are a study's
 runs instead of an image training run (``ufm``; ``distill_lm``, a ``kdcollapse distill-lm`` run, which takes
-its run directory and locks it itself), written to ``result.json`` in their run directory. A
+its run directory and locks it itself; ``teacher_lm``, the teacher of a distill-lm config evaluated as its
+students are), written to ``result.json`` in their run directory. A
 study names one as ``post: [{step: NAME, creates: FILE.json}]`` (the GNC and VCI measurements are in
 :mod:`kdcollapse.experiments` and imported when they run); the executor writes the mapping it returns to
 ``FILE.json`` in the run directory, and the summary may read its numbers as last-epoch metrics."""
@@ -88,7 +89,7 @@ def transfer_probes(run_dir: Path) -> dict:
 
 STEPS: dict[str, Callable[[Path], dict]] = {"max_logit": max_logit, "feature_geometry": feature_geometry,
                                             "gnc_geometry": gnc_geometry, "circle_geometry": circle_geometry,
-                                            "transfer_probes": transfer_probes}
+                                            "transfer_probes": transfer_probes}  # lm_collapse: added below
 
 
 def ufm(seed: int, **params) -> dict:
@@ -107,20 +108,104 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     ``overrides`` (``{"loss.divergence": "jsd", "lr": 0.001}``: the command's ``key=value`` overrides) and
     ``seed``, in ``run_dir``; an interrupted run is resumed, a finished one (its ``student/`` saved) only read.
     Returns its last evaluation, the validation numbers named ``val_*`` (a study chooses on them), with the
-    student's parameter count, the training tokens and the run's CPU seconds (this process's, when it trained)."""
+    student's parameter count, the training tokens and the run's CPU seconds (:func:`run_cpu_seconds`)."""
     from kdcollapse.train import distill_lm as train
 
     run_dir = Path(run_dir)
     cfg = _lm_config(seed, run_dir, config, **overrides)
     began = time.process_time()
-    if not (run_dir / "student").is_dir():
+    trained = not (run_dir / "student").is_dir()
+    if trained:
         train(cfg, resume=(run_dir / "config.yaml").is_file(), log=lambda line: None)
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     record = json.loads((run_dir / "run.json").read_text())
     out = {k.replace("validation_", "val_"): v for k, v in last.items() if k.startswith(("validation_", "test_"))}
     return {**out, "train_loss": last["train_loss"], "steps": last["step"],
             "student_parameters": record["student_parameters"], "train_tokens": record["train_tokens"],
+            **run_cpu_seconds(run_dir, time.process_time() - began if trained else None)}
+
+
+def run_cpu_seconds(run_dir: Path, this_launch: float | None) -> dict:
+    """A distill-lm run's cost as its last commit records it (:meth:`kdcollapse.train.LMTrainer.cpu_seconds`):
+    ``cpu_seconds``, the CPU seconds of every launch's committed part summed, and ``cpu_seconds_from_step``, the
+    step they count from (0: all of it). A checkpoint of a version that kept no CPU time gives ``this_launch``
+    (this process's CPU seconds, when it trained the run) counted from the first step this launch trained, or
+    nothing when the run was only read; ``cpu_seconds_counted`` then says which."""
+    from kdcollapse.runs import committed_path, read_header
+
+    meta = read_header(committed_path(run_dir, "checkpoint.safetensors"))[0]
+    if "cpu_seconds" in meta:
+        return {"cpu_seconds": meta["cpu_seconds"], "cpu_seconds_from_step": meta.get("cpu_seconds_from_step", 0)}
+    if this_launch is None:
+        return {"cpu_seconds_counted": "none: its checkpoint keeps no CPU time (an older version) and it was "
+                                       "not trained here"}
+    return {"cpu_seconds": this_launch, "cpu_seconds_counted": "this launch only: its checkpoint keeps no CPU "
+                                                               "time (an older version)"}
+
+
+@torch.no_grad()
+def teacher_lm(seed: int, config: str, **overrides) -> dict:
+    """The teacher of a ``distill-lm`` config (the file ``config`` with ``overrides``, as :func:`distill_lm`
+    reads them) evaluated once as its students are: on the same validation and test blocks, by the same
+    evaluation (perplexity, top-1 agreement with and forward KL to its own stored top-k tokens, which measure
+    the top-k truncation only), named as :func:`distill_lm` names a student's (``val_*``, ``test_*``), with its
+    parameter count and this process's CPU seconds. The run directory is the executor's (``seed`` changes
+    nothing: the evaluation draws no random number). A study's page then reads the teacher's perplexity from
+    this record (e.g. the gap to the teacher that each arm closes), not from a number typed into a file."""
+    began = time.process_time()
+    cfg = _lm_config(seed, Path("unused"), config, **overrides)
+    if cfg.student_tokenizer is not None:
+        raise ConfigError("run step 'teacher_lm': the config distils across tokenizers, where a token perplexity "
+                          "does not compare with the students'; each run's record holds the teacher's perplexity "
+                          "per byte")
+    task = _held_out_task(cfg)
+    teacher = task.teacher.model
+    out = {k.replace("validation_", "val_"): v for k, v in task.evaluate(teacher).items()}
+    return {**out, "teacher": cfg.teacher, "teacher_parameters": sum(p.numel() for p in teacher.parameters()),
             "cpu_seconds": time.process_time() - began}
+
+
+def _held_out_task(cfg):
+    """The LM task of ``cfg`` prepared for evaluation only: the held-out blocks and the teacher's stored tokens
+    its students are evaluated on (no training tokens are needed, so none are stored or loaded)."""
+    import dataclasses
+
+    from kdcollapse.train import LMTask
+
+    task = LMTask(dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, divergence="none", ce_weight=1.0)))
+    task.prepare()
+    return task
+
+
+@torch.no_grad()
+def lm_collapse(run_dir: Path) -> dict:
+    """The next-token collapse (:func:`kdcollapse.analysis.analyze_tokens`: every hidden state, classes the next
+    tokens seen at least twice, no NC4) of a finished ``distill_lm`` run's student (``student/``) on the run's
+    own test blocks, the positions its evaluation counts: ``perplexity`` (equal to the run's
+    ``test_perplexity``), ``cross_entropy``, ``classes``, ``parameters`` and ``layers`` (hidden state → metrics;
+    a summary reads e.g. ``layers/15/nc1``), and ``last``, the last hidden state's metrics again (``last/nc1``:
+    one key for students of different depths)."""
+    from kdcollapse.analysis import analyze_tokens
+    from kdcollapse.losses import IGNORE_INDEX
+    from kdcollapse.train import load_lm_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "student").is_dir():
+        raise ConfigError(f"post step 'lm_collapse': {run_dir} holds no student/ (a finished distill_lm run saves one)")
+    task = _held_out_task(load_lm_config(run_dir / "config.yaml", []))
+    ids, mask = task.held_out["test"], task.held_out_masks["test"]
+    labels = ids.clone()
+    labels[:, 0] = IGNORE_INDEX
+    labels[:, 1:][~mask] = IGNORE_INDEX  # position t predicts token t + 1 where the evaluation counts it
+    batches = [{"input_ids": ids[i:i + 8], "attention_mask": torch.ones_like(ids[i:i + 8]), "labels": labels[i:i + 8]}
+               for i in range(0, len(ids), 8)]
+    from kdcollapse import lm
+
+    model = lm.load_language_model(run_dir / "student").model
+    result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=str(run_dir / "student"))
+    layers = {str(layer): values for layer, values in result["layers"].items()}
+    return {k: result[k] for k in ("perplexity", "cross_entropy", "tokens_scored", "classes", "parameters")} | {
+        "layers": layers, "last": layers[str(max(map(int, layers)))]}
 
 
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
@@ -132,15 +217,17 @@ def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
                                    for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
 
 
-RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm}
+STEPS["lm_collapse"] = lm_collapse  # a post step of distill_lm runs
+
+RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm, "teacher_lm": teacher_lm}
 
 
 def check_run_step(name: str, seed: int, run_dir: Path, params: dict) -> None:
     """Refuse ``params`` that run step ``name`` would refuse, without running it: a ``distill_lm`` step's config
     is read as it would train; another step's parameters must be keyword arguments of the function it calls."""
-    if name == "distill_lm":
+    if name in ("distill_lm", "teacher_lm"):
         if "config" not in params:
-            raise ConfigError("run step 'distill_lm' needs the parameter 'config' (a distill-lm config file)")
+            raise ConfigError(f"run step {name!r} needs the parameter 'config' (a distill-lm config file)")
         _lm_config(seed, run_dir, **params)
         return
     if name == "ufm":

@@ -15,7 +15,8 @@ from kdcollapse.study._tables import check_tables
 AT = ("best", "last", "first", "falls")
 SUMMARY_KEYS = ("select", "metric", "columns", "noise_floor", "unit", "alpha", "correction", "better", "sections",
                 "plots", "tables", "history", "reports")
-SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front")
+GAP_KEYS = ("to", "from", "metric", "log", "label", "digits")  # a section's gap (kdcollapse.study._gap)
+SECTION_KEYS = ("title", "cells", "columns", "choose", "compare", "correlate", "front", "gap")
 CELL_KEYS = ("label", "group", "where", "short", "chosen_by")
 MEASURE_KEYS = ("metric", "at", "label", "digits", "noise_floor", "unit", "better", "scale", "seeds")
 BETTER = ("higher", "lower", "none")
@@ -112,6 +113,8 @@ def check_summary(spec: dict) -> dict:
         for key in section:
             if key not in SECTION_KEYS:
                 raise ConfigError(unknown_choice("key of a summary section", key, SECTION_KEYS))
+        if "gap" in section:
+            check_gap(section["gap"], section.get("title", ""))
         if "choose" in section:  # without a selected epoch (select: null), on the last epoch's validation value
             if set(section["choose"]) - {"among", "by", "lowest"}:
                 raise ConfigError(f"a section's choose is {{among: CELLS, by: val_METRIC, lowest: false}}, got "
@@ -123,6 +126,16 @@ def check_summary(spec: dict) -> dict:
     for plot in spec.get("plots") or []:
         check_plot(plot, titles)
     return spec
+
+
+def check_gap(gap, title: str) -> None:
+    """Refuse a malformed section ``gap``, naming its keys."""
+    if not isinstance(gap, dict) or set(gap) - set(GAP_KEYS) or not {"to", "from"} <= set(gap) or \
+            not isinstance(gap.get("log", False), bool) or not isinstance(gap.get("digits", 3), int) or \
+            isinstance(gap.get("digits", 3), bool):
+        raise ConfigError(f"section {title!r}: 'gap' is {{to: CELL (the target, e.g. the teacher), from: CELL (the "
+                          f"reference, paired by seed), metric: a column's metric (default the page's), log: true | "
+                          f"false, label: TEXT, digits: N}}, got {gap!r}")
 
 
 def check_plot(plot, titles: tuple[str, ...]) -> str:

@@ -80,6 +80,8 @@ class LMTrainer(RunEngine):
 
     def __init__(self, cfg: LMConfig, *, resume: bool = False, overwrite: bool = False, log=print):
         self.log_line = log
+        # this launch's CPU clock, from before its setup; what earlier launches committed: none for a new run
+        self.launch_began, self.cpu_before, self.cpu_from_step = time.process_time(), 0.0, 0
         super().__init__(cfg, resume=resume, overwrite=overwrite)
 
     # ----------------------------------------------------------------------------------- setup
@@ -180,7 +182,20 @@ class LMTrainer(RunEngine):
             self.sharded.load_optimizer(self.optimizer, state)
         else:
             self.optimizer.load_state_dict(state)
+        if "cpu_seconds" in meta:
+            self.cpu_before, self.cpu_from_step = float(meta["cpu_seconds"]), int(meta.get("cpu_seconds_from_step", 0))
+        else:  # a checkpoint of a version that kept no CPU time: counted from here on, and the total says so
+            self.cpu_from_step = int(meta["step"])
         return int(meta["step"])
+
+    def cpu_seconds(self) -> dict:
+        """What a commit records of the run's cost: ``cpu_seconds``, the main process's CPU seconds (all its
+        threads, ``time.process_time``) summed over every launch's committed part (each from before its setup to
+        its last commit: a killed launch's work after its last commit is not counted, the resume redoes it), and
+        ``cpu_seconds_from_step``, the step they count from (0: the whole run; the resumed step for a run begun by
+        a version that kept no CPU time)."""
+        return {"cpu_seconds": self.cpu_before + time.process_time() - self.launch_began,
+                "cpu_seconds_from_step": self.cpu_from_step}
 
     def execution(self) -> dict:
         """The student, its parallelism and its data, for run.json (written when the run starts)."""
@@ -292,7 +307,7 @@ class LMTrainer(RunEngine):
             tensors = {f"student.{k}": v for k, v in student.items()}
             tensors |= {f"optim.{k}": v for k, v in optim_tensors.items()}
             meta = {"format": "kdcollapse.checkpoint", "version": 1, "task": "lm", "epoch": step, "step": step,
-                    "seed": self.cfg.seed, "optimizer": optim_rest,
+                    "seed": self.cfg.seed, "optimizer": optim_rest, **self.cpu_seconds(),
                     **({"student_base": self.lora.base_digest} if self.lora else {})}
             return {"checkpoint.safetensors": (tensors, meta)}
 
