@@ -4,8 +4,10 @@ split by document and its token cache. Tiny random models only; the real SmolLM2
 import hashlib
 import json
 import shutil
+import time
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -169,6 +171,39 @@ def test_stored_tokens_with_k_equal_to_v_are_the_full_distribution_bit_for_bit(t
         full = torch.cat([torch.log_softmax(model(b).logits.float(), -1) for b in blocks.split(4)])
     dense = stored.rows(torch.arange(len(blocks))).log_probs(slice(None), vocab, 1.0)
     assert torch.equal(dense, full.reshape(-1, vocab))
+
+
+def test_a_second_builder_of_a_store_waits_for_the_first_and_keeps_its_store(tmp_path, teacher_and_blocks):
+    """Two runs of a study that share a store and start together: one builds it, the other waits for it (an
+    exclusive lock beside the directory) and then finds it complete, without running the teacher at all."""
+    import threading
+
+    model, blocks = teacher_and_blocks
+    calls, held = [], threading.Event()
+
+    class Teacher:  # counts forwards; the first waits until released, so the first builder holds the lock
+        def get_output_embeddings(self):
+            return model.get_output_embeddings()
+
+        def __call__(self, batch):
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                assert held.wait(60)
+            return model(batch)
+
+    store = lambda: lm.store_teacher_tokens(Teacher(), blocks, tmp_path / "store", k=5, batch_size=4,  # noqa: E731
+                                            shard_blocks=4)
+    first, second = (threading.Thread(target=store, name=n) for n in ("first", "second"))
+    first.start()
+    while not calls:
+        time.sleep(0.001)
+    second.start()
+    second.join(1.0)
+    assert second.is_alive() and calls == ["first"]  # waiting, not computing
+    held.set()
+    first.join(60), second.join(60)
+    assert calls == ["first"] * 3  # 10 blocks in batches of 4: the second builder ran none
+    lm.TeacherTokens.load(tmp_path / "store")
 
 
 def test_stored_top_k_keep_the_largest_and_checksums_catch_damage(tmp_path, teacher_and_blocks):

@@ -16,6 +16,7 @@ computed again).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -44,11 +45,20 @@ def store_teacher_tokens(model: Any, blocks: torch.Tensor, directory: str | Path
                          dtype: torch.dtype = torch.float32) -> Path:
     """Run ``model`` (a ``transformers`` causal LM) on ``blocks`` (n, T) ``batch_size`` blocks at a time
     and store the top ``k`` log-probabilities of softmax(logits / τ) at every position (module doc).
-    An existing complete store of the same blocks, k and τ is kept as it is."""
+    An existing complete store of the same blocks, k and τ is kept as it is. One process builds a store at a
+    time: another that asks for it meanwhile (two runs of a study sharing it) waits, then finds it complete."""
     directory = Path(directory)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if not (isinstance(k, int) and 1 <= k <= vocab):
         raise KdcollapseError(f"k must be an int in [1, {vocab}], got {k!r}")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "a") as lock:  # released when the process ends
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _store(model, blocks, directory, k, temperature, batch_size, shard_blocks, dtype, vocab)
+
+
+def _store(model, blocks, directory: Path, k: int, temperature: float, batch_size: int, shard_blocks: int,
+           dtype: torch.dtype, vocab: int) -> Path:
     digest = blocks_digest(blocks)
     if (directory / MANIFEST).is_file():
         manifest = json.loads((directory / MANIFEST).read_text())
