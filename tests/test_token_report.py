@@ -59,7 +59,7 @@ def test_the_page_holds_the_library_tables_and_check_sees_staleness(page, capsys
     test = next(t for t in summary["comparisons"] if t["metric"] == "gnc2")
     assert test["difference"] == pytest.approx(paired_t_test(a, b)[0])
     students = [models[f"{p}_s{s}"] for p in "ab" for s in range(3)]
-    rho, p = spearmanr([m["layers"]["2"]["nc1"] for m in students], [math.log(m["perplexity"]) for m in students])
+    rho, p = exact_spearman([m["layers"]["2"]["nc1"] for m in students], [math.log(m["perplexity"]) for m in students])
     assert summary["correlation_with_log_perplexity"]["nc1"] == {"spearman_rho": pytest.approx(rho),
                                                                  "p": pytest.approx(p), "models": 6}
     assert f"| nc1 | {rho:+.2f} | {p:.2g} |" in text
@@ -92,6 +92,37 @@ def test_the_committed_lm_collapse_page_is_what_the_report_writes():
 
     spec = Path(__file__).resolve().parents[1] / "results" / "lm_collapse" / "distilled.yaml"
     assert token_report(spec, check=True) == []
+
+
+def exact_spearman(x, y):
+    """The definition, slowly: scipy's ρ, and the share of all n! orderings of y whose |ρ| reaches it."""
+    import itertools
+
+    rho = spearmanr(x, y)[0]
+    share = [abs(spearmanr(x, order)[0]) >= abs(rho) - 1e-12 for order in itertools.permutations(y)]
+    return rho, sum(share) / len(share)
+
+
+def test_spearman_p_is_exact_up_to_8_items_and_scipy_s_beyond():
+    """Up to 8 items the p counts every ordering (3 items in order: 2 of 6, where the t approximation says 0);
+    ties included; more items: scipy's t approximation."""
+    import numpy as np
+
+    from kdcollapse.report import spearman
+
+    assert spearman([1, 2, 3], [5, 6, 7]) == (1.0, pytest.approx(1 / 3)) and spearmanr([1, 2, 3], [5, 6, 7])[1] == 0
+    rng = np.random.default_rng(1)
+    for n, ties in ((4, False), (6, True), (7, False), (8, True)):
+        x = list(rng.integers(0, 3, n).astype(float) if ties else rng.normal(size=n))
+        y = [v + w for v, w in zip(x, rng.normal(size=n))]
+        rho, p = spearman(x, y)
+        expected = exact_spearman(x, y)
+        assert rho == pytest.approx(expected[0], abs=1e-12) and p == pytest.approx(expected[1], abs=1e-12)
+    x, y = list(rng.normal(size=12)), list(rng.normal(size=12))
+    assert spearman(x, y) == pytest.approx(tuple(spearmanr(x, y)), rel=1e-12)
+    assert all(math.isnan(v) for v in spearman([1, 2], [2, 1]) + spearman([1, 1, 1], [1, 2, 3]))
+    with pytest.raises(KdcollapseError, match="pairs"):
+        spearman([1, 2, 3], [1, 2])
 
 
 def test_partial_spearman_is_the_pearson_correlation_of_rank_residuals_with_scipy_and_its_t_test():

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from kdcollapse.errors import KdcollapseError
 from kdcollapse.report._markdown import markdown_table
-from kdcollapse.report._stats import holm, mean_std, paired_t_test, partial_spearman, verdict
+from kdcollapse.report._stats import holm, mean_std, paired_t_test, partial_spearman, spearman, verdict
 
 
 def seeds_cell(values: Sequence[float], digits: int = 2, single_digits: int | None = None) -> str:
@@ -94,7 +94,8 @@ def comparisons_table(tests: Sequence[dict], first: str = "comparison") -> str:
 def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float],
                       control: Sequence[float] | None = None) -> dict[str, dict]:
     """Spearman's rank correlation of each ``xs[name]`` with ``y`` (the same items in the same order): per name
-    ``spearman_rho``, its two-sided ``p`` (scipy's, uncorrected: descriptive, outside a page's Holm family) and
+    ``spearman_rho``, its two-sided ``p`` (:func:`spearman`: exact up to 8 items; uncorrected: descriptive,
+    outside a page's Holm family) and
     the number of ``models`` (items). Needs at least 3 items. With ``control`` (a value per item, e.g. its
     parameter count), also ``partial_rho`` and ``partial_p``: the rank correlation controlling for it
     (:func:`partial_spearman`).
@@ -103,8 +104,6 @@ def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float],
     >>> c["a"]["spearman_rho"], round(c["b"]["spearman_rho"], 12), c["a"]["models"]
     (1.0, -0.8, 4)
     """
-    from scipy.stats import spearmanr  # scipy on use, as the tests of _stats
-
     if control is not None and len(control) != len(y):
         raise KdcollapseError(f"rank_correlations: {len(control)} control values for {len(y)} items")
     out = {}
@@ -112,8 +111,8 @@ def rank_correlations(xs: Mapping[str, Sequence[float]], y: Sequence[float],
         if len(x) != len(y) or len(y) < 3:
             raise KdcollapseError(f"rank_correlations: {name} has {len(x)} values for {len(y)} items; "
                                   "equal numbers, at least 3, are needed")
-        rho, p = spearmanr(x, y)
-        out[name] = {"spearman_rho": float(rho), "p": float(p), "models": len(y)}
+        rho, p = spearman(x, y)
+        out[name] = {"spearman_rho": rho, "p": p, "models": len(y)}
         if control is not None:
             partial, partial_p = partial_spearman(x, y, control)
             out[name] |= {"partial_rho": partial, "partial_p": partial_p}

@@ -13,7 +13,7 @@ import numpy as np
 
 from kdcollapse.errors import ConfigError
 from kdcollapse.report import (corrected_verdicts, mean_difference_ci, paired_t_test, partial_spearman, pearson,
-                               seeds_cell)
+                               seeds_cell, spearman)
 from kdcollapse.study._cells import section_cells
 from kdcollapse.study._choice import choose
 from kdcollapse.study._spec import Study
@@ -153,9 +153,8 @@ def _correlate(cells: dict, columns: list[Measure], spec, title: str) -> list[di
 def _rank_correlate(cells: dict, columns: list[Measure], spec: dict, title: str) -> list[dict]:
     """Spearman's ρ of each ``x`` with ``y`` across every run of the section's cells (each seed of each cell one
     point, e.g. every trained student), and with ``control`` the partial ρ controlling for it (e.g. the
-    student's size: :func:`kdcollapse.report.partial_spearman`); descriptive, p uncorrected."""
-    from scipy.stats import spearmanr
-
+    student's size: :func:`kdcollapse.report.partial_spearman`); descriptive, p uncorrected (exact up to 8 runs:
+    :func:`kdcollapse.report.spearman`)."""
     y, control = column(columns, spec["y"], title), column(columns, spec["control"], title) if "control" in spec \
         else None
     out = []
@@ -163,7 +162,7 @@ def _rank_correlate(cells: dict, columns: list[Measure], spec: dict, title: str)
         runs = [r for c in cells.values() for r in c.values()
                 if x.has(r) and y.has(r) and (control is None or control.has(r))]
         xs, ys = [x.of(r) for r in runs], [y.of(r) for r in runs]
-        rho, p = (float(v) for v in spearmanr(xs, ys)) if len(runs) >= 3 else (math.nan, math.nan)
+        rho, p = spearman(xs, ys)
         row = {"x": x.label, "y": y.label, "runs": len(runs), "spearman_rho": rho, "p": p}
         if control is not None:
             partial, partial_p = partial_spearman(xs, ys, [control.of(r) for r in runs])
