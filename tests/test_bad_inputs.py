@@ -283,6 +283,12 @@ CLI: list[tuple[list[str], list[str]]] = [
     (["demo", "--data", "nope"], ["nope", "digits"]),
     (["demo", "--out", "/proc/kdcollapse"], ["/proc/kdcollapse"]),
     (["demo", "--out", "exists.txt"], ["exists.txt"]),
+    # train-tokenizer: every value is checked before the corpus is read
+    (["train-tokenizer", "bpe", "--vocab-size", "100"], ["vocab_size", "100", "257"]),
+    (["train-tokenizer", "bpe", "--vocab-size", "ten"], ["ten"]),
+    (["train-tokenizer", "bpe", "--vocab-size", "300", "--split", "dev"], ["dev", "train, validation"]),
+    (["train-tokenizer", "bpe", "--vocab-size", "300", "--min-frequency", "0"], ["min_frequency", "0"]),
+    (["train-tokenizer", "bpe", "--vocab-size", "300", "--corpus", "missing"], ["missing", "python-docs"]),
     # distill-lm: every value is checked before the teacher is loaded
     (["distill-lm", "--config", "missing.yaml"], ["missing.yaml"]),
     (["distill-lm", "--config", "exists.txt"], ["exists.txt"]),

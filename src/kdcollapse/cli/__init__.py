@@ -22,7 +22,7 @@ _COMMAND_MODULES = [
     "kdcollapse.cli.demo",
     "kdcollapse.cli.train",
     "kdcollapse.cli.distill_lm",
-    "kdcollapse.cli.tokenizer",
+    "kdcollapse.cli.train_tokenizer",
     "kdcollapse.cli.data",
     "kdcollapse.cli.models",
     "kdcollapse.cli.geometry",
