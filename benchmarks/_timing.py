@@ -74,6 +74,14 @@ def cpu_model() -> str:
     return found or platform.processor() or platform.machine() or "unknown"
 
 
+def emit(text: str, markdown: Path | None) -> None:
+    """Print a benchmark's page and, with ``--markdown PATH``, write it there too (its folder made)."""
+    print(text)
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text)
+
+
 def shared_machine(load: tuple[float, float]) -> str:
     """The "Machine: ..." sentence of a results page: processor, cores, the 1-minute load average at the start
     and at the end of the benchmark, torch threads and version."""

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kdcollapse.geometry import one_vs_rest_distances, softmax_code, softmax_code_bounds  # noqa: E402
 from kdcollapse.geometry._distances import unit_rows  # noqa: E402
 from kdcollapse.distributed import cpu_capability  # noqa: E402
-from _timing import cpu_model  # noqa: E402  (benchmarks/_timing.py)
+from _timing import cpu_model, emit  # noqa: E402  (benchmarks/_timing.py)
 
 PGD_STEPS = 10_000  # the paper's official code: 10,000 projected-gradient steps per class
 
@@ -179,10 +179,7 @@ def main() -> None:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import cpu_model, interleave, timer  # benchmarks/_timing.py
+from _timing import cpu_model, emit, interleave, timer  # benchmarks/_timing.py
 from kdcollapse import lm
 from kdcollapse.distributed import cpu_capability
 from kdcollapse.train import load_lm_config
@@ -170,10 +170,7 @@ def main() -> None:
                       f"teacher tokens, {info['bytes']:,} bytes. A run's estimate: --run-overhead "
                       f"{args.run_overhead:.0f} CPU-s (the study's stored-token run) + 123 × (the step − the stored "
                       f"step). Max RSS {rss_gib():.2f} GiB; {time.process_time() - began:.0f} CPU-s in all.", ""])
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import cpu_model, median_seconds  # benchmarks/_timing.py
+from _timing import cpu_model, emit, median_seconds  # benchmarks/_timing.py
 from kdcollapse import lm
 from kdcollapse.config_lm import LMConfig
 from kdcollapse.distributed import cpu_capability
@@ -157,10 +157,7 @@ def main() -> None:
         del student, optimizer  # one student in memory at a time
     lines += rows + [""] + ppl + [""]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text)
+    emit(text, args.markdown)
 
 
 @torch.no_grad()
