@@ -14,7 +14,7 @@ from conftest import TINY_RUN
 from kdcollapse.errors import ConfigError
 from kdcollapse.runs import Run
 from kdcollapse.study import (check_summary, collect, load_study, pending, run_local, run_record, state_of, status,
-                              summarise)
+                              summarise, write_page)
 
 TINY = "[" + ", ".join(json.dumps(o) for o in TINY_RUN) + "]"
 STUDY = """
@@ -208,6 +208,30 @@ def test_a_run_step_computes_once_and_its_result_is_the_record(tmp_path):
     assert records["weight_decay/seed1"] == {"last": {"gnc2": float(direct.final["gnc2"])}}
     text, summary = summarise(study, records)
     assert "| seeds | per seed (GNC2) | mean (GNC2) |" in text and summary["comparisons"][0]["seeds"] == [0, 1]
+
+
+def test_a_committed_record_is_done_on_a_machine_without_the_run_directory(tmp_path):
+    """A study resumed on a fresh machine (its run directories gone, its records committed) runs only what has no
+    record: the records count as finished, and deleting one makes that run run again."""
+    import json
+    import shutil
+
+    path = write_study(tmp_path, UFM_STUDY)
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    run_local(study, pending(study), workers=1)
+    write_page(study)
+    before = json.loads((path.parent / "runs.json").read_text())
+    shutil.rmtree(tmp_path / "runs")
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    assert pending(study) == [] and set(status(study).values()) == {"recorded"}
+    records = dict(before)
+    del records["sphere/seed0"]
+    (path.parent / "runs.json").write_text(json.dumps(records))
+    assert [r.name for r in pending(study)] == ["sphere/seed0"]
+    assert status(study)["sphere/seed0"] == "new" and status(study)["sphere/seed1"] == "recorded"
+    assert [o.status for o in run_local(study, pending(study), workers=1)] == ["finished"]
+    write_page(study)
+    assert json.loads((path.parent / "runs.json").read_text()) == before  # the same record, computed again
 
 
 @pytest.mark.parametrize("change, message", [

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdcollapse.errors import CheckpointError
+from kdcollapse.errors import CheckpointError, ConfigError
 from kdcollapse.runs import RunLock, read_metrics, record_outputs, run_lock_for, run_state, source_of, write_text
+from kdcollapse.study._records import RECORDS_FILE
 from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, run_config, state_of
 from kdcollapse.study._spec import Study
 from kdcollapse.study._steps import RUN_STEPS, STEPS
@@ -156,18 +157,33 @@ def _write_step(run_dir, name: str, step: Callable) -> None:
             record_outputs(held, [path], source_of(held) if (held / "model.safetensors").is_file() else {})
 
 
+def recorded(study: Study) -> set[str]:
+    """The runs whose record is committed (``runs.json`` beside the study file) and whose run directory is absent:
+    finished on another machine or in an earlier session whose directories are gone. They are done: a launch does
+    not run them again (their records feed the page and the choices), and ``status`` calls them "recorded". To
+    redo one, delete its record."""
+    path = study.path.parent / RECORDS_FILE
+    try:
+        records = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError as err:
+        raise ConfigError(f"{path} is not JSON ({err}); restore it from git") from None
+    return {name for name, run in study.runs.items() if name in records and not run.run_dir.exists()}
+
+
 def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:
-    """The runs (of ``names``, else all; an empty list: none) that still have something to do: training, or a post step (of a
-    finished run, or a diverged one with a saved epoch)."""
+    """The runs (of ``names``, else all; an empty list: none) that still have something to do: training, or a post
+    step (of a finished run, or a diverged one with a saved epoch). A run recorded (:func:`recorded`) has none."""
     runs = [study.runs[n] for n in names] if names is not None else list(study.runs.values())
-    return [r for r in runs if (state := state_of(r)) not in ("finished", "diverged") or any(
+    done = recorded(study)
+    return [r for r in runs if r.name not in done and ((state := state_of(r)) not in ("finished", "diverged") or any(
         not s.done(r.run_dir) for s in r.post)
-        and (state == "finished" or (r.run_dir / "model.safetensors").is_file())]
+        and (state == "finished" or (r.run_dir / "model.safetensors").is_file()))]
 
 
 def status(study: Study) -> dict[str, str]:
-    """Run name → its state (``kdcollapse.runs.RUN_STATES`` or "diverged")."""
-    return {name: state_of(run) for name, run in study.runs.items()}
+    """Run name → its state (``kdcollapse.runs.RUN_STATES``, "diverged", or "recorded": see :func:`recorded`)."""
+    done = recorded(study)
+    return {name: "recorded" if name in done else state_of(run) for name, run in study.runs.items()}
 
 
 def run_local(study: Study, runs: list[RunSpec], workers: int = 1, threads: int = 1,
