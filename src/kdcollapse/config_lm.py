@@ -21,6 +21,7 @@ from kdcollapse.config import RunConfig, build_section, config_from_dict, read_y
 from kdcollapse.errors import ConfigError, KdcollapseError
 from kdcollapse.losses.cross_tokenizer import LOSSES as CROSS_TOKENIZER_LOSSES
 from kdcollapse.losses.distillm2 import check_skew
+from kdcollapse.losses.fused import TAILS
 from kdcollapse.losses.llm import token_divergences
 from kdcollapse.lm import check_lora_targets, split_student
 
@@ -197,6 +198,8 @@ class LMConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     teacher_k: int | None = 64  # stored top-k teacher tokens; None = the teacher runs online every step
+    teacher_tail: Literal[TAILS] = "uniform"  # what a loss on stored tokens makes of the rest's
+    # mass: spread evenly over the other tokens, or one outcome beside the top k (losses.TopKTeacher)
     student_tokenizer: str | None = None  # null: the teacher's; a tokenizer or model directory, or a .gguf file:
     # distillation across tokenizers (loss.divergence=uld | gold, the teacher online)
     cross_tokenizer: CrossTokenizerSection = field(default_factory=CrossTokenizerSection)

@@ -168,9 +168,10 @@ class TeacherTokens:
                              torch.logaddexp(self.log_rest.float(), cut), self.temperature, self.vocab,
                              self.blocks_sha256)
 
-    def rows(self, block_index: torch.Tensor, positions: slice = slice(None)) -> TopKTeacher:
-        """The stored tokens of blocks ``block_index`` at ``positions``, flattened to rows (B·T', ...)."""
+    def rows(self, block_index: torch.Tensor, positions: slice = slice(None), tail: str = "uniform") -> TopKTeacher:
+        """The stored tokens of blocks ``block_index`` at ``positions``, flattened to rows (B·T', ...), read by the
+        rule ``tail`` (:class:`kdcollapse.losses.TopKTeacher`)."""
         k = self.log_probs.shape[-1]
         return TopKTeacher(self.log_probs[block_index, positions].reshape(-1, k),
                            self.indices[block_index, positions].reshape(-1, k),
-                           self.log_rest[block_index, positions].reshape(-1), self.temperature)
+                           self.log_rest[block_index, positions].reshape(-1), self.temperature, tail)

@@ -133,7 +133,7 @@ def _teacher_rows(teacher, index: Tensor):
     if isinstance(teacher, TeacherHead):
         return TeacherHead(teacher.hidden[index], teacher.weight)
     return TopKTeacher(teacher.log_probs_topk[index], teacher.indices[index], teacher.log_rest[index],
-                       teacher.temperature)
+                       teacher.temperature, teacher.tail)
 
 
 @register_loss("distillm2_fused", kind="tokens", paper="Ko et al. 2025 (ICML), DistiLLM-2; fused as Liger-Kernel's "

@@ -15,10 +15,11 @@ over the kept tokens (``mask`` set and label not ``ignore_index``), D any declar
 with α = 1 and β = ``beta``, equal to ``dkd_loss(..., alpha=1, beta=β, temperature=τ) / τ²``) takes the
 label of each row. The teacher receives no gradient.
 
-DKD on stored top-k teacher tokens: the teacher's target probability p_y, hence TCKD's split [p_y, 1 − p_y],
-is exact when y is among the teacher's top k and is the even share of the rest's mass, (rest)/(V − k),
-when it is not; the non-target distribution keeps the top k (less y) exactly and spreads the rest evenly, as
-the forward KL on stored tokens does.
+DKD on stored top-k teacher tokens (``TopKTeacher.tail``): with the rule "uniform", the teacher's target
+probability p_y, hence TCKD's split [p_y, 1 − p_y], is exact when y is among the teacher's top k and is the even
+share of the rest's mass, (rest)/(V − k), when it is not; the non-target distribution keeps the top k (less y)
+exactly and spreads the rest evenly, as the forward KL on stored tokens does. With the rule "rest", DKD is taken
+over the k + 1 outcomes (the top k, the rest), y's outcome being the rest when y is not in the top k.
 """
 
 from __future__ import annotations
@@ -59,20 +60,39 @@ class TeacherHead:
         return F.log_softmax(_scaled(_upcast(logits), temperature), -1)
 
 
+TAILS = ("uniform", "rest")  # what a loss on stored top-k tokens does with the rest's mass (TopKTeacher)
+
+
 @dataclass(frozen=True)
 class TopKTeacher:
     """Stored teacher tokens: the top-k log-probabilities (N, k) at ``indices`` (N, k) and the log of
-    the remaining mass (N,), all at ``temperature``. The remaining mass is spread evenly over the other
-    V − k tokens, so every top-k probability and the rest's total are exact; with k = V the distribution
-    is the full one. (The image path's ``teacher.cache_topk`` uses the same rule.)"""
+    the remaining mass (N,), all at ``temperature``. ``tail`` says what a loss makes of the remaining mass:
+
+    - ``"uniform"``: it is spread evenly over the other V − k tokens, so the teacher is a distribution over the V
+      tokens whose top k and rest's total are exact (the image path's ``teacher.cache_topk`` uses the same rule).
+      Its tail is flat where the teacher's is not: on SmolLM2-135M's test text at k = 64 this distribution's own
+      perplexity is 26.6 against the teacher's 17.4 (``teacher_lm``'s ``test_uniform_tail_perplexity``), a floor a
+      student matching it cannot go below.
+    - ``"rest"``: the divergence compares the two distributions coarsened to k + 1 outcomes, the teacher's top k
+      tokens one by one and all the others as one (the student's mass there is the sum of its probabilities
+      outside the teacher's top k). Every number it uses is exact; the student's distribution inside the rest is
+      left as it is (a gradient scales it as a whole). For an f-divergence it is a lower bound of the divergence
+      between the full distributions (the data-processing inequality), equal to it when k = V.
+
+    With k = V both rules are the full distribution."""
 
     log_probs_topk: Tensor
     indices: Tensor
     log_rest: Tensor
     temperature: float = 1.0
+    tail: str = "uniform"
+
+    def __post_init__(self):
+        if self.tail not in TAILS:
+            raise KdcollapseError(f"tail must be one of {', '.join(TAILS)}, got {self.tail!r}")
 
     @classmethod
-    def from_logits(cls, logits: Tensor, k: int, temperature: float = 1.0) -> TopKTeacher:
+    def from_logits(cls, logits: Tensor, k: int, temperature: float = 1.0, tail: str = "uniform") -> TopKTeacher:
         """The top ``k`` of softmax(``logits`` / τ) per row (N, V), their log-probabilities in float32, and
         the log of the rest's mass (−inf when k = V), computed from the log-probabilities in float32."""
         vocab = logits.shape[-1]
@@ -81,18 +101,45 @@ class TopKTeacher:
         log_p = F.log_softmax(logits.float() / temperature, -1)
         values, indices = log_p.topk(k, dim=-1)
         log_rest = log_p.scatter(-1, indices, float("-inf")).logsumexp(-1)
-        return cls(values, indices.to(torch.int32), log_rest, temperature)
+        return cls(values, indices.to(torch.int32), log_rest, temperature, tail)
 
-    def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
+    def coarse(self, vocab: int) -> bool:
+        """Whether a loss compares the coarsened distributions (``tail="rest"`` and k < V)."""
+        return self.tail == "rest" and self.indices.shape[1] < vocab
+
+    def _check(self, temperature: float) -> None:
         if temperature != self.temperature:
             raise KdcollapseError(f"stored teacher tokens hold probabilities at temperature {self.temperature}; "
                                   f"the loss asks for {temperature} (store them again at that temperature)")
+
+    def log_probs(self, rows: slice, vocab: int, temperature: float) -> Tensor:
+        """The teacher over the V tokens (rule "uniform", or k = V): (n, V) log-probabilities of ``rows``."""
+        self._check(temperature)
+        if self.coarse(vocab):
+            raise KdcollapseError(f"stored teacher tokens with tail='rest' give no distribution over the {vocab} "
+                                  f"tokens (only over the top {self.indices.shape[1]} and the rest); this loss needs "
+                                  "one: use tail='uniform'")
         values, indices = self.log_probs_topk[rows].float(), self.indices[rows].long()
         k = indices.shape[1]
         if k == vocab:
             return torch.empty_like(values).scatter_(1, indices, values)
         fill = self.log_rest[rows].float() - torch.log(torch.tensor(float(vocab - k)))
         return fill.unsqueeze(1).expand(len(fill), vocab).clone().scatter_(1, indices, values)
+
+    def coarsened(self, rows: slice, log_q: Tensor, target: Tensor | None, temperature: float):
+        """Rule "rest": the student's ``log_q`` (n, V) and the teacher's log-probabilities as (n, k + 1)
+        distributions (the top k, then the rest), and ``target`` (n,) as its outcome there (its place in the top
+        k, else k); differentiable in ``log_q``."""
+        self._check(temperature)
+        indices = self.indices[rows].long()
+        k = indices.shape[1]
+        rest_q = log_q.scatter(1, indices, float("-inf")).logsumexp(-1, keepdim=True)
+        coarse_q = torch.cat([log_q.gather(1, indices), rest_q], 1)
+        coarse_p = torch.cat([self.log_probs_topk[rows], self.log_rest[rows].unsqueeze(1)], 1).to(log_q.dtype)
+        if target is not None:
+            hit = indices == target.unsqueeze(1)
+            target = torch.where(hit.any(1), hit.float().argmax(1), k)
+        return coarse_q, coarse_p, target
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -136,7 +183,7 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
     # the declared gradient forms ∂loss/∂z without autograd: when there is a divergence term and the CE, if any,
     # shares its log-softmax (τ = 1)
     gradient = divergence_gradient(divergence, parameters) if distill_weight and (not ce_weight or temperature == 1) \
-        else None
+        and not (isinstance(teacher, TopKTeacher) and teacher.coarse(weight.shape[0])) else None  # rest: autograd
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
@@ -192,7 +239,11 @@ def _autograd_gradient(h, weight, teacher, span, vocab, temperature, rows, kept,
         log_q = F.log_softmax(_scaled(z, temperature), -1)
         values = torch.zeros(len(z), dtype=z.dtype)
         target = None if labels is None else torch.where(kept, labels[span], 0).long()
-        if distill_weight:
+        if distill_weight and isinstance(teacher, TopKTeacher) and teacher.coarse(vocab):
+            coarse_q, coarse_p, coarse_target = teacher.coarsened(span, log_q, target, temperature)
+            values = distill_weight * (rows(coarse_q, coarse_p, coarse_target) if with_target
+                                       else rows(coarse_q, coarse_p))
+        elif distill_weight:
             log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
             values = distill_weight * (rows(log_q, log_p, target) if with_target else rows(log_q, log_p))
         if ce_weight:  # −log softmax(z)[y], from the divergence's log-softmax when τ = 1

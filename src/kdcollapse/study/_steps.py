@@ -147,11 +147,15 @@ def run_cpu_seconds(run_dir: Path, this_launch: float | None) -> dict:
 def teacher_lm(seed: int, config: str, **overrides) -> dict:
     """The teacher of a ``distill-lm`` config (the file ``config`` with ``overrides``, as :func:`distill_lm`
     reads them) evaluated once as its students are: on the same validation and test blocks, by the same
-    evaluation (perplexity, top-1 agreement with and forward KL to its own stored top-k tokens, which measure
-    the top-k truncation only), named as :func:`distill_lm` names a student's (``val_*``, ``test_*``), with its
-    parameter count and this process's CPU seconds. The run directory is the executor's (``seed`` changes
+    evaluation (perplexity; its agreement with and forward KL to itself are 1 and 0 up to rounding, a check of the
+    stored reference), named as :func:`distill_lm` names a student's (``val_*``, ``test_*``), with its parameter
+    count and this process's CPU seconds; and what the config's top-``teacher_k`` store keeps of it on the test
+    blocks (``test_top_k_coverage``, ``test_tail_mass``, ``test_uniform_tail_kl``, ``test_uniform_tail_perplexity``:
+    :func:`kdcollapse.train._lm_task.top_k_costs`). The run directory is the executor's (``seed`` changes
     nothing: the evaluation draws no random number). A study's page then reads the teacher's perplexity from
     this record (e.g. the gap to the teacher that each arm closes), not from a number typed into a file."""
+    from kdcollapse.train._lm_task import top_k_costs
+
     began = time.process_time()
     cfg = _lm_config(seed, Path("unused"), config, **overrides)
     if cfg.student_tokenizer is not None:
@@ -161,6 +165,9 @@ def teacher_lm(seed: int, config: str, **overrides) -> dict:
     task = _held_out_task(cfg)
     teacher = task.teacher.model
     out = {k.replace("validation_", "val_"): v for k, v in task.evaluate(teacher).items()}
+    if cfg.teacher_k is not None and cfg.loss.temperature == 1:
+        out |= {f"test_{k}": v for k, v in top_k_costs(teacher, task.held_out["test"], cfg.teacher_k,
+                                                        mask=task.held_out_masks["test"]).items()}
     return {**out, "teacher": cfg.teacher, "teacher_parameters": sum(p.numel() for p in teacher.parameters()),
             "cpu_seconds": time.process_time() - began}
 

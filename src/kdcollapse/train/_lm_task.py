@@ -5,7 +5,8 @@ and trackers; this module owns the task-specific part, beside the method contrac
 blocks of the corpus, the teacher and its stored top-k tokens (a cache shared by every run), the blocks of
 step s (drawn from a generator seeded by (seed, s), so a resumed run continues bit for bit), sampling for
 on-policy data, the loss of one micro-batch (fused with the student's head: no (N, V) tensor) and the
-evaluation (perplexity, agreement with the teacher, forward KL to its stored tokens).
+evaluation (perplexity, agreement with the teacher and forward KL to it, the whole teacher: its stored last hidden
+states and head on the held-out blocks, :mod:`kdcollapse.lm._reference`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str
     return lm.TeacherTokens.load(directory)
 
 
+def teacher_reference(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str,
+                      blocks: torch.Tensor) -> lm.TeacherReference:
+    """The teacher's whole distribution on held-out ``blocks`` (its last hidden states and head), from the cache
+    (keyed by teacher, corpus, split and blocks), else computed and cached."""
+    key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherReference.__name__]).encode()
+                         + lm.blocks_digest(blocks).encode())
+    directory = cache_dir(cfg) / f"teacher-reference-{key.hexdigest()[:16]}"
+    if not (directory / "manifest.json").is_file():
+        lm.store_teacher_reference(teacher.model, blocks, directory)
+    return lm.TeacherReference.load(directory)
+
+
 class LMTask:
     """The task of one LM run: its data (:meth:`prepare`, once, on the main process first), the blocks of
     each step (:meth:`step_blocks`), the loss of a micro-batch (:meth:`loss`) and :meth:`evaluate`."""
@@ -126,10 +139,10 @@ def _data(cfg: LMConfig, teacher: _Teacher) -> dict:
                         f"(splits are by document: give more examples, or a smaller block_size)")
     chosen = {s: select(splits[s], cfg.train_blocks if s == "train" else cfg.eval_blocks) for s in lm.SPLITS}
     train, held_out = chosen["train"].ids, {s: chosen[s].ids for s in ("validation", "test")}
-    k = cfg.teacher_k or 64
     text_distilled = cfg.loss.divergence != "none" and not cfg.generation.seq_kd and cfg.generation.lmbda < 1
-    stored = teacher_tokens(cfg, teacher, data_key, "train", train, k) if text_distilled and cfg.teacher_k else None
-    references = {s: teacher_tokens(cfg, teacher, data_key, s, b, k) for s, b in held_out.items()}
+    stored = teacher_tokens(cfg, teacher, data_key, "train", train, cfg.teacher_k) if text_distilled and cfg.teacher_k \
+        else None
+    references = {s: teacher_reference(cfg, teacher, data_key, s, b) for s, b in held_out.items()}
     summary = {s: {"examples": b.examples, "blocks": len(b), "counted_tokens": int(b.loss_mask.sum()),
                    "truncated": b.truncated} for s, b in chosen.items()}
     return {"tokenizer": tokenizer, "train": train, "train_mask": chosen["train"].loss_mask, "held_out": held_out,
@@ -181,7 +194,7 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
         if loss_cfg.divergence == "none":
             source = None
         elif scored:
-            source = stored.rows(micro[:text], slice(None, -1))
+            source = stored.rows(micro[:text], slice(None, -1), cfg.teacher_tail)
         else:
             source = _head(teacher, online[:text])
         parts.append((slice(0, text), source, loss_cfg.ce_weight))
@@ -222,17 +235,18 @@ def _sample_into(ids: torch.Tensor, keep: torch.Tensor, rows: slice, model, gen:
 
 
 @torch.no_grad()
-def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherTokens, cfg: LMConfig, batch: int = 4,
+def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherReference, cfg: LMConfig, batch: int = 4,
              mask: torch.Tensor | None = None) -> dict:
     """Perplexity (exp of the mean next-token cross-entropy), agreement of the student's argmax with the
-    teacher's, and the forward KL per token to the teacher's stored top-k distribution (the rest's mass
-    spread evenly), over every position of ``blocks`` whose next token the data count (``mask`` (n, T - 1),
+    teacher's, and the forward KL per token to the teacher's whole distribution at τ (``reference``: its hidden
+    states and head), over every position of ``blocks`` whose next token the data count (``mask`` (n, T - 1),
     default all)."""
     was_training = model.training
     model.eval()
     ce = agree = kl = 0.0
     count = 0
-    vocab = reference.vocab
+    vocab = reference.weight.shape[0]
+    temperature = cfg.loss.temperature
     for start in range(0, len(blocks), batch):
         ids = blocks[start:start + batch]
         index = torch.arange(start, start + len(ids))
@@ -241,13 +255,40 @@ def evaluate(model, blocks: torch.Tensor, reference: lm.TeacherTokens, cfg: LMCo
         logits = model(ids).logits[:, :-1, :vocab].float()
         flat = logits.reshape(-1, vocab)[counted]
         labels = ids[:, 1:].reshape(-1)[counted]
-        rows = reference.rows(index, slice(None, -1))
-        teacher_log_probs = rows.log_probs(slice(None), vocab, rows.temperature)[counted]
+        teacher_log_probs = reference.rows(index, slice(None, -1)).log_probs(slice(None), vocab, temperature)[counted]
         ce += float(F.cross_entropy(flat, labels, reduction="sum"))
-        agree += float((flat.argmax(-1) == rows.indices[counted, 0]).sum())
-        kl += float(token_divergence(flat / rows.temperature, teacher_log_probs, "forward_kl", reduction="sum"))
+        agree += float((flat.argmax(-1) == teacher_log_probs.argmax(-1)).sum())
+        kl += float(token_divergence(flat / temperature, teacher_log_probs, "forward_kl", reduction="sum"))
         count += len(labels)
     model.train(was_training)
     return {"perplexity": math.exp(ce / count), "agreement": agree / count, "forward_kl": kl / count}
 
 
+@torch.no_grad()
+def top_k_costs(model, blocks: torch.Tensor, k: int, temperature: float = 1.0, batch: int = 4,
+                mask: torch.Tensor | None = None) -> dict:
+    """What a store of the teacher ``model``'s top ``k`` tokens keeps of it on ``blocks`` (the positions ``mask``
+    counts): ``top_k_coverage``, the share of next tokens among the top k; ``tail_mass``, the mean mass outside
+    them; and for the rule that spreads that mass evenly (``TopKTeacher`` tail "uniform"): ``uniform_tail_kl``,
+    KL(teacher ‖ that distribution), and ``uniform_tail_perplexity``, that distribution's own perplexity, a floor
+    for a student that matches it. At τ = 1 only (the perplexity is of the teacher's τ = 1 distribution)."""
+    from kdcollapse.losses import TopKTeacher
+
+    covered = rest = kl = ce = 0.0
+    count = 0
+    for start in range(0, len(blocks), batch):
+        ids = blocks[start:start + batch]
+        counted = (mask[start:start + batch].reshape(-1) if mask is not None
+                   else torch.ones(len(ids) * (ids.shape[1] - 1), dtype=torch.bool))
+        logits = model(ids).logits[:, :-1].float()
+        log_p = F.log_softmax(logits.reshape(-1, logits.shape[-1])[counted] / temperature, -1)
+        labels = ids[:, 1:].reshape(-1)[counted]
+        stored = TopKTeacher.from_logits(log_p, k)
+        flat = stored.log_probs(slice(None), log_p.shape[-1], 1.0)
+        covered += float((stored.indices.long() == labels.unsqueeze(1)).any(1).sum())
+        rest += float(stored.log_rest.exp().sum())
+        kl += float((log_p.exp() * (log_p - flat)).sum())
+        ce -= float(flat.gather(1, labels.unsqueeze(1)).sum())
+        count += len(labels)
+    return {"top_k_coverage": covered / count, "tail_mass": rest / count, "uniform_tail_kl": kl / count,
+            "uniform_tail_perplexity": math.exp(ce / count)}

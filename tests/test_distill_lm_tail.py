@@ -1,0 +1,130 @@
+"""What a distill-lm run compares its student with: the evaluation against the whole teacher (its stored hidden
+states and head on the held-out blocks, never a top-k store), the rule ``teacher_tail`` by which a loss reads the
+stored training tokens, and what a top-k store keeps of the teacher (``top_k_costs``). On a tiny random teacher,
+tokenizer and corpus."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kdcollapse import lm
+from kdcollapse.errors import ConfigError
+from kdcollapse.losses import TopKTeacher, fused_head_loss
+from kdcollapse.train import load_lm_config
+
+pytest.importorskip("transformers", reason="pip install 'kdcollapse[llm]'")
+from tiny_lm import distill_lm_files  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_tail")
+    _, files = distill_lm_files(root)
+    options = [*files, "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=2", "eval_every=2",
+               "warmup=1", "teacher_k=16", "chunk_size=10", f"cache_dir={root / 'cache'}"]
+    return root, options
+
+
+def student_of(root):
+    student = lm.load_language_model(root / "teacher").model
+    g = torch.Generator().manual_seed(0)
+    for parameter in student.parameters():  # so that student and teacher differ clearly
+        parameter.data.add_(torch.randn(parameter.shape, generator=g) * 0.2 * parameter.data.std())
+    return student
+
+
+def test_the_evaluation_compares_with_the_whole_teacher(setup):
+    """Forward KL and agreement equal those computed from the teacher's own logits over the whole vocabulary;
+    the teacher against itself: agreement 1, forward KL 0."""
+    from kdcollapse.train import LMTask
+    from kdcollapse.train._lm_task import evaluate
+
+    root, options = setup
+    task = LMTask(load_lm_config(None, [*options, "run_dir=unused"]))
+    task.prepare()
+    blocks, mask = task.held_out["test"], task.held_out_masks["test"]
+    student, teacher = student_of(root), task.teacher.model
+    got = evaluate(student, blocks, task.references["test"], task.cfg, mask=mask)
+    with torch.no_grad():
+        q = student(blocks).logits[:, :-1].reshape(-1, 300)[mask.reshape(-1)].double().log_softmax(-1)
+        p = teacher(blocks).logits[:, :-1].reshape(-1, 300)[mask.reshape(-1)].double().log_softmax(-1)
+    assert got["forward_kl"] == pytest.approx(float((p.exp() * (p - q)).sum(-1).mean()), rel=1e-4)
+    assert got["agreement"] == pytest.approx(float((q.argmax(-1) == p.argmax(-1)).double().mean()))
+    itself = evaluate(teacher, blocks, task.references["test"], task.cfg, mask=mask)
+    assert itself["agreement"] == 1.0 and abs(itself["forward_kl"]) < 1e-5
+
+
+def test_teacher_tail_rest_is_the_coarsened_loss_of_the_stored_tokens(setup):
+    """A micro-batch's loss under ``teacher_tail=rest`` is the fused loss with the stored rows read by the rule
+    "rest", which differs from the uniform rule's."""
+    from kdcollapse.train import LMTask
+    from kdcollapse.train._lm_task import _loss
+
+    root, options = setup
+    losses = {}
+    for tail in ("uniform", "rest"):
+        task = LMTask(load_lm_config(None, [*options, "run_dir=unused", f"teacher_tail={tail}"]))
+        task.prepare()
+        student, micro = student_of(root), torch.tensor([3, 1, 7, 0])
+        losses[tail] = _loss(task.cfg, student, task.teacher, task.train, task.stored, micro, torch.Generator(), None)
+        rows = task.stored.rows(micro, slice(None, -1))
+        rows = TopKTeacher(rows.log_probs_topk, rows.indices, rows.log_rest, rows.temperature, tail)
+        with torch.no_grad():
+            hidden = student.base_model(task.train[micro]).last_hidden_state[:, :-1]
+        want = fused_head_loss(hidden.reshape(-1, hidden.shape[-1]), student.get_output_embeddings().weight, rows,
+                               chunk_size=10)
+        torch.testing.assert_close(losses[tail].detach(), want.detach())
+    assert float(losses["rest"].detach()) < float(losses["uniform"].detach())  # the rest's mass as one outcome: a coarser, smaller KL
+
+
+def test_top_k_costs_are_nothing_at_k_equal_to_v_and_the_uniform_tails_perplexity_by_hand(setup):
+    from kdcollapse.train import LMTask
+    from kdcollapse.train._lm_task import top_k_costs
+
+    root, options = setup
+    task = LMTask(load_lm_config(None, [*options, "run_dir=unused"]))
+    task.prepare()
+    blocks, mask, teacher = task.held_out["test"], task.held_out_masks["test"], task.teacher.model
+    whole = top_k_costs(teacher, blocks, 300, mask=mask)
+    perplexity = task.evaluate(teacher)["test_perplexity"]
+    assert whole["top_k_coverage"] == 1.0 and whole["tail_mass"] == 0.0 and abs(whole["uniform_tail_kl"]) < 1e-6
+    assert whole["uniform_tail_perplexity"] == pytest.approx(perplexity, rel=1e-5)
+    costs = top_k_costs(teacher, blocks, 5, mask=mask)
+    with torch.no_grad():
+        p = teacher(blocks).logits[:, :-1].reshape(-1, 300)[mask.reshape(-1)].double().softmax(-1)
+    labels = blocks[:, 1:].reshape(-1)[mask.reshape(-1)]
+    top = p.topk(5, -1).indices
+    inside = (top == labels.unsqueeze(1)).any(1)
+    rest = 1 - p.gather(1, top).sum(-1)
+    flat = torch.where(inside, p.gather(1, labels.unsqueeze(1)).squeeze(1), rest / 295)
+    assert costs["top_k_coverage"] == pytest.approx(float(inside.double().mean()))
+    assert costs["tail_mass"] == pytest.approx(float(rest.mean()), rel=1e-5)
+    assert costs["uniform_tail_perplexity"] == pytest.approx(math.exp(float(-flat.log().mean())), rel=1e-4)
+    assert costs["uniform_tail_perplexity"] > perplexity and costs["uniform_tail_kl"] > 0
+
+
+def test_a_bad_teacher_tail_is_one_error_naming_the_rules(setup):
+    _, options = setup
+    with pytest.raises(ConfigError, match="'teacher_tail' must be one of uniform, rest; got 'flat'"):
+        load_lm_config(None, [*options, "teacher_tail=flat"])
+
+
+def test_a_damaged_teacher_reference_is_refused(setup, tmp_path):
+    from kdcollapse.errors import DataError
+
+    root, _ = setup
+    model = lm.load_language_model(root / "teacher").model
+    blocks = torch.randint(0, 300, (3, 8), generator=torch.Generator().manual_seed(1))
+    directory = lm.store_teacher_reference(model, blocks, tmp_path / "ref")
+    reference = lm.TeacherReference.load(directory)
+    with torch.no_grad():
+        want = F.log_softmax(model(blocks).logits.float(), -1).reshape(-1, 300)
+    torch.testing.assert_close(reference.rows(torch.arange(3)).log_probs(slice(None), 300, 1.0), want,
+                               rtol=1e-5, atol=1e-5)
+    data = bytearray((directory / "reference.safetensors").read_bytes())
+    data[-1] ^= 1
+    (directory / "reference.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DataError, match="missing or damaged"):
+        lm.TeacherReference.load(directory)
