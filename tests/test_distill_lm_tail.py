@@ -128,3 +128,19 @@ def test_a_damaged_teacher_reference_is_refused(setup, tmp_path):
     (directory / "reference.safetensors").write_bytes(bytes(data))
     with pytest.raises(DataError, match="missing or damaged"):
         lm.TeacherReference.load(directory)
+
+
+def test_prepare_only_caches_what_a_run_reads_and_writes_no_run_directory(tmp_path, monkeypatch, capsys):
+    """After ``distill-lm --prepare-only``, a run of the same config trains without loading the teacher (its stored
+    tokens and its reference are cached)."""
+    from kdcollapse.cli import main
+    from kdcollapse.train import _lm_task, distill_lm
+
+    _, files = distill_lm_files(tmp_path)
+    options = [*files, "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=1", "eval_every=1",
+               "warmup=0", "teacher_k=16", f"cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"]
+    assert main(["distill-lm", "--prepare-only", *options]) == 0
+    assert "the teacher's top-16 tokens of 40 training blocks" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(_lm_task._Teacher, "model", property(lambda self: pytest.fail("the teacher was loaded")))
+    assert distill_lm(load_lm_config(None, options), log=lambda *_: None)["test_perplexity"] > 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 _EXAMPLES = """examples:
@@ -34,6 +35,10 @@ def register(subparsers) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace the run in run_dir (its files only)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="compute and cache what a run of this config reads (the corpus blocks, the teacher's stored "
+                        "tokens, its reference on the held-out blocks), then exit: no run directory is written. "
+                        "Once before a study or a SLURM array whose runs share them")
     p.add_argument("--baseline", action="store_true",
                    help="also train the cross-entropy-only student (RUN_DIR-ce) and print both perplexities")
     p.set_defaults(func=_run)
@@ -44,6 +49,7 @@ def _run(args) -> int:
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
     from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format, teacher_comparison
+    from kdcollapse.train._lm_task import cache_dir
 
     if args.resume:
         if args.config:
@@ -60,6 +66,20 @@ def _run(args) -> int:
         from kdcollapse.recipes import config_file
 
         cfg = load_lm_config(config_file(args.config) if args.config else None, args.overrides)
+    if args.prepare_only:
+        if args.resume or args.baseline or args.overwrite:
+            raise ConfigError("--prepare-only trains nothing: drop --resume, --baseline and --overwrite")
+        from kdcollapse.train._lm_cross import lm_task
+
+        began = time.process_time()
+        task = lm_task(cfg)
+        task.prepare()
+        stored = "" if getattr(task, "stored", None) is None else (
+            f", the teacher's top-{cfg.teacher_k} tokens of {len(task.train)} training blocks")
+        reference = ", the teacher's reference on the held-out blocks" if getattr(task, "references", None) else ""
+        print(f"prepared (cached under {cache_dir(cfg)}): the corpus blocks{stored}{reference}; "
+              f"{time.process_time() - began:.0f} CPU-s")
+        return 0
     with distributed_teardown():  # under torchrun: leave the process group together
         results = {"distilled": distill_lm(cfg, resume=bool(args.resume), overwrite=args.overwrite)}
         if args.baseline:  # cross-entropy on the corpus text only: no divergence, no sampled blocks
