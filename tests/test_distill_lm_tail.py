@@ -109,6 +109,8 @@ def test_a_bad_teacher_tail_is_one_error_naming_the_rules(setup):
     _, options = setup
     with pytest.raises(ConfigError, match="'teacher_tail' must be one of uniform, rest; got 'flat'"):
         load_lm_config(None, [*options, "teacher_tail=flat"])
+    with pytest.raises(ConfigError, match="teacher_tail=rest reads stored top-k teacher tokens"):
+        load_lm_config(None, [*options, "teacher_tail=rest", "teacher_k=null"])
 
 
 def test_a_damaged_teacher_reference_is_refused(setup, tmp_path):

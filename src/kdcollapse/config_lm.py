@@ -256,6 +256,9 @@ class LMConfig:
         if self.data.source is not None and self.corpus != lm.PYTHON_DOCS:
             raise ConfigError(f"corpus={self.corpus!r} and data.source={self.data.source!r} both name the data: give "
                               f"one (data.source takes text folders too)")
+        if self.teacher_tail == "rest" and self.teacher_k is None:
+            raise ConfigError("teacher_tail=rest reads stored top-k teacher tokens; with teacher_k=null the teacher "
+                              "runs online and gives every probability: remove teacher_tail or set teacher_k")
         self._check_generation()
         self._check_cross_tokenizer(init)
 
