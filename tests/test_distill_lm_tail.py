@@ -146,3 +146,72 @@ def test_prepare_only_caches_what_a_run_reads_and_writes_no_run_directory(tmp_pa
     assert not (tmp_path / "run").exists()
     monkeypatch.setattr(_lm_task._Teacher, "model", property(lambda self: pytest.fail("the teacher was loaded")))
     assert distill_lm(load_lm_config(None, options), log=lambda *_: None)["test_perplexity"] > 1
+
+
+def test_steps_zero_evaluates_and_saves_the_initialisation(setup):
+    """``steps=0``: nothing trained; the student as initialised (a random config's at the run's seed) evaluated,
+    committed as step 0 (the run is finished) and saved, so that analysis and the studies measure it as they
+    measure a trained one."""
+    from kdcollapse.runs import run_state
+    from kdcollapse.train import LMTask, distill_lm
+    from kdcollapse.train._lm_task import evaluate
+
+    root, options = setup
+    cfg = load_lm_config(None, [*options, f"run_dir={root / 'init'}", "steps=0", "warmup=0", "seed=3"])
+    record = distill_lm(cfg, log=lambda *_: None)
+    assert record["step"] == 0 and "train_loss" not in record and run_state(root / "init") == "finished"
+    saved = lm.load_language_model(root / "init" / "student").model
+    task = LMTask(cfg)
+    task.prepare()
+    fresh = lm.load_language_model({"vocab_size": len(task.tokenizer), **cfg.student}, tokenizer=task.tokenizer,
+                                   seed=3).model
+    for (name, a), (_, b) in zip(saved.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+    direct = evaluate(fresh, task.held_out["test"], task.references["test"], cfg, mask=task.held_out_masks["test"])
+    assert record["test_perplexity"] == pytest.approx(direct["perplexity"], rel=1e-6)
+    assert distill_lm(cfg, resume=True, log=lambda *_: None)["test_perplexity"] == record["test_perplexity"]
+    with pytest.raises(ConfigError, match="'warmup' must be an int in \\[0, steps=0\\]"):
+        load_lm_config(None, [*options, "steps=0", "warmup=1"])
+    with pytest.raises(ConfigError, match="'steps' must be an int >= 0"):
+        load_lm_config(None, [*options, "steps=-1"])
+
+
+def test_the_teacher_and_an_initialisation_take_the_post_step_lm_collapse(setup, tmp_path):
+    """``lm_collapse`` measures a ``teacher_lm`` run's teacher and a ``steps=0`` run's initialisation on their
+    test blocks (each perplexity equal to the run's own): the reference points of a study's collapse relation."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from kdcollapse.study import collect, load_study
+    from kdcollapse.study._execute import execute
+
+    _, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    (tmp_path / "study.yaml").write_text(f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0]
+groups:
+  - {{group: teacher, run: "teacher/seed{{seed}}", step: teacher_lm, params: {{config: {config}}},
+     post: [{{step: lm_collapse, creates: lm_collapse.json}}]}}
+  - {{group: init, run: "init/seed{{seed}}", step: distill_lm, params: {{config: {config}, steps: 0, warmup: 0,
+      loss.divergence: none, loss.ce_weight: 1.0, loss.distill_weight: 0.0}},
+     post: [{{step: lm_collapse, creates: lm_collapse.json}}]}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  columns: [{{metric: test_perplexity}}, {{metric: last/nc1}}]
+  sections: [{{title: references, cells: [{{label: teacher, group: teacher}}, {{label: init, group: init}}]}}]
+""")
+    study = load_study(tmp_path / "study.yaml")
+    for run in study.runs.values():
+        assert execute(run).status == "finished"
+        measured = json.loads((run.run_dir / "lm_collapse.json").read_text())
+        result = json.loads((run.run_dir / "result.json").read_text())
+        assert measured["perplexity"] == pytest.approx(result["test_perplexity"], rel=1e-5)
+        assert measured["last"]["nc1"] > 0
+    records = collect(study)
+    assert records["teacher/seed0"]["last"]["last/nc1"] != records["init/seed0"]["last"]["last/nc1"]

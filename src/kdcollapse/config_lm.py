@@ -172,8 +172,7 @@ class DistributedSection:
     strategy: Literal["ddp", "fsdp"] = "ddp"
 
 
-_POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "steps", "eval_every", "chunk_size",
-             "log_every")
+_POSITIVE = ("block_size", "eval_blocks", "batch_size", "accumulate", "eval_every", "chunk_size", "log_every")
 
 
 @dataclass
@@ -190,7 +189,7 @@ class LMConfig:
     eval_blocks: int = 64  # validation and test blocks, drawn once
     batch_size: int = 8  # blocks per micro-batch
     accumulate: int = 1  # micro-batches per optimizer step
-    steps: int = 100
+    steps: int = 100  # optimizer steps; 0: the student's initialisation evaluated and saved, nothing trained
     lr: float = 1e-3  # AdamW, linear warm-up then cosine decay to 0
     warmup: int = 10  # steps
     weight_decay: float = 0.0
@@ -221,6 +220,9 @@ class LMConfig:
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= (2 if key == "block_size" else 1)):
                 raise ConfigError(f"'{key}' must be {'an int >= 2' if key == 'block_size' else 'a positive int'}, "
                                   f"got {value!r}")
+        if not (isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps >= 0):
+            raise ConfigError(f"'steps' must be an int >= 0 (0: the initialisation evaluated, nothing trained), got "
+                              f"{self.steps!r}")
         if self.teacher_k is not None and self.teacher_k < 1:
             raise ConfigError(f"'teacher_k' must be a positive int or null, got {self.teacher_k!r}")
         if self.train_blocks is not None and not (isinstance(self.train_blocks, int) and self.train_blocks >= 1):

@@ -137,7 +137,7 @@ class MetricsLog:
         self.pending_steps: list[dict] = []
         if not enabled:
             return
-        if start_epoch > 0:
+        if start_epoch > 0 or (run_dir / STATE_FILE).is_file():  # a resume (of a language model's step 0 too)
             self.records = read_committed_metrics(run_dir, start_epoch)  # verified against state.json
             if (run_dir / STEPS_FILE).exists():
                 self.steps = read_committed_metrics(run_dir, start_epoch, STEPS_FILE)

@@ -113,7 +113,7 @@ def _run_step(run: RunSpec) -> Outcome:
                                                  **RUN_STEPS[run.step](seed=run.values["seed"], **run.params)})
     finally:
         lock.release()
-    return Outcome(run.name, "finished")
+    return _step_posts(run)
 
 
 def _step_posts(run: RunSpec) -> Outcome:

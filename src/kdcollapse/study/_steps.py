@@ -120,7 +120,7 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     record = json.loads((run_dir / "run.json").read_text())
     out = {k.replace("validation_", "val_"): v for k, v in last.items() if k.startswith(("validation_", "test_"))}
-    return {**out, "train_loss": last["train_loss"], "steps": last["step"],
+    return {**out, **({"train_loss": last["train_loss"]} if "train_loss" in last else {}), "steps": last["step"],
             "student_parameters": record["student_parameters"], "train_tokens": record["train_tokens"],
             **run_cpu_seconds(run_dir, time.process_time() - began if trained else None)}
 
@@ -187,19 +187,26 @@ def _held_out_task(cfg):
 @torch.no_grad()
 def lm_collapse(run_dir: Path) -> dict:
     """The next-token collapse (:func:`kdcollapse.analysis.analyze_tokens`: every hidden state, classes the next
-    tokens seen at least twice, no NC4) of a finished ``distill_lm`` run's student (``student/``) on the run's
-    own test blocks, the positions its evaluation counts: ``perplexity`` (equal to the run's
-    ``test_perplexity``), ``cross_entropy``, ``classes``, ``parameters`` and ``layers`` (hidden state → metrics;
-    a summary reads e.g. ``layers/15/nc1``), and ``last``, the last hidden state's metrics again (``last/nc1``:
-    one key for students of different depths)."""
+    tokens seen at least twice, no NC4) of a finished ``distill_lm`` run's student (``student/``; a ``steps=0`` run:
+    the initialisation), or of a ``teacher_lm`` run's teacher, on the run's own test blocks, the positions its
+    evaluation counts: ``perplexity`` (equal to the run's ``test_perplexity``), ``cross_entropy``, ``classes``,
+    ``parameters`` and ``layers`` (hidden state → metrics; a summary reads e.g. ``layers/15/nc1``), and ``last``,
+    the last hidden state's metrics again (``last/nc1``: one key for models of different depths)."""
     from kdcollapse.analysis import analyze_tokens
     from kdcollapse.losses import IGNORE_INDEX
     from kdcollapse.train import load_lm_config
 
     run_dir = Path(run_dir)
-    if not (run_dir / "student").is_dir():
-        raise ConfigError(f"post step 'lm_collapse': {run_dir} holds no student/ (a finished distill_lm run saves one)")
-    task = _held_out_task(load_lm_config(run_dir / "config.yaml", []))
+    result = run_dir / "result.json"
+    teacher = result.is_file() and json.loads(result.read_text()).get("step") == "teacher_lm"
+    if teacher:
+        params = json.loads(result.read_text())["params"]
+        task = _held_out_task(_lm_config(0, Path("unused"), **params))
+    elif (run_dir / "student").is_dir():
+        task = _held_out_task(load_lm_config(run_dir / "config.yaml", []))
+    else:
+        raise ConfigError(f"post step 'lm_collapse': {run_dir} holds no student/ (a finished distill_lm run saves one) "
+                          "and is not a teacher_lm run")
     ids, mask = task.held_out["test"], task.held_out_masks["test"]
     labels = ids.clone()
     labels[:, 0] = IGNORE_INDEX
@@ -208,8 +215,9 @@ def lm_collapse(run_dir: Path) -> dict:
                for i in range(0, len(ids), 8)]
     from kdcollapse import lm
 
-    model = lm.load_language_model(run_dir / "student").model
-    result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=str(run_dir / "student"))
+    model = task.teacher.model if teacher else lm.load_language_model(run_dir / "student").model
+    source = task.cfg.teacher if teacher else str(run_dir / "student")
+    result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=source)
     layers = {str(layer): values for layer, values in result["layers"].items()}
     return {k: result[k] for k in ("perplexity", "cross_entropy", "tokens_scored", "classes", "parameters")} | {
         "layers": layers, "last": layers[str(max(map(int, layers)))]}

@@ -236,6 +236,9 @@ class LMTrainer(RunEngine):
                 if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                     record = {"step": step + 1, "train_loss": loss, "lr": lr, "step_seconds": seconds}
                     self.commit_step(step + 1, record)
+            if cfg.steps == 0 and not self.run_files.resume:  # the initialisation, evaluated as a trained step is
+                record = {"step": 0, "lr": 0.0}
+                self.commit_step(0, record)
         finally:
             bar.close()
         on_main_process(self.dist.is_main, lambda: save_student(self.exported(),
@@ -314,8 +317,9 @@ class LMTrainer(RunEngine):
         on_main_process(self.dist.is_main, evaluate, f"the main process could not evaluate step {step}")
         self.commit(step, checkpoint)
         if self.dist.is_main:
-            self.log_line(f"step {step}/{self.cfg.steps}: train loss {record['train_loss']:.4f}, validation "
-                          f"perplexity {record['validation_perplexity']:.2f}, {teacher_comparison(record, 'validation')}")
+            loss = f"train loss {record['train_loss']:.4f}" if "train_loss" in record else "the initialisation"
+            self.log_line(f"step {step}/{self.cfg.steps}: {loss}, validation perplexity "
+                          f"{record['validation_perplexity']:.2f}, {teacher_comparison(record, 'validation')}")
 
 
 def teacher_comparison(record: dict, split: str) -> str:
