@@ -152,3 +152,19 @@ def test_rest_refuses_a_full_distribution_and_a_bad_rule():
     with pytest.raises(KdcollapseError, match="temperature 1.0; the loss asks for 2.0"):
         hidden, weight, *_ = inputs()
         L.fused_head_loss(hidden, weight, rest_teacher(teacher_logits), temperature=2.0)
+
+
+def test_an_f_divergence_with_a_declared_gradient_takes_it_under_rest(monkeypatch):
+    """Forward KL, reverse KL and JSD are declared f-divergences: under rest they are computed against the
+    teacher whose rest follows the student's shape, with their declared gradient (the comparisons above then check
+    that route against the coarsened rows); TVD has no declared gradient and goes through autograd."""
+    import kdcollapse.losses.fused as fused
+
+    calls = []
+    through_autograd = fused._autograd_gradient
+    monkeypatch.setattr(fused, "_autograd_gradient", lambda *a: (calls.append(1), through_autograd(*a))[1])
+    hidden, weight, teacher_logits, labels, mask = inputs()
+    for divergence, declared in (("forward_kl", True), ("reverse_kl", True), ("jsd", True), ("tvd", False)):
+        calls.clear()
+        L.fused_head_loss(hidden, weight, rest_teacher(teacher_logits), divergence, mask=mask)
+        assert (not calls) == declared, divergence

@@ -59,12 +59,20 @@ class Divergence:
     ``gradient`` (optional, target-free divergences): ``gradient(log_q, log_p, **parameters) -> (values, g)``,
     the (N,) values of ``rows`` and g (N, V) = ∂values / ∂log_q with every entry of ``log_q`` taken as free; the
     loss fused with the head then forms the logits' gradient as g − q Σ g without autograd (fewer passes over
-    each (chunk, V) block). Tested against ``rows`` and its autograd gradient (``tests/test_losses_fused.py``)."""
+    each (chunk, V) block). Tested against ``rows`` and its autograd gradient (``tests/test_losses_fused.py``).
+
+    ``f_divergence``: the rows are an f-divergence, Σ_v q_v f(p_v / q_v). Then its value on distributions coarsened
+    to a partition (stored top-k tokens with the rest as one outcome: ``TopKTeacher`` tail "rest") equals its value
+    against the teacher whose rest's mass follows the student's own shape there, p_j = rest · q_j / Σ_rest q, and
+    so does the gradient with that teacher held fixed (∂D/∂p_j = f′(rest / Σ_rest q) is one number over the rest,
+    whose mass does not move with q): the fused loss then takes the declared ``gradient``
+    (``tests/test_losses_fused_tail.py`` checks it against autograd through the coarsened rows)."""
 
     rows: Callable[..., Tensor] | None = None
     parameters: Mapping[str, Parameter] = field(default_factory=dict)
     target: bool = False
     gradient: Callable[..., tuple[Tensor, Tensor]] | None = None
+    f_divergence: bool = False
 
     def __post_init__(self):
         bad = next((k for k in self.parameters if not k.isidentifier()), None)

@@ -77,7 +77,10 @@ class TopKTeacher:
       tokens one by one and all the others as one (the student's mass there is the sum of its probabilities
       outside the teacher's top k). Every number it uses is exact; the student's distribution inside the rest is
       left as it is (a gradient scales it as a whole). For an f-divergence it is a lower bound of the divergence
-      between the full distributions (the data-processing inequality), equal to it when k = V.
+      between the full distributions (the data-processing inequality), equal to it when k = V. For an
+      f-divergence with a declared gradient it is computed as the divergence against the teacher whose rest follows
+      the student's own shape (:meth:`self_shaped`: equal value and gradient, ``Divergence.f_divergence``), else
+      through autograd on the coarsened rows.
 
     With k = V both rules are the full distribution."""
 
@@ -125,6 +128,17 @@ class TopKTeacher:
             return torch.empty_like(values).scatter_(1, indices, values)
         fill = self.log_rest[rows].float() - torch.log(torch.tensor(float(vocab - k)))
         return fill.unsqueeze(1).expand(len(fill), vocab).clone().scatter_(1, indices, values)
+
+    def self_shaped(self, rows: slice, log_q: Tensor, temperature: float) -> Tensor:
+        """Rule "rest" for an f-divergence (``Divergence.f_divergence``): the teacher over the V tokens whose top k
+        are exact and whose rest's mass follows the student's ``log_q`` (n, V) there, log p_j = log rest + log q_j −
+        log Σ_rest q (no gradient: see ``Divergence``)."""
+        self._check(temperature)
+        indices = self.indices[rows].long()
+        log_q = log_q.detach()
+        rest_q = log_q.scatter(1, indices, float("-inf")).logsumexp(-1, keepdim=True)
+        fill = log_q + (self.log_rest[rows].to(log_q.dtype).unsqueeze(1) - rest_q)
+        return fill.scatter_(1, indices, self.log_probs_topk[rows].to(log_q.dtype))
 
     def coarsened(self, rows: slice, log_q: Tensor, target: Tensor | None, temperature: float):
         """Rule "rest": the student's ``log_q`` (n, V) and the teacher's log-probabilities as (n, k + 1)
@@ -182,8 +196,9 @@ def fused_head_loss(hidden: Tensor, weight: Tensor, teacher: Teacher | None, div
     with_target = divergence_info(divergence).divergence.target
     # the declared gradient forms ∂loss/∂z without autograd: when there is a divergence term and the CE, if any,
     # shares its log-softmax (τ = 1)
+    coarse = isinstance(teacher, TopKTeacher) and teacher.coarse(weight.shape[0])
     gradient = divergence_gradient(divergence, parameters) if distill_weight and (not ce_weight or temperature == 1) \
-        and not (isinstance(teacher, TopKTeacher) and teacher.coarse(weight.shape[0])) else None  # rest: autograd
+        and (not coarse or divergence_info(divergence).divergence.f_divergence) else None  # else autograd
     check_positive("temperature", temperature)
     check_tensor("hidden", hidden, (2,))
     check_tensor("weight", weight, (2,))
@@ -259,7 +274,8 @@ def _declared_gradient(z, teacher, span, vocab, temperature, gradient, kept, cou
     """One chunk's loss and ∂loss/∂z from the divergence's declared gradient g = ∂values/∂log_q: with w the rows'
     weights and log_q = log_softmax(z / τ), ∂loss/∂z = (G − q Σ_v G) / τ, G = w g (minus the CE's one-hot)."""
     log_q = F.log_softmax(_scaled(z, temperature), -1)
-    log_p = teacher.log_probs(span, vocab, temperature).to(z.dtype)
+    log_p = teacher.self_shaped(span, log_q, temperature) if isinstance(teacher, TopKTeacher) and teacher.coarse(vocab) \
+        else teacher.log_probs(span, vocab, temperature).to(z.dtype)
     values, g = gradient(log_q, log_p)
     count = count.to(z.dtype)  # the weights in z's precision (an int count would divide in float32)
     weights = torch.where(kept, distill_weight / count, 0)

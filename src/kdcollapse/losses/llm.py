@@ -133,7 +133,7 @@ _UNIT = "in [0, 1]"
 
 @register_loss("forward_kl", paper="Hinton et al. 2015; Agarwal et al. 2024 (GKD) Sec. 3",
                equation="KL(softmax(z_t/τ) ‖ softmax(z_s/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_forward_kl_gradient),
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_forward_kl_gradient, f_divergence=True),
                reference=_ref.forward_kl)
 def _forward_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_p, log_q)
@@ -141,7 +141,7 @@ def _forward_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
 
 @register_loss("reverse_kl", paper="Agarwal et al. 2024 (GKD); Gu et al. 2024 (MiniLLM)",
                equation="KL(softmax(z_s/τ) ‖ softmax(z_t/τ)) per token, no τ²", **_OPTIONS,
-               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_reverse_kl_gradient),
+               example=lambda k, y: {"temperature": 2.0}, divergence=Divergence(gradient=_reverse_kl_gradient, f_divergence=True),
                reference=_ref.reverse_kl)
 def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
     return _kl(log_q, log_p)
@@ -152,7 +152,7 @@ def _reverse_kl(log_q: Tensor, log_p: Tensor) -> Tensor:
                example=lambda k, y: {"beta": 0.3}, variants={"endpoint": lambda k, y: {"beta": 1.0}},
                divergence=Divergence(parameters={"beta": Parameter(
                    0.5, meaning="the teacher's weight in the mixture m (TRL's default 0.5; 0: forward KL, 1: reverse KL)")},
-                   gradient=_jsd_gradient), reference=_ref.jsd)
+                   gradient=_jsd_gradient, f_divergence=True), reference=_ref.jsd)
 def _jsd_rows(log_q: Tensor, log_p: Tensor, beta: float) -> Tensor:
     return _jsd(log_q, log_p, beta)
 
