@@ -215,3 +215,47 @@ summary:
         assert measured["last"]["nc1"] > 0
     records = collect(study)
     assert records["teacher/seed0"]["last"]["last/nc1"] != records["init/seed0"]["last"]["last/nc1"]
+
+
+def test_a_post_step_of_a_language_model_run_records_the_students_digest(setup, tmp_path):
+    """``lm_collapse.json`` is listed in the run's outputs with the digest of ``student/``; once the student holds
+    other weights the output is stale and the study's records refuse it."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from kdcollapse.errors import CheckpointError
+    from kdcollapse.runs import outputs_stale
+    from kdcollapse.study import collect, load_study
+    from kdcollapse.study._execute import execute
+
+    _, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=0", "warmup=0"]))))
+    (tmp_path / "study.yaml").write_text(f"""
+runs_dir: {tmp_path / 'runs'}
+seeds: [0]
+groups:
+  - {{group: init, run: "init/seed{{seed}}", step: distill_lm, params: {{config: {config}, loss.divergence: none,
+      loss.ce_weight: 1.0, loss.distill_weight: 0.0}}, post: [{{step: lm_collapse, creates: lm_collapse.json}}]}}
+summary:
+  select: null
+  metric: {{metric: test_perplexity, at: last}}
+  unit: perplexity
+  columns: [{{metric: test_perplexity}}, {{metric: last/nc1}}]
+  sections: [{{title: init, cells: [{{label: init, group: init}}]}}]
+""")
+    study = load_study(tmp_path / "study.yaml")
+    (run,) = study.runs.values()
+    assert execute(run).status == "finished"
+    source = json.loads((run.run_dir / "outputs.json").read_text())["lm_collapse.json"]["source"]
+    assert source["lm_dir"] == "student" and len(source["lm_sha256"]) == 64
+    assert outputs_stale(run.run_dir) == {} and "last/nc1" in collect(study)["init/seed0"]["last"]
+    weights = run.run_dir / "student" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert "lm_collapse.json" in outputs_stale(run.run_dir)
+    with pytest.raises(CheckpointError, match="lm_collapse.json is stale"):
+        collect(study)

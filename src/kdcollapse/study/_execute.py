@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from kdcollapse.errors import CheckpointError, ConfigError
-from kdcollapse.runs import RunLock, read_metrics, record_outputs, run_lock_for, run_state, source_of, write_text
+from kdcollapse.runs import (RunLock, lm_source, read_metrics, record_outputs, run_lock_for, run_state, source_of,
+                            write_text)
 from kdcollapse.study._records import RECORDS_FILE
 from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, run_config, state_of
 from kdcollapse.study._spec import Study
@@ -147,14 +148,16 @@ def _write_json(path, value: dict) -> None:
 
 def _write_step(run_dir, name: str, step: Callable) -> None:
     """A registered post step's output ``run_dir/name``: computed and written under the run's lock and listed in
-    its ``outputs.json`` with the weights it measured, so that ``--overwrite`` removes it (the step is then done
-    again) and ``Run.stale_outputs`` flags it once the weights change."""
+    its ``outputs.json`` with the weights it measured (an image run's committed model; a language-model run's
+    ``student/``, by the digest of its files), so that ``--overwrite`` removes it (the step is then done again) and
+    ``Run.stale_outputs`` flags it once the weights change."""
     path = run_dir / name
     with run_lock_for(path) as held:
         value = step(run_dir)
         _write_json(path, value)
         if held is not None:
-            record_outputs(held, [path], source_of(held) if (held / "model.safetensors").is_file() else {})
+            record_outputs(held, [path], source_of(held) if (held / "model.safetensors").is_file()
+                           else lm_source(held / "student", held) if (held / "student").is_dir() else {})
 
 
 def recorded(study: Study) -> set[str]:

@@ -115,6 +115,11 @@ def collect(study: Study) -> dict[str, dict]:
             continue
         if run.step is not None:
             if (run.run_dir / RESULT_FILE).is_file():
+                stale = outputs_stale(run.run_dir) if run.post else {}
+                for step in run.post:
+                    if step.creates in stale:  # measured on weights the run no longer holds
+                        raise CheckpointError(f"{run.run_dir / step.creates} is stale: {stale[step.creates]}; delete "
+                                              "it and run the study again to redo the step")
                 result = json.loads((run.run_dir / RESULT_FILE).read_text())
                 keys = record_keys(spec)
                 extra = {k: v for step in run.post if (run.run_dir / step.creates).is_file()
