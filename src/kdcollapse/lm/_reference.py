@@ -13,20 +13,18 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from kdcollapse.errors import DataError
-from kdcollapse.lm._tokens import blocks_digest
+from kdcollapse.lm._tokens import MANIFEST, blocks_digest, read_manifest, write_json, write_tensors
 from kdcollapse.losses import TeacherHead
 
 _FORMAT = "kdcollapse.teacher_reference"
-MANIFEST = "manifest.json"
 TENSORS = "reference.safetensors"
 
 
@@ -47,15 +45,10 @@ def store_teacher_reference(model: Any, blocks: torch.Tensor, directory: str | P
         directory.mkdir(parents=True, exist_ok=True)
         hidden = torch.cat([model.base_model(batch).last_hidden_state.float() for batch in blocks.split(batch_size)])
         weight = model.get_output_embeddings().weight.detach().float()
-        tmp = directory / f".{TENSORS}.tmp"
-        save_file({"hidden": hidden.contiguous(), "weight": weight.contiguous()}, str(tmp))
-        sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
-        os.replace(tmp, directory / TENSORS)
-        manifest = {"format": _FORMAT, "version": 1, "blocks": list(blocks.shape), "blocks_sha256": digest,
-                    "hidden_size": int(hidden.shape[-1]), "vocab": int(weight.shape[0]), "sha256": sha}
-        tmp = directory / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, directory / MANIFEST)
+        sha = write_tensors(directory / TENSORS, {"hidden": hidden, "weight": weight})
+        write_json(directory / MANIFEST, {"format": _FORMAT, "version": 1, "blocks": list(blocks.shape),
+                                           "blocks_sha256": digest, "hidden_size": int(hidden.shape[-1]),
+                                           "vocab": int(weight.shape[0]), "sha256": sha})
     return directory
 
 
@@ -70,12 +63,7 @@ class TeacherReference:
     @classmethod
     def load(cls, directory: str | Path) -> TeacherReference:
         directory = Path(directory)
-        try:
-            manifest = json.loads((directory / MANIFEST).read_text())
-        except (OSError, ValueError) as err:
-            raise DataError(f"{directory} is not a teacher reference ({MANIFEST}: {err})") from None
-        if manifest.get("format") != _FORMAT:
-            raise DataError(f"{directory / MANIFEST} is not a teacher reference's manifest")
+        manifest = read_manifest(directory, _FORMAT, "teacher reference")
         path = directory / TENSORS
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != manifest["sha256"]:
             raise DataError(f"{path} is missing or damaged (its SHA-256 differs from {MANIFEST}'s); delete "

@@ -85,9 +85,9 @@ def _store(model, blocks, directory: Path, k: int, temperature: float, batch_siz
                    "indices": torch.cat([r.indices for r in rows]),
                    "log_rest": torch.cat([r.log_rest for r in rows])}
         shards.append({"file": name, "start": start, "stop": start + len(part),
-                       "sha256": _write(directory / name, tensors)})
-        _write_json(directory / PROGRESS, {**manifest, "shards": shards})
-    _write_json(directory / MANIFEST, {**manifest, "shards": shards})
+                       "sha256": write_tensors(directory / name, tensors)})
+        write_json(directory / PROGRESS, {**manifest, "shards": shards})
+    write_json(directory / MANIFEST, {**manifest, "shards": shards})
     (directory / PROGRESS).unlink(missing_ok=True)
     return directory
 
@@ -107,13 +107,26 @@ def _sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-def _write_json(path: Path, value: dict) -> None:
+def read_manifest(directory: Path, form: str, what: str) -> dict:
+    """``directory``'s ``manifest.json`` of the format ``form``, else one error saying the folder holds no ``what``."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise DataError(f"{directory} holds no {what} (no readable {MANIFEST})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != form:
+        raise DataError(f"{directory / MANIFEST} is not the manifest of a {what}")
+    return manifest
+
+
+def write_json(path: Path, value: dict) -> None:
+    """``value`` as JSON in ``path``, whole or not at all (written beside it, then renamed)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(value, indent=1) + "\n")
     os.replace(tmp, path)
 
 
-def _write(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
+    """``tensors`` as safetensors in ``path``, whole or not at all; returns the file's SHA-256."""
     tmp = path.with_name(f".{path.name}.tmp")
     save_file({name: t.contiguous() for name, t in tensors.items()}, str(tmp))
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
@@ -136,12 +149,7 @@ class TeacherTokens:
     def load(cls, directory: str | Path) -> TeacherTokens:
         """Every shard of the store in ``directory``, each checked against its SHA-256."""
         directory = Path(directory)
-        try:
-            manifest = json.loads((directory / MANIFEST).read_text())
-        except (OSError, ValueError):
-            raise DataError(f"{directory} holds no complete store of teacher tokens (no readable {MANIFEST})") from None
-        if manifest.get("format") != _FORMAT:
-            raise DataError(f"{directory / MANIFEST} is not a teacher-token manifest")
+        manifest = read_manifest(directory, _FORMAT, "complete store of teacher tokens")
         parts = []
         for shard in manifest["shards"]:
             path = directory / shard["file"]
