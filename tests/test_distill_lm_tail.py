@@ -259,3 +259,36 @@ summary:
     assert "lm_collapse.json" in outputs_stale(run.run_dir)
     with pytest.raises(CheckpointError, match="lm_collapse.json is stale"):
         collect(study)
+
+
+def test_lm_against_pairs_a_student_of_the_teachers_layers_with_the_teacher_after_the_same_layer(tmp_path):
+    """The post step ``lm_against``: a student that copies every teacher layer is the teacher (CKA and the class
+    means' Procrustes alignment 1 at every pair, agreement 1); one of layers [0, 2] has the teacher's hidden state
+    after layer 0 exactly (pair 1 ↔ 1) and a different one after layer 2 (pair 2 ↔ 3)."""
+    import json
+
+    from kdcollapse.analysis._stages import kept_pairs
+    from kdcollapse.errors import KdcollapseError
+    from kdcollapse.study._steps import lm_against
+    from kdcollapse.train import distill_lm
+
+    _, files = distill_lm_files(tmp_path, teacher_layers=3)
+    base = [*files, "block_size=8", "train_blocks=40", "eval_blocks=4", "batch_size=4", "steps=0", "warmup=0",
+            "loss.divergence=none", "loss.ce_weight=1", "loss.distill_weight=0"]
+    measured = {}
+    for name, layers in (("copy", [0, 1, 2]), ("pruned", [0, 2])):
+        student = json.dumps({"init": {"from": "teacher", "layers": layers}})
+        distill_lm(load_lm_config(None, [*base, f"student={student}", f"run_dir={tmp_path / name}"]),
+                   log=lambda *_: None)
+        measured[name] = lm_against(tmp_path / name)
+    copy, pruned = measured["copy"], measured["pruned"]
+    assert copy["agreement"] == 1.0 and [copy["layers"][str(i)]["teacher_state"] for i in range(4)] == [0, 1, 2, 3]
+    for values in copy["layers"].values():
+        assert values["feature_cka"] == pytest.approx(1, abs=1e-6)
+        assert values["procrustes_alignment"] == pytest.approx(1, abs=1e-6)
+    assert [pruned["layers"][str(i)]["teacher_state"] for i in range(3)] == [0, 1, 3]
+    assert pruned["layers"]["1"]["feature_cka"] == pytest.approx(1, abs=1e-6)
+    assert pruned["layers"]["2"]["feature_cka"] < 1 - 1e-3 and pruned["last"] == pruned["layers"]["2"]
+    assert kept_pairs([4, 20], 31) == [(0, 0), (1, 5), (2, 21)]
+    with pytest.raises(KdcollapseError, match="not increasing decoder layers of a teacher of 30 layers"):
+        kept_pairs([3, 30], 31)

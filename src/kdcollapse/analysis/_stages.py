@@ -66,5 +66,15 @@ def relative_pairs(student: list[int], student_total: int, teacher_total: int) -
     return [(i, round(i * (teacher_total - 1) / (student_total - 1))) for i in student]
 
 
-__all__ = ["PENULTIMATE", "parse_stages", "pooled", "relative_pairs", "resolve_stages", "stage_forward",
+def kept_pairs(kept: list[int], teacher_total: int) -> list[tuple[int, int]]:
+    """(student stage, teacher stage) for a student made of the teacher's decoder layers ``kept`` (0-based, in
+    order: ``student.init.layers``): the embeddings against the embeddings, and the student's hidden state after
+    its i-th layer against the teacher's after that same layer (``kept[i - 1] + 1``)."""
+    if any(not 0 <= layer < teacher_total - 1 for layer in kept) or sorted(set(kept)) != list(kept):
+        raise KdcollapseError(f"kept layers {kept} are not increasing decoder layers of a teacher of "
+                              f"{teacher_total - 1} layers")
+    return [(0, 0), *((i + 1, layer + 1) for i, layer in enumerate(kept))]
+
+
+__all__ = ["PENULTIMATE", "kept_pairs", "parse_stages", "pooled", "relative_pairs", "resolve_stages", "stage_forward",
            "stage_names"]

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from kdcollapse.analysis._stages import relative_pairs
+from kdcollapse.analysis._stages import kept_pairs, relative_pairs
 from kdcollapse.analysis._tokens import (Batch, TokenClasses, _forward, _kept_targets, resolve_layers,
                                          token_classes)
 from kdcollapse.errors import KdcollapseError
@@ -88,11 +88,12 @@ def analyze_tokens_against(student: nn.Module, teacher: nn.Module, batches: Sequ
                            layers: str | Sequence[int] | None = None, min_count: int = 2,
                            ignore_index: int = IGNORE_INDEX, accumulate: str = "auto",
                            out_dir: str | Path | None = None, progress: bool = False, source: str | None = None,
-                           teacher_source: str | None = None) -> dict:
+                           teacher_source: str | None = None, kept: list[int] | None = None) -> dict:
     """The student's next-token geometry against the teacher's over ``batches`` (re-iterable: a count pass
     over the token ids, then one pass of both models), for the student hidden states ``layers`` (as
-    ``analyze_tokens``'s: ``"last"``, ``"all"`` or indices) each against the teacher's at its relative depth.
-    Returns ``{"classes", "layers": {"<i>/<j>": geometry_alignment's numbers}, "agreement", ...}``; with
+    ``analyze_tokens``'s: ``"last"``, ``"all"`` or indices) each against the teacher's at its relative depth, or,
+    for a student made of the teacher's decoder layers ``kept`` (a distill-lm run's ``student_layers``), against the
+    teacher's hidden state after the same layer (:func:`~kdcollapse.analysis._stages.kept_pairs`). Returns ``{"classes", "layers": {"<i>/<j>": geometry_alignment's numbers}, "agreement", ...}``; with
     ``out_dir`` also writes ``against.json`` and ``against.md``."""
     start = time.perf_counter()
     rows_s, rows_t = _head_rows(student, "student"), _head_rows(teacher, "teacher")
@@ -101,7 +102,11 @@ def analyze_tokens_against(student: nn.Module, teacher: nn.Module, batches: Sequ
                               f"{rows_t.shape[0]}: --against compares next-token classes of one vocabulary")
     classes = token_classes(batches, rows_s.shape[0], min_count=min_count, ignore_index=ignore_index)
     total_s, total_t = student.config.num_hidden_layers + 1, teacher.config.num_hidden_layers + 1
-    pairs = relative_pairs(resolve_layers(layers, total_s), total_s, total_t)
+    chosen = resolve_layers(layers, total_s)
+    if kept is not None and len(kept) != total_s - 1:
+        raise KdcollapseError(f"kept names {len(kept)} teacher layers; the student has {total_s - 1}")
+    pairs = [pair for pair in kept_pairs(kept, total_t) if pair[0] in chosen] if kept is not None \
+        else relative_pairs(chosen, total_s, total_t)
     modes = student.training, teacher.training
     student.eval()
     teacher.eval()

@@ -193,7 +193,6 @@ def lm_collapse(run_dir: Path) -> dict:
     ``parameters`` and ``layers`` (hidden state → metrics; a summary reads e.g. ``layers/15/nc1``), and ``last``,
     the last hidden state's metrics again (``last/nc1``: one key for models of different depths)."""
     from kdcollapse.analysis import analyze_tokens
-    from kdcollapse.losses import IGNORE_INDEX
     from kdcollapse.train import load_lm_config
 
     run_dir = Path(run_dir)
@@ -207,20 +206,60 @@ def lm_collapse(run_dir: Path) -> dict:
     else:
         raise ConfigError(f"post step 'lm_collapse': {run_dir} holds no student/ (a finished distill_lm run saves one) "
                           "and is not a teacher_lm run")
-    ids, mask = task.held_out["test"], task.held_out_masks["test"]
-    labels = ids.clone()
-    labels[:, 0] = IGNORE_INDEX
-    labels[:, 1:][~mask] = IGNORE_INDEX  # position t predicts token t + 1 where the evaluation counts it
-    batches = [{"input_ids": ids[i:i + 8], "attention_mask": torch.ones_like(ids[i:i + 8]), "labels": labels[i:i + 8]}
-               for i in range(0, len(ids), 8)]
     from kdcollapse import lm
 
     model = task.teacher.model if teacher else lm.load_language_model(run_dir / "student").model
     source = task.cfg.teacher if teacher else str(run_dir / "student")
-    result = analyze_tokens(model, batches, layers="all", min_count=2, ncc=False, source=source)
+    result = analyze_tokens(model, _test_batches(task), layers="all", min_count=2, ncc=False, source=source)
     layers = {str(layer): values for layer, values in result["layers"].items()}
     return {k: result[k] for k in ("perplexity", "cross_entropy", "tokens_scored", "classes", "parameters")} | {
         "layers": layers, "last": layers[str(max(map(int, layers)))]}
+
+
+@torch.no_grad()
+def lm_against(run_dir: Path) -> dict:
+    """A finished ``distill_lm`` run's student (``student/``; a ``steps=0`` run: the initialisation) against its
+    teacher on the run's test blocks (:func:`kdcollapse.analysis.analyze_tokens_against`: classes the next tokens
+    seen at least twice): for each student hidden state, the teacher's after the same layer when the student was
+    made of the teacher's layers (its ``run.json`` ``student_layers``), else at the nearest relative depth, with
+    the Procrustes alignment and simplex angle of their class means and the linear CKA of their features (``feature_cka``)
+    (``layers/<i>/...``, ``teacher_state``: the teacher's hidden state it is paired with), the top-1 agreement
+    over the kept positions, and ``last``: the two last hidden states (with their classifiers' alignment)."""
+    from kdcollapse import lm
+    from kdcollapse.analysis import analyze_tokens_against
+    from kdcollapse.train import load_lm_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "student").is_dir():
+        raise ConfigError(f"post step 'lm_against': {run_dir} holds no student/ (a finished distill_lm run saves one)")
+    cfg = load_lm_config(run_dir / "config.yaml", [])
+    if cfg.student_tokenizer is not None:
+        raise ConfigError("post step 'lm_against': the student has a tokenizer of its own; its next-token classes "
+                          "are not the teacher's")
+    task = _held_out_task(cfg)
+    kept = json.loads((run_dir / "run.json").read_text()).get("student_layers")
+    student = lm.load_language_model(run_dir / "student").model
+    result = analyze_tokens_against(student, task.teacher.model, _test_batches(task), layers="all", min_count=2,
+                                    kept=kept, source=str(run_dir / "student"), teacher_source=cfg.teacher)
+    layers = {}
+    for pair, values in result["layers"].items():
+        i, j = (int(x) for x in pair.split("/"))
+        layers[str(i)] = {"teacher_state": j, **values}
+    return {k: result[k] for k in ("agreement", "agreement_class_mean", "positions", "classes")} | {
+        "layers": layers, "last": layers[str(max(map(int, layers)))]}
+
+
+def _test_batches(task) -> list[dict]:
+    """The test blocks of an LM task as ``analyze --lm`` batches of 8, labelled where its evaluation counts: position
+    t predicts token t + 1."""
+    from kdcollapse.losses import IGNORE_INDEX
+
+    ids, mask = task.held_out["test"], task.held_out_masks["test"]
+    labels = ids.clone()
+    labels[:, 0] = IGNORE_INDEX
+    labels[:, 1:][~mask] = IGNORE_INDEX
+    return [{"input_ids": ids[i:i + 8], "attention_mask": torch.ones_like(ids[i:i + 8]), "labels": labels[i:i + 8]}
+            for i in range(0, len(ids), 8)]
 
 
 def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
@@ -232,7 +271,8 @@ def _lm_config(seed: int, run_dir: Path, config: str, **overrides):
                                    for k, v in overrides.items()] + [f"seed={seed}", f"run_dir={run_dir}"])
 
 
-STEPS["lm_collapse"] = lm_collapse  # a post step of distill_lm runs
+STEPS["lm_collapse"] = lm_collapse  # post steps of distill_lm runs
+STEPS["lm_against"] = lm_against
 
 RUN_STEPS: dict[str, Callable[..., dict]] = {"ufm": ufm, "distill_lm": distill_lm, "teacher_lm": teacher_lm}
 
