@@ -289,6 +289,18 @@ def test_lm_against_pairs_a_student_of_the_teachers_layers_with_the_teacher_afte
     assert [pruned["layers"][str(i)]["teacher_state"] for i in range(3)] == [0, 1, 3]
     assert pruned["layers"]["1"]["feature_cka"] == pytest.approx(1, abs=1e-6)
     assert pruned["layers"]["2"]["feature_cka"] < 1 - 1e-3 and pruned["last"] == pruned["layers"]["2"]
+    from kdcollapse.cli import main
+
+    argv = ["analyze", "--lm", str(tmp_path / "pruned" / "student"), "--against", str(tmp_path / "teacher"),
+            "--corpus", str(tmp_path / "corpus"), "--split", "train", "--block-size", "8", "--layers", "all",
+            "--no-progress", "--kept-layers", "run", "--out", str(tmp_path / "vs")]
+    assert main(argv) == 0
+    assert set(json.loads((tmp_path / "vs" / "against.json").read_text())["layers"]) == {"0/0", "1/1", "2/3"}
+    given = [*argv[:-4], "--kept-layers", "0,2", "--out", str(tmp_path / "vs2")]
+    assert main(given) == 0
+    assert json.loads((tmp_path / "vs2" / "against.json").read_text())["layers"].keys() == {"0/0", "1/1", "2/3"}
+    assert main([*argv[:-4], "--kept-layers", "0,1,2", "--out", str(tmp_path / "vs3")]) == 2  # 3 for 2 layers
+    assert main([*argv[:-4], "--out", str(tmp_path / "vs4"), "--kept-layers", "run"][:-2] + ["--kept-layers", "x"]) == 2
     assert kept_pairs([4, 20], 31) == [(0, 0), (1, 5), (2, 21)]
     with pytest.raises(KdcollapseError, match="not increasing decoder layers of a teacher of 30 layers"):
         kept_pairs([3, 30], 31)

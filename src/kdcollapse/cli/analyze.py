@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -65,6 +66,10 @@ def register(subparsers) -> None:
         help="compare RUN_DIR's geometry with this teacher's on the same data (Procrustes, CKA, simplex angles) "
              "-> against_<split>/against.{json,md}; with --lm: a teacher language model (same vocabulary), "
              "each --layers hidden state against the teacher's at its relative depth -> OUT/against.{json,md}")
+    add("--kept-layers", metavar="LIST",
+        help="with --lm --against: the student is made of these teacher decoder layers (0-based, comma-separated; "
+             "'run': the student_layers of the distill-lm run whose student/ --lm names): each student state against "
+             "the teacher's after the same layer, not at its relative depth")
     add("--stages", metavar="LIST",
         help="also every stage's pooled map: 'all' or comma-separated stage indices (with --lm: --layers)")
     add("--teacher", metavar="RUN_DIR_OR_FILE",
@@ -271,6 +276,9 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     if args.run_dir or args.model or args.weights or args.data:
         raise ConfigError("--lm analyses a language model: give no RUN_DIR, --model, --weights or --data")
     layers = args.layers if args.layers in ("last", "all") else _int_list(args.layers, "--layers")
+    if args.kept_layers is not None and args.against is None:
+        raise ConfigError("--kept-layers pairs a student's layers with its teacher's: it needs --against")
+    kept = None if args.kept_layers is None else _kept_layers(args.kept_layers, args.lm)
     if args.against is not None and (args.no_ncc or args.gnc_convention != "paper" or args.ncc_cache_gib != 2.0):
         raise ConfigError("--against with --lm takes no --no-ncc, --ncc-cache-gib or --gnc-convention (it runs no "
                           "NC4 and no GNC metric)")
@@ -281,7 +289,7 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     blocks = corpus[split].blocks(args.block_size, leading_specials(loaded.tokenizer))  # a BOS where the model takes one
     batches = token_batches(blocks, args.batch_size or 8, args.max_tokens)
     if args.against is not None:
-        return _against_lm(args, device, loaded.model, batches, layers, split, source)
+        return _against_lm(args, device, loaded.model, batches, layers, split, source, kept)
     with run_lock_for(args.out) as run_dir:  # a report written into a run directory: never beside its trainer
         result = analyze_tokens(loaded.model.to(device), batches, layers=layers, min_count=args.min_count,
                                 ncc=not args.no_ncc, gnc_convention=args.gnc_convention, out_dir=args.out,
@@ -299,7 +307,24 @@ def _analyze_lm(args: argparse.Namespace, device) -> int:
     return 0
 
 
-def _against_lm(args: argparse.Namespace, device, student, batches, layers, split: str, source: str) -> int:
+def _kept_layers(text: str, lm: str) -> list[int]:
+    """``--kept-layers``: a comma-separated list, or ``run``: the ``student_layers`` of the run whose ``student/``
+    ``lm`` is (its ``run.json``)."""
+    if text != "run":
+        return _int_list(text, "--kept-layers")
+    record = Path(lm).parent / "run.json"
+    try:
+        kept = json.loads(record.read_text()).get("student_layers")
+    except (OSError, ValueError):
+        kept = None
+    if not isinstance(kept, list):
+        raise ConfigError(f"--kept-layers run: {record} names no student_layers (a distill-lm run whose student was "
+                          "made of its teacher's layers writes them); give the layers as a list")
+    return kept
+
+
+def _against_lm(args: argparse.Namespace, device, student, batches, layers, split: str, source: str,
+                kept: list[int] | None = None) -> int:
     """``analyze --lm STUDENT --against TEACHER``: both language models on the same token batches (the
     student's tokenizer; the teacher must share its vocabulary)."""
     from kdcollapse.analysis import analyze_tokens_against
@@ -310,7 +335,8 @@ def _against_lm(args: argparse.Namespace, device, student, batches, layers, spli
     with run_lock_for(args.out) as run_dir:
         result = analyze_tokens_against(student.to(device), teacher.to(device), batches, layers=layers,
                                         min_count=args.min_count, accumulate=args.accumulate, out_dir=args.out,
-                                        progress=not args.no_progress, source=source, teacher_source=args.against)
+                                        progress=not args.no_progress, source=source, teacher_source=args.against,
+                                        kept=kept)
         if run_dir is not None:
             written = [Path(args.out) / n for n in ("against.json", "against.md")]
             record_outputs(run_dir, written, lm_source(args.lm, run_dir, args.random_init))
