@@ -49,7 +49,6 @@ def _run(args) -> int:
     from kdcollapse.distributed import distributed_teardown, is_main_process
     from kdcollapse.errors import ConfigError
     from kdcollapse.train import distill_lm, load_lm_config, refuse_old_format, teacher_comparison
-    from kdcollapse.train._lm_task import cache_dir
 
     if args.resume:
         if args.config:
@@ -69,7 +68,7 @@ def _run(args) -> int:
     if args.prepare_only:
         if args.resume or args.baseline or args.overwrite:
             raise ConfigError("--prepare-only trains nothing: drop --resume, --baseline and --overwrite")
-        from kdcollapse.train._lm_cross import lm_task
+        from kdcollapse.train import cache_dir, lm_task
 
         began = time.process_time()
         task = lm_task(cfg)

@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kdcollapse.errors import CheckpointError, ConfigError
+from kdcollapse.errors import CheckpointError
 from kdcollapse.runs import (RunLock, lm_source, read_metrics, record_outputs, run_lock_for, run_state, source_of,
                             write_text)
-from kdcollapse.study._records import RECORDS_FILE
-from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, run_config, state_of
+from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, committed_records, run_config, state_of
 from kdcollapse.study._spec import Study
 from kdcollapse.study._steps import RUN_STEPS, STEPS
 from kdcollapse.train import TrainingDiverged, fit
@@ -165,11 +164,7 @@ def recorded(study: Study) -> set[str]:
     finished on another machine or in an earlier session whose directories are gone. They are done: a launch does
     not run them again (their records feed the page and the choices), and ``status`` calls them "recorded". To
     redo one, delete its record."""
-    path = study.path.parent / RECORDS_FILE
-    try:
-        records = json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError as err:
-        raise ConfigError(f"{path} is not JSON ({err}); restore it from git") from None
+    records = committed_records(study.path)
     return {name for name, run in study.runs.items() if name in records and not run.run_dir.exists()}
 
 

@@ -16,7 +16,8 @@ from kdcollapse.study._compare import compare_sections
 from kdcollapse.study._figures import figures
 from kdcollapse.study._gap import gap_table, section_gaps
 from kdcollapse.study._lock import page_lock
-from kdcollapse.study._records import RECORDS_FILE, collect
+from kdcollapse.study._records import collect
+from kdcollapse.study._runs import RECORDS_FILE
 from kdcollapse.study._spec import Study
 from kdcollapse.study._summary_spec import Measure, check_summary, measures
 from kdcollapse.study._tables import derived_tables, place

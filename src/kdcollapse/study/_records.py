@@ -14,11 +14,9 @@ from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
 from kdcollapse.runs import metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state
-from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE
+from kdcollapse.study._runs import DIVERGED_FILE, RECORDS_FILE, RESULT_FILE, committed_records
 from kdcollapse.study._spec import Study
 from kdcollapse.study._summary_spec import check_summary, curve_keys, kept_keys, measures, record_keys
-
-RECORDS_FILE = "runs.json"
 
 
 def epoch_series(rows: list[dict], keys) -> dict:
@@ -106,8 +104,7 @@ def collect(study: Study) -> dict[str, dict]:
     diverged) run of the summary's groups present under the study's ``runs_dir``; runs not named by the study
     are dropped."""
     spec = check_summary(study.summary)
-    path = study.path.parent / RECORDS_FILE
-    records = json.loads(path.read_text()) if path.is_file() else {}
+    records = committed_records(study.path)
     groups = {cell["group"] for section in spec.get("sections") or [] for cell in section.get("cells") or []}
     refreshed = set()
     for name, run in study.runs.items():

@@ -10,11 +10,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdcollapse.config import load_config
+from kdcollapse.errors import ConfigError
 from kdcollapse.recipes import config_file
 from kdcollapse.runs import Run, run_state
 
 DIVERGED_FILE = "diverged.json"
 RESULT_FILE = "result.json"  # the output of a run step; it exists only once the step finished
+RECORDS_FILE = "runs.json"  # a study's committed records, beside its file (kdcollapse.study._records)
+
+
+def committed_records(study_file: Path) -> dict:
+    """The records committed beside the study file ``study_file`` (``runs.json``; none: ``{}``), run name → record."""
+    path = Path(study_file).parent / RECORDS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        records = json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{path} is not JSON ({err}); restore it from git") from None
+    if not isinstance(records, dict):
+        raise ConfigError(f"{path} is not a mapping of run names to records; restore it from git")
+    return records
 
 
 @dataclass(frozen=True)

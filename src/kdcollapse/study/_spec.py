@@ -13,7 +13,7 @@ from kdcollapse._yaml import load_yaml
 from kdcollapse.errors import ConfigError, unknown_choice
 from kdcollapse.recipes import config_file
 from kdcollapse.study._choice import chosen_settings, validation_only
-from kdcollapse.study._runs import PostStep, RunSpec, run_config
+from kdcollapse.study._runs import PostStep, RunSpec, committed_records, run_config
 from kdcollapse.study._steps import RUN_STEPS, STEPS, check_run_step
 from kdcollapse.study._summary_spec import check_cells, check_summary, flat
 
@@ -271,9 +271,7 @@ def _chosen(group: dict, index: int, runs: dict[str, RunSpec], path: Path,
     if not source:
         raise ConfigError(unknown_choice(f"group that group {label!r} chooses from (an earlier training group)",
                                          spec["group"], tuple(dict.fromkeys(r.group for r in runs.values()))))
-    records_file = path.parent / "runs.json"
-    records = json.loads(records_file.read_text()) if records_file.is_file() else {}
-    settings, waiting = chosen_settings(label, spec, source, records, select, by)
+    settings, waiting = chosen_settings(label, spec, source, committed_records(path), select, by)
     candidates = []
     for run in source:
         if (setting := {k: v for k, v in run.values.items() if k != "seed"}) not in candidates:

@@ -154,7 +154,7 @@ def teacher_lm(seed: int, config: str, **overrides) -> dict:
     :func:`kdcollapse.train._lm_task.top_k_costs`). The run directory is the executor's (``seed`` changes
     nothing: the evaluation draws no random number). A study's page then reads the teacher's perplexity from
     this record (e.g. the gap to the teacher that each arm closes), not from a number typed into a file."""
-    from kdcollapse.train._lm_task import top_k_costs
+    from kdcollapse.train import top_k_costs
 
     began = time.process_time()
     cfg = _lm_config(seed, Path("unused"), config, **overrides)
