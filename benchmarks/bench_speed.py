@@ -40,6 +40,9 @@ PAIRS = {  # name: (dataset overrides, teacher, student)
     "resnet32x4->resnet8x4": (["data.name=_bench_cifar100"], "resnet32x4", "resnet8x4"),
     "convnet->convnet_small": (["data.name=fashion_mnist", "data.train_per_class=300", "data.test_per_class=10"],
                                "convnet", "convnet_small"),
+    # K = 100 (1x28x56 pairs): studies/central_k100's pair, for its precision decision
+    "fashion_mnist_pairs:convnet->convnet_small": (["data.name=fashion_mnist_pairs", "data.train_per_class=30",
+                                                    "data.test_per_class=2"], "convnet", "convnet_small"),
     # always available offline: the precision-by-CPU-capability comparison (results/benchmarks/speed.md)
     "digits:convnet_small->convnet_small": (["data.name=digits"], "convnet_small", "convnet_small"),
 }
