@@ -152,6 +152,36 @@ def test_a_summary_without_selection_chooses_on_the_last_validation_value(tmp_pa
     assert f"chosen on validation (val_ppl, seeds 0,1): {chosen}" in text and f"| {chosen} (chosen on val) |" in text
 
 
+def test_a_record_without_its_post_steps_numbers_is_trained_again(tmp_path):
+    """A committed record made before its run's post step ran (or before the step was added) does not make the run
+    recorded: on a machine without the run directory the run is trained again, the step measures its weights, and
+    the record comes back whole (the same numbers). A diverged run's record, whose post step had no weights to
+    measure, stays recorded."""
+    import shutil
+
+    path = write_study(tmp_path, STUDY.replace("seeds: [0, 1]", "seeds: [0]"))
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    run_local(study, pending(study), workers=1)
+    write_page(study)
+    before = json.loads((path.parent / "runs.json").read_text())
+    assert before["lr0.05/seed0"]["post"] == ["max_logit.json"] and "max_logit" in before["lr0.05/seed0"]["last"]
+    assert "post" not in before["lr1e+30/seed0"] or before["lr1e+30/seed0"]["post"] == []
+    shutil.rmtree(tmp_path / "runs")
+    study = load_study(path, runs_dir=tmp_path / "runs")
+    assert pending(study) == [] and set(status(study).values()) == {"recorded"}
+    lacking = json.loads(json.dumps(before))
+    del lacking["lr0.05/seed0"]["post"], lacking["lr0.05/seed0"]["last"]["max_logit"]
+    lacking["lr1e+30/seed0"].pop("post", None)
+    (path.parent / "runs.json").write_text(json.dumps(lacking))
+    assert status(study) == {"lr0.05/seed0": "new", "lr1e+30/seed0": "recorded"}
+    assert [o.status for o in run_local(study, pending(study), workers=1)] == ["finished"]
+    assert (study.runs["lr0.05/seed0"].run_dir / "max_logit.json").is_file()
+    write_page(study)
+    again, first = (json.loads((path.parent / "runs.json").read_text())["lr0.05/seed0"], before["lr0.05/seed0"])
+    assert again["source"]["weights_sha256"] == first["source"]["weights_sha256"]  # metrics.jsonl also has timings
+    assert {k: v for k, v in again.items() if k != "source"} == {k: v for k, v in first.items() if k != "source"}
+
+
 @pytest.mark.parametrize("change, message", [
     (("metric: {metric: test_acc, at: last}", "metric: {metric: test_acc, at: best}"), "selects no epoch"),
     (("cells: [", "choose: {among: '*', by: test_acc}\n      cells: ["), "validation metrics only"),

@@ -27,7 +27,8 @@ import torch
 from kdcollapse.errors import CheckpointError
 from kdcollapse.runs import (RunLock, lm_source, read_metrics, record_outputs, run_lock_for, run_state, source_of,
                             write_text)
-from kdcollapse.study._runs import DIVERGED_FILE, RESULT_FILE, RunSpec, committed_records, run_config, state_of
+from kdcollapse.study._runs import (DIVERGED_FILE, POST_FIELD, RESULT_FILE, RunSpec, committed_records, run_config,
+                                   state_of)
 from kdcollapse.study._spec import Study
 from kdcollapse.study._steps import RUN_STEPS, STEPS
 from kdcollapse.train import TrainingDiverged, fit
@@ -162,10 +163,13 @@ def _write_step(run_dir, name: str, step: Callable) -> None:
 def recorded(study: Study) -> set[str]:
     """The runs whose record is committed (``runs.json`` beside the study file) and whose run directory is absent:
     finished on another machine or in an earlier session whose directories are gone. They are done: a launch does
-    not run them again (their records feed the page and the choices), and ``status`` calls them "recorded". To
-    redo one, delete its record."""
+    not run them again (their records feed the page and the choices), and ``status`` calls them "recorded". A
+    record that lacks one of its run's post steps (its ``post`` list: the step was added later, or its run
+    directory was lost before the step ran) is not: the run is trained again, so the step can measure its weights
+    (a diverged run's record is complete as it is). To redo one, delete its record."""
     records = committed_records(study.path)
-    return {name for name, run in study.runs.items() if name in records and not run.run_dir.exists()}
+    return {name for name, run in study.runs.items() if name in records and not run.run_dir.exists() and (
+        "diverged" in records[name] or {s.creates for s in run.post} <= set(records[name].get(POST_FIELD, ())))}
 
 
 def pending(study: Study, names: list[str] | None = None) -> list[RunSpec]:

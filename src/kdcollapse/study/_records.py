@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kdcollapse.errors import CheckpointError, ConfigError, unknown_choice
 from kdcollapse.runs import metrics_source, outputs_stale, read_committed_metrics, read_metrics, run_state
-from kdcollapse.study._runs import DIVERGED_FILE, RECORDS_FILE, RESULT_FILE, committed_records
+from kdcollapse.study._runs import DIVERGED_FILE, POST_FIELD, RECORDS_FILE, RESULT_FILE, committed_records
 from kdcollapse.study._spec import Study
 from kdcollapse.study._summary_spec import check_summary, curve_keys, kept_keys, measures, record_keys
 
@@ -66,7 +66,14 @@ def run_record(run_dir: Path, spec: dict, post: tuple = ()) -> dict:
         record["epochs"] = epoch_series(records, curves)
     for field, keys in kept_keys(spec).items():  # opt-in: only the matrices and embeddings plots draw
         record[field] = {k: m for k in keys if (m := _post_matrix(run_dir, post, k)) is not None}
-    return record | {"source": metrics_source(run_dir)} | _hardware(run_dir)
+    return record | {"source": metrics_source(run_dir)} | _hardware(run_dir) | measured(run_dir, post)
+
+
+def measured(run_dir: Path, post: tuple) -> dict:
+    """``{"post": [...]}``: the post steps' files (of ``post``) the run directory holds, whose numbers the record
+    has: a committed record lacking one of its run's post files (or this field) does not make the run "recorded"
+    (:func:`kdcollapse.study.recorded`); ``{}`` for a run without post steps."""
+    return {POST_FIELD: sorted(f for f in post if (Path(run_dir) / f).is_file())} if post else {}
 
 
 def _hardware(run_dir: Path) -> dict:
@@ -122,7 +129,8 @@ def collect(study: Study) -> dict[str, dict]:
                 extra = {k: v for step in run.post if (run.run_dir / step.creates).is_file()
                          for k, v in _flat_json(json.loads((run.run_dir / step.creates).read_text()),
                                                 _folder(step.creates)).items() if k in keys}  # its post steps'
-                records[name] = {"last": {k: result[k] for k in sorted(keys) if k in result} | extra}
+                records[name] = {"last": {k: result[k] for k in sorted(keys) if k in result} | extra} | measured(
+                    run.run_dir, tuple(step.creates for step in run.post))
         elif (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
                 state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
             records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))

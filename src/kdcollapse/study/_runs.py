@@ -17,6 +17,7 @@ from kdcollapse.runs import Run, run_state
 DIVERGED_FILE = "diverged.json"
 RESULT_FILE = "result.json"  # the output of a run step; it exists only once the step finished
 RECORDS_FILE = "runs.json"  # a study's committed records, beside its file (kdcollapse.study._records)
+POST_FIELD = "post"  # a record's list of the post steps' files whose numbers it holds
 
 
 def committed_records(study_file: Path) -> dict:
