@@ -127,24 +127,38 @@ def test_spearman_p_is_exact_up_to_8_items_and_scipy_s_beyond():
 
 def test_partial_spearman_is_the_pearson_correlation_of_rank_residuals_with_scipy_and_its_t_test():
     """Against the slow definition: ranks (scipy, ties averaged), each of x and y regressed on z's ranks by least
-    squares, Pearson's r of the residuals (scipy), its p from Student's t with n − 3 degrees of freedom."""
+    squares, Pearson's r of the residuals (scipy); its p from Student's t with n − 3 degrees of freedom beyond 8
+    items, and up to 8 the share of the orderings of x against the (y, z) pairs, each recomputed the slow way,
+    whose |r| reaches the observed (4 items in perfect order: not p = 0)."""
+    import itertools
+
     import numpy as np
     from scipy.stats import pearsonr, rankdata
     from scipy.stats import t as student_t
 
     from kdcollapse.report import partial_spearman
 
+    def slow(x, y, z):
+        rx, ry, rz = rankdata(x), rankdata(y), rankdata(z)
+        design = np.column_stack([np.ones(len(x)), rz])
+        residual = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (rx, ry)]
+        return pearsonr(*residual)[0]
+
     rng = np.random.default_rng(0)
-    for n, ties in ((6, False), (9, True), (20, False)):
+    for n, ties in ((6, False), (7, True), (9, True), (20, False)):
         z = rng.integers(0, 4, n).astype(float) if ties else rng.normal(size=n)
         x, y = z + rng.normal(size=n), 2 * z + rng.normal(size=n)
-        rx, ry, rz = rankdata(x), rankdata(y), rankdata(z)
-        design = np.column_stack([np.ones(n), rz])
-        residual = [r - design @ np.linalg.lstsq(design, r, rcond=None)[0] for r in (rx, ry)]
-        expected = pearsonr(*residual)[0]
-        t = expected * math.sqrt((n - 3) / (1 - expected ** 2))
+        expected = slow(x, y, z)
+        if n <= 8:
+            reached = [abs(slow(x[list(order)], y, z)) >= abs(expected) * (1 - 1e-9)
+                       for order in itertools.permutations(range(n))]
+            expected_p = float(np.mean(reached))
+        else:
+            expected_p = 2 * student_t.sf(abs(expected * math.sqrt((n - 3) / (1 - expected ** 2))), n - 3)
         r, p = partial_spearman(list(x), list(y), list(z))
-        assert r == pytest.approx(expected, abs=1e-12) and p == pytest.approx(2 * student_t.sf(abs(t), n - 3), rel=1e-9)
+        assert r == pytest.approx(expected, abs=1e-12) and p == pytest.approx(expected_p, rel=1e-9)
+    r, p = partial_spearman([1, 2, 3, 4], [1, 2, 3, 4], [4, 1, 3, 2])
+    assert r == pytest.approx(1.0) and p == pytest.approx(2 / 24)  # itself and its mirror reach |r| = 1
     assert all(math.isnan(v) for v in partial_spearman([1, 2, 3], [3, 1, 2], [1, 2, 3]))  # fewer than 4 items
     with pytest.raises(KdcollapseError, match="triples"):
         partial_spearman([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3])
