@@ -127,7 +127,7 @@ def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float])
     two-sided p: the partial Pearson correlation of the ranks (ties averaged),
     (r_xy − r_xz r_yz) / √((1 − r_xz²)(1 − r_yz²)). Up to ``EXACT_SPEARMAN_ITEMS`` items the p is exact, as
     :func:`spearman`'s: the share of the n! orderings of ``x``'s ranks against the (y, z) pairs whose partial |r|
-    is at least the observed (4 items in perfect partial order do not give p = 0); beyond, the t test
+    is at least the observed, among those that have one (not x ordered as z, or reversed) (4 items in perfect partial order do not give p = 0); beyond, the t test
     t = r √((n − 3)/(1 − r²)) with n − 3 degrees of freedom (one controlled variable; p = 0 at |r| = 1).
     ``(nan, nan)`` with fewer than 4 items or a constant rank side.
 
@@ -165,7 +165,8 @@ def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float])
         import itertools
 
         permuted = np.abs(partial(rx[np.array(list(itertools.permutations(range(n))))]))
-        return r, float(np.mean(np.nan_to_num(permuted, nan=0.0) >= abs(r) * (1 - 1e-9)))
+        permuted = permuted[~np.isnan(permuted)]  # an ordering of x's ranks as z's (or reversed) has no partial r
+        return r, float(np.mean(permuted >= abs(r) * (1 - 1e-9)))
     if abs(r) == 1.0:
         return r, 0.0
     t = r * math.sqrt((n - 3) / (1 - r * r))
