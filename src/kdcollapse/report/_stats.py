@@ -127,7 +127,8 @@ def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float])
     two-sided p: the partial Pearson correlation of the ranks (ties averaged),
     (r_xy − r_xz r_yz) / √((1 − r_xz²)(1 − r_yz²)). Up to ``EXACT_SPEARMAN_ITEMS`` items the p is exact, as
     :func:`spearman`'s: the share of the n! orderings of ``x``'s ranks against the (y, z) pairs whose partial |r|
-    is at least the observed, among those that have one (not x ordered as z, or reversed) (4 items in perfect partial order do not give p = 0); beyond, the t test
+    is at least the observed, among those that have one (not x ordered as z, or reversed; 4 items in perfect
+    partial order do not give p = 0); beyond, the t test
     t = r √((n − 3)/(1 − r²)) with n − 3 degrees of freedom (one controlled variable; p = 0 at |r| = 1).
     ``(nan, nan)`` with fewer than 4 items or a constant rank side.
 
@@ -154,8 +155,10 @@ def partial_spearman(x: Sequence[float], y: Sequence[float], z: Sequence[float])
     def partial(ranks):  # rows of x's (scaled, centred) ranks → their partial r with y given z
         r_xy, r_xz = ranks @ ry, ranks @ rz
         denominator = (1 - r_xz ** 2) * (1 - r_yz ** 2)
+        # |r| = 1 between two rank vectors is exact collinearity, which rounding may leave at 1 − 1e-16: no partial r
+        defined = (1 - np.abs(r_xz) > 1e-9) & (1 - abs(r_yz) > 1e-9)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(denominator > 0, (r_xy - r_xz * r_yz) / np.sqrt(np.maximum(denominator, 0)), np.nan)
+            return np.where(defined, (r_xy - r_xz * r_yz) / np.sqrt(np.maximum(denominator, 1e-300)), np.nan)
 
     r = float(partial(rx[None])[0])
     if math.isnan(r):
