@@ -6,7 +6,8 @@ Each call is the fused head loss (``losses.fused_head_loss``: hidden states and 
 and backward, the study's arms at their settings) on the same stored top-k; the rules and divergences are timed
 in rounds, each round in a shuffled order, medians of this process's CPU time.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src nice python benchmarks/bench_topk_tail.py --markdown results/benchmarks/topk_tail.md
+    OMP_NUM_THREADS=1 PYTHONPATH=src nice python benchmarks/bench_topk_tail.py \\
+        --markdown results/benchmarks/topk_tail.md
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ def main() -> None:
         uniform, rest = seconds[(arm, "uniform")], seconds[(arm, "rest")]
         rows.append(f"| {arm} | {uniform:.2f} s | {rest:.2f} s | **{rest / uniform:.3f}×** |")
         print(f"{arm}: uniform {uniform:.2f} s, rest {rest:.2f} s, {rest / uniform:.3f}x", flush=True)
+    arms = "" if args.arms == list(ARMS) else " --arms " + " ".join(args.arms)
     command = (f"OMP_NUM_THREADS=1 PYTHONPATH=src nice python benchmarks/bench_topk_tail.py --cell {args.cell} "
-               f"--k {args.k} --rounds {args.rounds}" + ("" if args.arms == list(ARMS) else " --arms " + " ".join(args.arms))
-               + " --markdown results/benchmarks/topk_tail.md")
+               f"--k {args.k} --rounds {args.rounds}{arms} --markdown results/benchmarks/topk_tail.md")
     emit("\n".join([
         "# The stored teacher's tail: the rest as one outcome against the rest spread evenly", "",
         f"{shared_machine((load_before, os.getloadavg()[0]))}. N = {n} tokens, V = {v:,}, H = {h}, top {args.k}, "
