@@ -10,7 +10,8 @@ the script cannot rot), for every method of ``kdcollapse.methods.list_methods()`
   the same method, weights and batch in float64 on the CPU (relative error; bf16 has 8 mantissa bits, so
   ``--tol`` defaults to 0.05). A method whose loss depends on random draws (CRD's negatives, an attack's random
   start) draws differently on another device: reported as ``stochastic`` and only checked finite;
-* **compiled**: the same step with ``torch.compile`` on the student (loss vs the eager bf16 step);
+* **compiled**: the same step with ``torch.compile`` on the student (loss vs the eager bf16 step; ``--cpu-smoke``
+  traces it with the ``aot_eager`` backend: the same Dynamo and AOTAutograd graphs, no C++ code generation);
 * **images/s**: ``--steps`` timed steps (forward, the method's backward, SGD) against a bare loop (student and
   cross-entropy only) in the same process, as a ratio.
 
@@ -119,7 +120,9 @@ def check_method(name: str, args, device, amp) -> dict:
     got_compiled = got
     if not args.no_compile:
         compiled = copy.deepcopy(method)
-        compiled.student.compile()
+        # on the CPU (smoke) the aot_eager backend: Dynamo and AOTAutograd trace the graph the GPU compiles, without
+        # Inductor's C++ code generation (~14 CPU-s cold for three methods), which a CUDA device does not use
+        compiled.student.compile(backend="aot_eager" if args.cpu_smoke else "inductor")
         got_compiled = loss_of(compiled, xd, yd, idx, device, amp)
     ok = math.isfinite(got) and math.isfinite(got_compiled) and (stochastic or (
         error <= args.tol and abs(got_compiled - got) <= args.tol * max(abs(got), 1e-12)))
