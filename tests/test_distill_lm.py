@@ -2,6 +2,7 @@
 teacher, CE only, the run directory, exact resume, the CLI and its one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,6 +313,37 @@ def test_a_smaller_teacher_k_is_cut_from_a_cached_store_without_loading_the_teac
     record = distill_lm(load_lm_config(None, [*options, f"run_dir={root / 'k4'}", "steps=1", "teacher_k=4"]),
                         log=lambda *_: None)
     assert record["step"] == 1 and record["test_perplexity"] > 1
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_bf16_teacher_gives_its_own_store_and_targets_near_the_float32_ones(setup, stored):
+    """teacher_precision=bf16: a store of its own beside the float32 one (another cache key; the held-out
+    references, the evaluation's teacher, shared), or the online teacher's body in bf16; the first step's loss
+    within bf16 rounding of the float32 teacher's and not equal to it."""
+    root, options = setup
+    cache = next(o.split("=", 1)[1] for o in options if o.startswith("cache_dir="))
+    where = ["teacher_k=16"] if stored else ["teacher_k=null"]
+    losses = {}
+    for precision in ("float32", "bf16"):
+        cfg = load_lm_config(None, [*options, *where, f"run_dir={root / f'tp-{precision}-{stored}'}", "steps=1",
+                                    "log_every=1", f"teacher_precision={precision}"])
+        record = distill_lm(cfg, log=lambda *_: None)
+        losses[precision] = json.loads((root / f"tp-{precision}-{stored}" / "steps.jsonl").read_text()
+                                       .splitlines()[0])["train_loss"]
+        assert record["test_perplexity"] > 1
+    assert losses["bf16"] != losses["float32"] and losses["bf16"] == pytest.approx(losses["float32"], rel=1e-2)
+    manifests = [json.loads(p.read_text()) for p in Path(cache).glob("teacher-tokens-*/manifest.json")]
+    if stored:
+        assert any(m.get("teacher_precision") == "bf16" for m in manifests)
+        assert any("teacher_precision" not in m for m in manifests)
+    assert len(list(Path(cache).glob("teacher-reference-*"))) == 2  # validation and test: one teacher evaluates
+
+
+def test_a_bad_teacher_precision_is_one_line_naming_the_choices(setup, capsys):
+    root, options = setup
+    assert main(["distill-lm", *options, f"run_dir={root / 'tp-bad'}", "teacher_precision=fp16"]) == 2
+    assert "'teacher_precision' must be one of float32, bf16; got 'fp16'" in capsys.readouterr().err
+    assert not (root / "tp-bad").exists()
 
 
 def test_a_dotted_student_override_changes_that_key_of_the_default_or_yaml_student(tmp_path):

@@ -190,6 +190,27 @@ def test_the_micro_batch_loss_is_uld_plus_ce_by_the_slow_reference(pair):
     assert all(p.grad is not None for p in student.parameters())
 
 
+def test_a_bf16_teacher_scores_the_rows_with_its_body_in_bf16_and_its_head_in_float32(pair):
+    from kdcollapse.train._lm_cross import cross_tokenizer_loss
+
+    student_tok, teacher_tok = pair
+    rows = paired(student_tok, teacher_tok, 12)
+    rows = rows.select(rows.student.targets[:, 0].nonzero().squeeze(1)[:5])
+    student = lm.load_language_model(llama_config(len(student_tok)), tokenizer=student_tok, seed=0).model
+    teacher = lm.load_language_model(llama_config(len(teacher_tok)), tokenizer=teacher_tok, seed=1).model
+    cfg = load_lm_config(None, ["student_tokenizer=unused", "teacher_k=null", "loss.divergence=uld",
+                                "loss.ce_weight=0", "teacher_precision=bf16"])
+    got = cross_tokenizer_loss(cfg, student, teacher, rows, (len(student_tok), len(teacher_tok)), None)
+    with torch.no_grad():
+        s_logits = student(rows.student.ids).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = teacher.model(rows.teacher.ids).last_hidden_state
+        t_logits = hidden.float() @ teacher.lm_head.weight.T
+        exact = teacher(rows.teacher.ids).logits
+    torch.testing.assert_close(got.detach(), reference_uld(s_logits, t_logits, rows, 1.0), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(t_logits, exact)  # the bf16 body changed the teacher's logits
+
+
 # --- distill-lm end to end ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

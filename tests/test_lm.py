@@ -218,7 +218,7 @@ def test_stored_top_k_keep_the_largest_and_checksums_catch_damage(tmp_path, teac
     rows = stored.rows(torch.tensor([3, 1]), slice(None, -1))
     assert rows.indices.shape == (2 * (blocks.shape[1] - 1), 5) and rows.temperature == 2.0
     assert lm.store_teacher_tokens(model, blocks, tmp_path, k=5, temperature=2.0) == tmp_path  # kept
-    with pytest.raises(KdcollapseError, match="other blocks, k or temperature"):
+    with pytest.raises(KdcollapseError, match="other blocks, k, temperature or precision"):
         lm.store_teacher_tokens(model, blocks, tmp_path, k=6, temperature=2.0)
     shard = tmp_path / "shard-00001.safetensors"
     data = bytearray(shard.read_bytes())
@@ -228,6 +228,39 @@ def test_stored_top_k_keep_the_largest_and_checksums_catch_damage(tmp_path, teac
         lm.TeacherTokens.load(tmp_path)
     with pytest.raises(DataError, match="no complete store"):
         lm.TeacherTokens.load(tmp_path / "nothing")
+
+
+def test_a_bf16_store_is_the_teacher_body_in_bf16_and_its_head_in_float32(tmp_path, teacher_and_blocks):
+    """precision="bf16": each position's distribution is softmax(W h) with h the body's last hidden state under
+    bf16 autocast, cast to float32, and W the float32 head: not the float32 teacher, not a bf16 head, and within
+    bf16 rounding of the float32 teacher (KL of a few 1e-4 nats here)."""
+    model, blocks = teacher_and_blocks
+    vocab = model.config.vocab_size
+    lm.store_teacher_tokens(model, blocks, tmp_path / "bf16", k=vocab, batch_size=4, precision="bf16")
+    stored = lm.TeacherTokens.load(tmp_path / "bf16").rows(torch.arange(len(blocks))).log_probs(slice(None), vocab, 1.0)
+    with torch.no_grad():
+        head = model.lm_head.weight.detach().clone()  # tied to the input embeddings: float32
+        body, bf16_head, exact = [], [], []
+        for b in blocks.split(4):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = model.model(b).last_hidden_state
+                bf16_head.append(model(b).logits.float().log_softmax(-1))
+            body.append((h.float() @ head.T).log_softmax(-1))
+            exact.append(model(b).logits.float().log_softmax(-1))
+    body, bf16_head, exact = (torch.cat(x).reshape(-1, vocab) for x in (body, bf16_head, exact))
+    assert torch.equal(stored, body)
+    assert not torch.equal(stored, bf16_head) and not torch.equal(stored, exact)
+    kl = (exact.exp() * (exact - stored)).sum(-1)
+    assert 0 < float(kl.mean()) < 1e-2
+    manifest = json.loads((tmp_path / "bf16" / "manifest.json").read_text())
+    assert manifest["teacher_precision"] == "bf16"
+    with pytest.raises(KdcollapseError, match="other blocks, k, temperature or precision"):
+        lm.store_teacher_tokens(model, blocks, tmp_path / "bf16", k=vocab)  # a float32 store is another store
+    lm.store_teacher_tokens(model, blocks, tmp_path / "fp32", k=vocab, batch_size=4)
+    assert "teacher_precision" not in json.loads((tmp_path / "fp32" / "manifest.json").read_text())
+    with pytest.raises(KdcollapseError, match="precision must be one of float32, bf16, got 'fp16'"):
+        lm.store_teacher_tokens(model, blocks, tmp_path / "fp16", k=vocab, precision="fp16")
+    assert not (tmp_path / "fp16").exists()
 
 
 def test_a_store_cut_to_a_smaller_k_equals_the_store_written_at_that_k(tmp_path, teacher_and_blocks):

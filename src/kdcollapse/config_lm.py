@@ -205,6 +205,9 @@ class LMConfig:
     eval_every: int = 50  # steps between evaluations and checkpoints (commits)
     chunk_size: int = 1024  # tokens per chunk of the fused head loss
     precision: Literal["float32", "bf16"] = "float32"  # bf16: autocast of the student's body
+    # bf16: the teacher's body under autocast where it makes training targets (the stored tokens, the online
+    # teacher), its head in float32; its samples (seq_kd) and every evaluation stay float32
+    teacher_precision: Literal["float32", "bf16"] = "float32"
     seed: int = 0
     run_dir: str = "runs/lm"
     cache_dir: str | None = None  # corpus and teacher-token caches (default ~/.cache/kdcollapse)

@@ -24,11 +24,13 @@ from kdcollapse.lm._width import WIDTH_KEYS, check_width, kept_units, prune_widt
 from kdcollapse.lm._lora import LoraStudent, check_lora_targets, split_student
 from kdcollapse.lm._sample import Completions, sample_completions
 from kdcollapse.lm._reference import TeacherReference, store_teacher_reference
-from kdcollapse.lm._tokens import TeacherTokens, blocks_digest, store_teacher_tokens
+from kdcollapse.lm._tokens import (TEACHER_PRECISIONS, TeacherTokens, blocks_digest, store_teacher_tokens,
+                                   teacher_hidden, teacher_logits)
 from kdcollapse.lm._load import (SMOLLM2, LanguageModel, check_gguf, check_same_vocabulary, language_model_config,
                                  load_language_model, load_tokenizer, smollm2_path)
 
 __all__ = [
+    "TEACHER_PRECISIONS", "teacher_hidden", "teacher_logits",
     "load_language_model", "load_tokenizer", "LanguageModel", "check_same_vocabulary", "check_gguf", "smollm2_path", "SMOLLM2",
     "read_documents", "tokenize_corpus", "split_of", "python_docs_root", "Document", "TokenCorpus",
     "TokenSplit", "cut_blocks", "SPLITS", "PYTHON_DOCS", "store_teacher_tokens", "TeacherTokens", "blocks_digest", "store_teacher_reference",

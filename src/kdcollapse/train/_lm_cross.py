@@ -78,8 +78,8 @@ class CrossTokenizerTask(LMTask):
         return record
 
 
-def _logits(model, ids: torch.Tensor, vocab: int, role: str) -> torch.Tensor:
-    logits = model(ids).logits
+def _logits(model, ids: torch.Tensor, vocab: int, role: str, precision: str = "float32") -> torch.Tensor:
+    logits = lm.teacher_logits(model, ids, precision)
     if logits.shape[-1] < vocab:
         raise KdcollapseError(f"the {role}'s output head has {logits.shape[-1]} rows but its tokenizer {vocab} tokens")
     return logits[..., :vocab].float()
@@ -105,7 +105,7 @@ def cross_tokenizer_loss(cfg: LMConfig, student, teacher, rows: lm.PairedBlocks,
         total = total + loss_cfg.ce_weight * F.cross_entropy(logits[:, :-1][mask], rows.student.ids[:, 1:][mask])
     if teacher is not None:
         with torch.no_grad():
-            teacher_logits = _logits(teacher, rows.teacher.ids, vocab[1], "teacher")
+            teacher_logits = _logits(teacher, rows.teacher.ids, vocab[1], "teacher", cfg.teacher_precision)
         beta = loss_cfg.beta if loss_cfg.beta is not None else 0.5
         total = total + loss_cfg.distill_weight * _distance(
             logits, teacher_logits, rows, match=match, merge=cfg.cross_tokenizer.merge,

@@ -62,11 +62,15 @@ CUT_FROM = (64, 128, 256, 512, 1024)
 def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str, blocks: torch.Tensor,
                    k: int) -> lm.TeacherTokens:
     """The teacher's top-``k`` tokens on ``blocks``, from the cache (keyed by teacher, corpus, split, blocks,
-    k and τ), else cut from a cached store of a larger k of :data:`CUT_FROM`, else computed and cached."""
+    k, τ and the teacher's precision), else cut from a cached store of a larger k of :data:`CUT_FROM`, else
+    computed and cached."""
+    # a float32 store's key is as it was before teacher_precision existed (the caches already built stay valid)
+    precision = [] if cfg.teacher_precision == "float32" else [cfg.teacher_precision]
 
     def directory_of(k: int) -> Path:
         key = hashlib.sha256(json.dumps([cfg.teacher, corpus_key, split, lm.TeacherTokens.__name__, k,
-                                         cfg.loss.temperature]).encode() + lm.blocks_digest(blocks).encode())
+                                         cfg.loss.temperature, *precision]).encode()
+                             + lm.blocks_digest(blocks).encode())
         return cache_dir(cfg) / f"teacher-tokens-{key.hexdigest()[:16]}"
 
     directory = directory_of(k)
@@ -74,7 +78,8 @@ def teacher_tokens(cfg: LMConfig, teacher: _Teacher, corpus_key: str, split: str
         for larger in (c for c in CUT_FROM if c > k):
             if (directory_of(larger) / "manifest.json").is_file():
                 return lm.TeacherTokens.load(directory_of(larger)).top(k)
-        lm.store_teacher_tokens(teacher.model, blocks, directory, k=k, temperature=cfg.loss.temperature)
+        lm.store_teacher_tokens(teacher.model, blocks, directory, k=k, temperature=cfg.loss.temperature,
+                                precision=cfg.teacher_precision)
     return lm.TeacherTokens.load(directory)
 
 
@@ -181,7 +186,7 @@ def _loss(cfg: LMConfig, student, teacher: _Teacher, train: torch.Tensor, stored
     online = None
     if loss_cfg.divergence != "none" and scored < len(ids):
         with torch.no_grad():
-            online = teacher.model.base_model(ids[scored:]).last_hidden_state[:, :-1]
+            online = lm.teacher_hidden(teacher.model, ids[scored:], cfg.teacher_precision)[:, :-1]
     if loss_cfg.pairs_responses:  # one fused loss: skew KL on the teacher's responses, skew reverse KL on the student's
         h = hidden.reshape(-1, hidden.shape[-1])
         return distillm2_fused_loss(
