@@ -232,6 +232,32 @@ def test_torchrun_two_processes_match_one_batch(setup, tmp_path):
         torch.testing.assert_close(ddp[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+def test_the_study_step_starts_again_a_run_stopped_before_its_first_commit(setup, tmp_path, monkeypatch):
+    """A distill_lm run killed after writing config.yaml and run.json but before its first commit has nothing to
+    resume: the study step starts it again (it stopped a study launch before), and the run equals an
+    uninterrupted one."""
+    import dataclasses
+
+    import yaml
+
+    from kdcollapse.runs import run_state
+    from kdcollapse.study import _steps
+    from kdcollapse.train import _lm_task
+
+    root, options = setup
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(load_lm_config(None, [*options, "steps=2"]))))
+    whole = _steps.distill_lm(0, tmp_path / "whole", str(config))
+    with monkeypatch.context() as patch:
+        patch.setattr(_lm_task.LMTask, "loss", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt("killed")))
+        with pytest.raises(KeyboardInterrupt):
+            _steps.distill_lm(0, tmp_path / "stopped", str(config))
+    assert (tmp_path / "stopped" / "config.yaml").is_file() and run_state(tmp_path / "stopped") == "new"
+    again = _steps.distill_lm(0, tmp_path / "stopped", str(config))
+    assert {k: v for k, v in again.items() if not k.startswith("cpu_seconds")} == \
+        {k: v for k, v in whole.items() if not k.startswith("cpu_seconds")}
+
+
 def test_a_study_runs_distill_lm_as_a_step_and_chooses_the_lowest_validation_perplexity(setup, tmp_path):
     """The study step ``distill_lm``: the run directory is distill-lm's own (equal to the command's run), the
     result is read back without training again, and the summary chooses each arm's rate on validation

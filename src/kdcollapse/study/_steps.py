@@ -22,7 +22,7 @@ from kdcollapse.data import make_loader
 from kdcollapse.errors import ConfigError
 from kdcollapse.metrics import intra_inter_distances
 from kdcollapse.metrics.functional import collapse_metrics_from_features
-from kdcollapse.runs import Run
+from kdcollapse.runs import Run, run_state
 
 
 @torch.no_grad()
@@ -106,7 +106,8 @@ def ufm(seed: int, **params) -> dict:
 def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     """A ``kdcollapse distill-lm`` run (:func:`kdcollapse.train.distill_lm`) of the config file ``config`` with
     ``overrides`` (``{"loss.divergence": "jsd", "lr": 0.001}``: the command's ``key=value`` overrides) and
-    ``seed``, in ``run_dir``; an interrupted run is resumed, a finished one (its ``student/`` saved) only read.
+    ``seed``, in ``run_dir``; an interrupted run is resumed, a start stopped before its first commit started
+    again, a finished one (its ``student/`` saved) only read.
     Returns its last evaluation, the validation numbers named ``val_*`` (a study chooses on them), with the
     student's parameter count, the training tokens and the run's CPU seconds (:func:`run_cpu_seconds`)."""
     from kdcollapse.train import distill_lm as train
@@ -116,7 +117,9 @@ def distill_lm(seed: int, run_dir: Path, config: str, **overrides) -> dict:
     began = time.process_time()
     trained = not (run_dir / "student").is_dir()
     if trained:
-        train(cfg, resume=(run_dir / "config.yaml").is_file(), log=lambda line: None)
+        state = run_state(run_dir)  # "new" with a config.yaml: stopped before its first commit, nothing to resume
+        train(cfg, resume=state == "interrupted", overwrite=state == "new" and (run_dir / "config.yaml").is_file(),
+              log=lambda line: None)
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     record = json.loads((run_dir / "run.json").read_text())
     out = {k.replace("validation_", "val_"): v for k, v in last.items() if k.startswith(("validation_", "test_"))}
