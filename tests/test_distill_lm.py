@@ -323,6 +323,10 @@ summary:
     assert execute(study.runs["dkd/lr0.01/seed1"]).status == "finished"  # read, not trained again
     records = collect(study)
     text, summary = summarise(study, records)
+    from kdcollapse.runs import provenance  # a step run's record names its machine, as an epoch run's does
+    machine = provenance()["hardware"]
+    assert all(r["hardware"] == machine for r in records.values())
+    assert f"Made on (the runs' run.json): {len(records)} runs on {machine['cpu']}" in text
     mean = {lr: sum(records[f"dkd/lr{lr}/seed{s}"]["last"]["val_perplexity"] for s in (0, 1)) for lr in (0.01, 0.001)}
     chosen = f"dkd, lr {min(mean, key=mean.get)}"
     assert f"(val_perplexity, seeds 0,1): {chosen}" in text

@@ -130,7 +130,7 @@ def collect(study: Study) -> dict[str, dict]:
                          for k, v in _flat_json(json.loads((run.run_dir / step.creates).read_text()),
                                                 _folder(step.creates)).items() if k in keys}  # its post steps'
                 records[name] = {"last": {k: result[k] for k in sorted(keys) if k in result} | extra} | measured(
-                    run.run_dir, tuple(step.creates for step in run.post))
+                    run.run_dir, tuple(step.creates for step in run.post)) | _hardware(run.run_dir)
         elif (state := run_state(run.run_dir)) in ("finished", "new", "interrupted") and (
                 state == "finished" or (run.run_dir / DIVERGED_FILE).is_file()):
             records[name] = run_record(run.run_dir, spec, tuple(step.creates for step in run.post))
